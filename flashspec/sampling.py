@@ -1,0 +1,113 @@
+"""Sampling parameters and the one warping function applied identically to draft and target.
+
+Order (DESIGN §2.1): divide logits by the temperature, *then* normalise in log space, then
+top-k, then top-p (renormalised).  Temperature 0 means greedy: a one-hot distribution at the
+argmax (lowest index on ties, like `torch.argmax`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from flashspec import rng
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to turn logits into a distribution: `temperature` (0 = greedy), `top_k` (0 = off), `top_p` (1 = off)."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    def __post_init__(self) -> None:
+        if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
+            raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
+        if not math.isfinite(self.temperature) or self.temperature < 0:
+            raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {self.temperature}")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0 (0 turns it off), got {self.top_k!r}")
+        if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)):
+            raise ValueError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
+        if not (0.0 < self.top_p <= 1.0):
+            raise ValueError(f"top_p must be in (0, 1] (1 turns it off), got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    @property
+    def needs_truncation(self) -> bool:
+        """True when top-k or top-p change the support (the kernels' fast path handles neither)."""
+        return not self.greedy and (self.top_k > 0 or self.top_p < 1.0)
+
+
+def truncate_logits(scaled_logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Set logits outside the top-k / top-p support to -inf (input already divided by T, float32).
+
+    Top-k keeps every token tied with the k-th largest; top-p keeps the smallest prefix of the
+    sorted distribution whose mass reaches `top_p` (always at least one token).
+    """
+    logits = scaled_logits
+    vocab = logits.shape[-1]
+    if params.top_k > 0 and params.top_k < vocab:
+        kth = torch.topk(logits, params.top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, NEG_INF)
+    if params.top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True, stable=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        mass_before = torch.cumsum(probs, dim=-1) - probs
+        drop_sorted = mass_before >= params.top_p
+        drop_sorted[..., 0] = False
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, NEG_INF)
+    return logits
+
+
+def warp_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """Log-probabilities (float32, same shape) of the warped distribution; -inf off its support.
+
+    Greedy (T = 0) gives log one-hot at the argmax.  Used for both draft and target.
+    """
+    logits = logits.float()
+    if params.greedy:
+        best = logits.argmax(dim=-1, keepdim=True)
+        return torch.full_like(logits, NEG_INF).scatter(-1, best, 0.0)
+    scaled = truncate_logits(logits / params.temperature, params)
+    return torch.log_softmax(scaled, dim=-1)
+
+
+def gumbel_argmax(log_weights: torch.Tensor, noise_uniforms: torch.Tensor) -> torch.Tensor:
+    """Index of max(log w - log(-log u)) along the last axis: a sample from normalise(w).
+
+    This is the exponential race (argmin E/w with E = -log u) written in log space; ties go
+    to the lowest index.  `noise_uniforms` must lie strictly inside (0, 1).
+    """
+    scores = log_weights - torch.log(-torch.log(noise_uniforms))
+    return scores.argmax(dim=-1)
+
+
+def sample_from_logits(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    key: rng.Key,
+    position: int = 0,
+    stream: int = rng.STREAM_DRAFT,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row of `logits` [B, V] from its warped distribution.
+
+    Returns (tokens [B], the warped log-probs [B, V] the token was drawn from).  Drafts use
+    this with their own stream so their noise never feeds the verifier.
+    """
+    log_probs = warp_logits(logits, params)
+    if params.greedy:
+        return log_probs.argmax(dim=-1), log_probs
+    rows, vocab = log_probs.shape
+    row = torch.arange(rows, device=logits.device).view(rows, 1)
+    base = rng.base_hash(key, stream, row, torch.full_like(row, position))
+    noise = rng.uniform_from_base(base, torch.arange(vocab, device=logits.device).view(1, vocab))
+    return gumbel_argmax(log_probs, noise), log_probs

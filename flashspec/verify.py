@@ -1,0 +1,244 @@
+"""Speculative verification: from target logits, draft logits and drafted tokens, emit the accepted
+prefix and one more token, so that the output is distributed exactly as the target (DESIGN §2).
+
+`verify` is the public entry point; `verify_reference` is the vectorised PyTorch ground truth
+that the Triton backend must match bit for bit given the same key.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from flashspec import rng
+from flashspec.sampling import NEG_INF, SamplingParams, gumbel_argmax, warp_logits
+
+BACKENDS = ("auto", "torch", "triton")
+FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
+
+
+@dataclass(frozen=True)
+class VerifyOutput:
+    """Result of one verification step for B rows.
+
+    tokens:       LongTensor [B, γ+1] -- accepted drafts, the emitted token at index
+                  `num_accepted`, then -1.
+    num_accepted: LongTensor [B] in [0, γ].
+    """
+
+    tokens: torch.Tensor
+    num_accepted: torch.Tensor
+
+    @property
+    def num_emitted(self) -> torch.Tensor:
+        """Tokens emitted per row (num_accepted + 1: every step emits at least one)."""
+        return self.num_accepted + 1
+
+
+def verify(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    draft_tokens: torch.Tensor,
+    params: SamplingParams | None = None,
+    generator: torch.Generator | int | None = None,
+    backend: str = "auto",
+    validate: bool | None = None,
+) -> VerifyOutput:
+    """Verify γ drafted tokens per row against the target (DESIGN §2).
+
+    Args:
+        target_logits: [B, γ+1, V] float; position i scores the token after the prefix plus
+            drafts 0..i-1, position γ is the bonus position.
+        draft_logits: [B, γ, V] float, exactly the logits the draft sampled from, or None for
+            deterministic proposals (q one-hot at the drafted token).
+        draft_tokens: [B, γ] integer token ids in [0, V).
+        params: SamplingParams shared by draft and target (default T=1, no truncation).
+        generator: torch.Generator, int seed (same int -> same output) or None (torch's default).
+        backend: "auto" (Triton on CUDA when available, else PyTorch), "torch" or "triton".
+        validate: check values (token range, NaN/inf rows). None = only when the tensors are on
+            the CPU, where it costs no device sync; True forces it (one sync on a GPU).
+    """
+    params = SamplingParams() if params is None else params
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"params must be a flashspec.SamplingParams, got {type(params).__name__}")
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_shapes(target_logits, draft_logits, draft_tokens)
+    if validate is None:
+        validate = target_logits.device.type == "cpu"
+    if validate:
+        check_values(target_logits, draft_logits, draft_tokens, params)
+    key = rng.key_from_generator(generator)
+    if backend == "auto":
+        backend = "triton" if target_logits.is_cuda and _triton_available() else "torch"
+    if backend == "triton":
+        from flashspec.kernels import verify_triton
+
+        tokens, num_accepted = verify_triton(target_logits, draft_logits, draft_tokens, params, key)
+        return VerifyOutput(tokens=tokens, num_accepted=num_accepted)
+    return verify_reference(target_logits, draft_logits, draft_tokens, params, key)
+
+
+def _triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def check_shapes(
+    target_logits: torch.Tensor, draft_logits: torch.Tensor | None, draft_tokens: torch.Tensor
+) -> None:
+    """Raise ValueError naming the argument when shapes, dtypes or devices do not fit together."""
+    for name, tensor in (("target_logits", target_logits), ("draft_tokens", draft_tokens)):
+        if not isinstance(tensor, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if target_logits.dim() != 3:
+        raise ValueError(f"target_logits must be [B, gamma+1, V], got shape {tuple(target_logits.shape)}")
+    if target_logits.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"target_logits must be a float tensor (fp32/bf16/fp16), got {target_logits.dtype}")
+    if draft_tokens.dim() != 2:
+        raise ValueError(f"draft_tokens must be [B, gamma], got shape {tuple(draft_tokens.shape)}")
+    if draft_tokens.dtype not in INT_DTYPES:
+        raise ValueError(
+            f"draft_tokens must hold integer token ids, got {draft_tokens.dtype}; cast with .long()"
+        )
+    batch, gamma = draft_tokens.shape
+    if gamma < 1:
+        raise ValueError("draft_tokens must hold gamma >= 1 drafted tokens per row, got gamma = 0")
+    if batch < 1:
+        raise ValueError("draft_tokens must have at least one row (B >= 1)")
+    if tuple(target_logits.shape[:2]) != (batch, gamma + 1):
+        raise ValueError(
+            f"target_logits must be [B, gamma+1, V] = [{batch}, {gamma + 1}, V] to match draft_tokens "
+            f"{tuple(draft_tokens.shape)}, got {tuple(target_logits.shape)}"
+        )
+    vocab = target_logits.shape[2]
+    if vocab < 1:
+        raise ValueError("target_logits has an empty vocabulary axis (V = 0)")
+    if draft_tokens.device != target_logits.device:
+        raise ValueError(
+            f"draft_tokens is on {draft_tokens.device} but target_logits on {target_logits.device}; "
+            "move them to one device"
+        )
+    if draft_logits is None:
+        return
+    if not isinstance(draft_logits, torch.Tensor):
+        raise ValueError(f"draft_logits must be a torch.Tensor or None, got {type(draft_logits).__name__}")
+    if draft_logits.dtype not in FLOAT_DTYPES:
+        raise ValueError(f"draft_logits must be a float tensor (fp32/bf16/fp16), got {draft_logits.dtype}")
+    if draft_logits.dim() != 3 or tuple(draft_logits.shape[:2]) != (batch, gamma):
+        raise ValueError(
+            f"draft_logits must be [B, gamma, V] = [{batch}, {gamma}, V], got {tuple(draft_logits.shape)}"
+        )
+    if draft_logits.shape[2] != vocab:
+        raise ValueError(
+            f"draft_logits vocabulary ({draft_logits.shape[2]}) differs from target_logits ({vocab}); "
+            "draft and target must share one tokenizer"
+        )
+    if draft_logits.device != target_logits.device:
+        raise ValueError(
+            f"draft_logits is on {draft_logits.device} but target_logits on {target_logits.device}"
+        )
+
+
+def check_values(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    draft_tokens: torch.Tensor,
+    params: SamplingParams,
+) -> None:
+    """Raise ValueError for token ids out of range and for logits rows no distribution can come from."""
+    vocab = target_logits.shape[2]
+    if bool(((draft_tokens < 0) | (draft_tokens >= vocab)).any()):
+        bad = draft_tokens[(draft_tokens < 0) | (draft_tokens >= vocab)][0].item()
+        raise ValueError(f"draft_tokens must lie in [0, V) = [0, {vocab}), found {bad}")
+    _check_logit_rows("target_logits", target_logits)
+    if draft_logits is not None:
+        _check_logit_rows("draft_logits", draft_logits)
+        if not params.greedy:
+            log_q = warp_logits(draft_logits, params).gather(-1, draft_tokens.long().unsqueeze(-1))
+            if bool(torch.isneginf(log_q).any()):
+                raise ValueError(
+                    "draft_tokens contains a token with zero probability under the warped draft_logits; "
+                    "pass exactly the logits (and the same SamplingParams) the draft sampled from"
+                )
+
+
+def _check_logit_rows(name: str, logits: torch.Tensor) -> None:
+    if bool(torch.isnan(logits).any()):
+        raise ValueError(f"{name} contains NaN; a distribution needs finite logits (or -inf to exclude a token)")
+    if bool(torch.isposinf(logits).any()):
+        raise ValueError(f"{name} contains +inf; use finite logits (or -inf to exclude a token)")
+    if bool(torch.isneginf(logits).all(dim=-1).any()):
+        raise ValueError(f"{name} has a row that is -inf everywhere: no token can be sampled from it")
+
+
+def verify_reference(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    draft_tokens: torch.Tensor,
+    params: SamplingParams,
+    key: rng.Key,
+) -> VerifyOutput:
+    """Vectorised PyTorch verification: the ground truth for every other backend."""
+    batch, gamma = draft_tokens.shape
+    vocab = target_logits.shape[2]
+    device = target_logits.device
+    tokens_in = draft_tokens.long()
+    rows = torch.arange(batch, device=device)
+    log_p = warp_logits(target_logits, params)  # [B, γ+1, V]
+    if params.greedy:
+        accepted = tokens_in == log_p[:, :gamma].argmax(dim=-1)
+    else:
+        log_q = draft_log_probs(draft_logits, tokens_in, params, vocab)
+        log_p_x = log_p[:, :gamma].gather(-1, tokens_in.unsqueeze(-1)).squeeze(-1)
+        log_q_x = log_q.gather(-1, tokens_in.unsqueeze(-1)).squeeze(-1)
+        accept_u = rng.uniforms(key, rng.STREAM_ACCEPT, batch, gamma, 1, device=device)[..., 0]
+        accepted = torch.log(accept_u) <= log_p_x - log_q_x
+    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # index of the first rejection, or γ
+
+    log_p_n = log_p[rows, num_accepted]  # [B, V]: the position whose token we emit
+    if params.greedy:
+        emitted = log_p_n.argmax(dim=-1)
+    else:
+        log_q_n = log_q[rows, num_accepted.clamp(max=gamma - 1)]
+        rejected = (num_accepted < gamma).unsqueeze(-1)
+        log_weights = torch.where(rejected, residual_log_weights(log_p_n, log_q_n), log_p_n)
+        noise = rng.uniform_from_base(
+            rng.base_hash(key, rng.STREAM_SAMPLE, rows.view(batch, 1), num_accepted.view(batch, 1)),
+            torch.arange(vocab, device=device).view(1, vocab),
+        )
+        from_residual = gumbel_argmax(log_weights, noise)
+        from_target = gumbel_argmax(log_p_n, noise)
+        # max(0, p - q) can round to zero everywhere when p == q; then any rejection had
+        # probability ~0 and sampling p is the limit of the residual. Keeps ids in [0, V).
+        has_mass = torch.isfinite(log_weights).any(dim=-1)
+        emitted = torch.where(has_mass, from_residual, from_target)
+
+    positions = torch.arange(gamma + 1, device=device).view(1, gamma + 1)
+    out = torch.full((batch, gamma + 1), -1, dtype=torch.long, device=device)
+    out[:, :gamma] = torch.where(positions[:, :gamma] < num_accepted.view(batch, 1), tokens_in, -1)
+    out[rows, num_accepted] = emitted
+    return VerifyOutput(tokens=out, num_accepted=num_accepted)
+
+
+def draft_log_probs(
+    draft_logits: torch.Tensor | None, draft_tokens: torch.Tensor, params: SamplingParams, vocab: int
+) -> torch.Tensor:
+    """Warped draft log-probs [B, γ, V]; deterministic proposals are log one-hot at the token."""
+    if draft_logits is None:
+        one_hot = torch.full(
+            (*draft_tokens.shape, vocab), NEG_INF, dtype=torch.float32, device=draft_tokens.device
+        )
+        return one_hot.scatter(-1, draft_tokens.long().unsqueeze(-1), 0.0)
+    return warp_logits(draft_logits, params)
+
+
+def residual_log_weights(log_p: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+    """log max(0, p - q), elementwise, computed as log p + log1p(-exp(log q - log p)) where q < p."""
+    positive = log_q < log_p
+    safe_gap = torch.where(positive, log_q - log_p, torch.zeros_like(log_p))
+    return torch.where(positive, log_p + torch.log1p(-torch.exp(safe_gap)), torch.full_like(log_p, NEG_INF))
