@@ -1,0 +1,179 @@
+"""Figures for the book and results/: flat functions that take data, return a matplotlib Figure, optionally save it.
+
+No pyplot state: figures are built with `matplotlib.figure.Figure` (safe under the Agg backend, in
+scripts, tests and notebooks alike).  Each function accepts either the data dict or a results record
+as written by the scripts ({"settings": ..., "results": data, ...}) and prints the settings on the figure.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+__all__ = [
+    "plot_reproduced_regret",
+    "plot_nonstationary_regret",
+    "plot_bandit_sensitivity",
+    "plot_cost_aware_shares",
+]
+
+
+def _unpack(record: dict[str, Any]) -> tuple[dict[str, Any], str]:
+    """(data, footer): the results part of a record and a one-line provenance footer."""
+    if "results" not in record:
+        return record, ""
+    settings = record.get("settings", {})
+    parts = [f"{key}={value}" for key, value in settings.items()]
+    if record.get("git_sha"):
+        parts.append(f"git {record['git_sha'][:8]}")
+    if record.get("hardware"):
+        parts.append(record["hardware"])
+    return record["results"], ", ".join(parts)
+
+
+def _finish(fig: Figure, footer: str, path: str | Path | None) -> Figure:
+    if footer:
+        engine = fig.get_layout_engine()
+        if engine is not None and hasattr(engine, "set"):
+            engine.set(rect=(0, 0.035, 1, 0.965))  # keep the footer clear of the axes labels
+        fig.text(0.005, 0.005, footer, fontsize=6.5, color="0.4", ha="left", va="bottom")
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=130)
+    return fig
+
+
+def plot_reproduced_regret(record: dict[str, Any], path: str | Path | None = None) -> Figure:
+    """Cumulative regret of UCB1 and Thompson on Bernoulli arms, mean ± 95% CI, with reference curves.
+
+    Draws Auer et al. (2002) Theorem 1's bound for UCB1 at every t and √(K·t·ln t), labelled as the
+    scale of a minimax rate (the paper's "≈526" is this number at T = 10⁴, not a bound on either policy).
+    """
+    data, footer = _unpack(record)
+    fig = Figure(figsize=(7.5, 4.6), layout="constrained")
+    ax = fig.add_subplot()
+    colours = {"ucb1": "tab:blue", "thompson": "tab:orange"}
+    names = {"ucb1": "UCB1", "thompson": "Thompson sampling"}
+    n_arms = len(data["arms"])
+    gaps = max(data["arms"]) - np.asarray(data["arms"])
+    t_max = 1
+    for key, entry in data["policies"].items():
+        curve = entry["curve"]
+        t = np.asarray(curve["t"], dtype=float)
+        t_max = max(t_max, int(t[-1]))
+        label = (f"{names.get(key, key)}: {entry['final_regret_mean']:.1f} ± {entry['final_regret_ci95']:.1f} "
+                 f"({entry['n_seeds']} seeds); seeds 0-4: {entry['seeds_0_4_mean']:.1f}; paper {entry['paper_reported']}")
+        ax.plot(t, curve["mean"], color=colours.get(key), label=label)
+        ax.fill_between(t, curve["low"], curve["high"], color=colours.get(key), alpha=0.25, linewidth=0)
+        ax.plot([t[-1]], [entry["paper_reported"]], marker="x", color=colours.get(key), markersize=8)
+    t = np.linspace(2, t_max, 300)
+    positive = gaps[gaps > 0]
+    auer = 8 * np.log(t) * np.sum(1 / positive) + (1 + np.pi**2 / 3) * gaps.sum()
+    ax.plot(t, auer, "k--", label=f"Auer et al. 2002, Thm 1 bound for UCB1 (= {data['auer_bound']:.1f} at T)")
+    ax.plot(t, np.sqrt(n_arms * t * np.log(t)), ":", color="0.35",
+            label=f"√(K·t·ln t) = {data['sqrt_kt_log_t']:.2f} at T: a rate's scale, not a bound (paper's ≈526)")
+    ax.set_yscale("log")
+    ax.set_xlabel("step t")
+    ax.set_ylabel("cumulative pseudo-regret")
+    ax.set_title(f"Bernoulli arms {data['arms']}: reproduced regret (× = paper's reported value)")
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(alpha=0.3)
+    return _finish(fig, footer, path)
+
+
+def _information_colour(entry: dict[str, Any]) -> str:
+    if entry.get("policy") == "oracle":
+        return "0.6"
+    if entry.get("feedback") == "full":
+        return "tab:green"
+    if entry.get("request_boundaries"):
+        return "tab:purple"
+    if entry.get("observation") == "step":
+        return "tab:orange"
+    return "tab:blue"
+
+
+def plot_nonstationary_regret(record: dict[str, Any], path: str | Path | None = None) -> Figure:
+    """Final regret relative to UCB1 (1 bit) for every policy × information, one panel per switch interval."""
+    data, footer = _unpack(record)
+    regimes = data["regimes"]
+    fig = Figure(figsize=(11, 0.38 * max(len(r["configs"]) for r in regimes.values()) + 1.6), layout="constrained")
+    axes = fig.subplots(1, len(regimes), sharey=True, squeeze=False)[0]
+    for ax, (switch, regime) in zip(axes, regimes.items()):
+        labels = list(regime["configs"])
+        entries = [regime["configs"][label] for label in labels]
+        baseline = regime["configs"]["UCB1 (1 bit)"]["final_regret_mean"]
+        ratios = [entry["ratio_to_ucb1"] for entry in entries]
+        errors = [entry["final_regret_ci95"] / baseline for entry in entries]
+        y = np.arange(len(labels))[::-1]
+        ax.barh(y, ratios, xerr=errors, color=[_information_colour(e) for e in entries], alpha=0.85, capsize=2)
+        for yy, ratio, entry in zip(y, ratios, entries):
+            ax.text(ratio + 0.05, yy, f"{ratio:.2f} ({entry['final_regret_mean']:.0f})", va="center", fontsize=7)
+        ax.axvline(1.0, color="k", linewidth=0.8)
+        ax.axvline(0.5, color="tab:red", linestyle="--", linewidth=1, label="target ≤ 0.5× UCB1")
+        ax.set_yticks(y, labels, fontsize=7.5)
+        ax.set_xlabel("final regret / UCB1 (1 bit)   (label: ratio, regret)")
+        ax.set_title(f"domain switch every {switch} steps (UCB1 regret {baseline:.0f})", fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+    fig.suptitle("Piecewise-stationary drafts, γ=4, acceptance levels "
+                 f"{data['levels']}, requests of {data['request_length']} steps\ncolour = information used "
+                 "(blue 1 bit, orange step n of γ, purple + request boundaries, green full feedback)", fontsize=8.5)
+    return _finish(fig, footer, path)
+
+
+def plot_bandit_sensitivity(record: dict[str, Any], path: str | Path | None = None) -> Figure:
+    """Regret / UCB1 against each knob (discount as memory 1/(1-δ), window, request re-prior ρ), per regime."""
+    data, footer = _unpack(record)
+    regimes = data["regimes"]
+    sweep_names = list(next(iter(regimes.values()))["sweeps"])
+    fig = Figure(figsize=(4.0 * len(sweep_names), 3.4 * len(regimes)), layout="constrained")
+    axes = fig.subplots(len(regimes), len(sweep_names), squeeze=False)
+    for row, (switch, regime) in enumerate(regimes.items()):
+        for col, sweep in enumerate(sweep_names):
+            ax = axes[row][col]
+            for info, series in regime["sweeps"][sweep].items():
+                x = np.asarray(series["x"], dtype=float)
+                if "discount" in sweep:
+                    x = 1.0 / (1.0 - x)
+                ax.errorbar(x, series["ratio"], yerr=series["ci95"], marker="o", markersize=3, capsize=2, label=info)
+            ax.axhline(1.0, color="k", linewidth=0.8)
+            ax.axhline(0.5, color="tab:red", linestyle="--", linewidth=1)
+            if "discount" in sweep or "window" in sweep:
+                ax.set_xscale("log")
+            xlabel = {"d-ucb discount": "D-UCB memory 1/(1-δ) [steps]", "sw-ucb window": "SW-UCB window W [steps]",
+                      "request_decay": "request re-prior ρ (0 = reset, 1 = ignore)"}.get(sweep, sweep)
+            ax.set_xlabel(xlabel, fontsize=8)
+            ax.set_ylabel("regret / UCB1 (1 bit)", fontsize=8)
+            ax.set_yscale("log")
+            ax.set_title(f"switch every {switch} (UCB1 {regime['ucb1_regret']:.0f})", fontsize=8.5)
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=6.5)
+    fig.suptitle("Sensitivity to window / discount / request re-prior (dashed red: 0.5× target)", fontsize=9)
+    return _finish(fig, footer, path)
+
+
+def plot_cost_aware_shares(record: dict[str, Any], path: str | Path | None = None) -> Figure:
+    """Share of steps on each draft under acceptance vs throughput rewards, when the best-accepted draft is slow."""
+    data, footer = _unpack(record)
+    policies = data["policies"]
+    n_arms = len(data["acceptance"])
+    fig = Figure(figsize=(8, 3.8), layout="constrained")
+    ax = fig.add_subplot()
+    width = 0.8 / max(len(policies), 1)
+    x = np.arange(n_arms)
+    for index, (label, entry) in enumerate(policies.items()):
+        bars = ax.bar(x + (index - (len(policies) - 1) / 2) * width, entry["pull_share"], width,
+                      label=f"{label} (throughput regret {entry['final_regret_mean']:.0f} ± {entry['final_regret_ci95']:.0f})")
+        ax.bar_label(bars, fmt="%.2f", fontsize=6.5)
+    ticks = [f"draft {k}\nα={data['acceptance'][k]}, cost={data['draft_costs'][k]}\n"
+             f"tokens/step={data['expected_tokens_per_step'][k]:.2f}, thr.={data['expected_throughput_reward'][k]:.3f}"
+             for k in range(n_arms)]
+    ax.set_xticks(x, ticks, fontsize=7)
+    ax.set_ylabel("share of steps")
+    ax.set_ylim(0, 1.15)
+    ax.set_title(f"Cost-aware selection, γ={data['gamma']}: highest acceptance is not fastest", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left")
+    return _finish(fig, footer, path)
