@@ -1,0 +1,200 @@
+"""Drafters: whatever proposes γ tokens per row for the target to verify.
+
+One small protocol (`Drafter`) and two implementations: `ModelDrafter` (any Hugging Face causal LM
+sharing the target's tokenizer; samples from its warped distribution and returns the logits it
+sampled from) and `PromptLookupDrafter` (model-free n-gram lookup in the context; a deterministic
+proposal, verified with a one-hot q).  Drafters are told which of their cached tokens survived a
+step (`rollback`) and catch up lazily on tokens they have not seen the next time they propose.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+
+from flashspec import models, rng
+from flashspec.sampling import SamplingParams, sample_from_logits
+
+
+@dataclass(frozen=True)
+class DraftContext:
+    """What a drafter sees at one step.
+
+    tokens:         LongTensor [B, S], the whole sequence so far (left-padded prompts, then generated).
+    attention_mask: [B, S + γ] (1 = real token) or None when no row has padding.
+    position_ids:   LongTensor [B, S + γ], positions of the sequence and of the γ slots after it.
+    valid:          BoolTensor [B, S], False on left padding.
+    gamma:          how many tokens to propose per row.
+    sampling:       the SamplingParams shared with the target.
+    key:            the counter-based key of this step; drafters sample on rng.STREAM_DRAFT only.
+    """
+
+    tokens: torch.Tensor
+    attention_mask: torch.Tensor | None
+    position_ids: torch.Tensor
+    valid: torch.Tensor
+    gamma: int
+    sampling: SamplingParams
+    key: rng.Key
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """γ drafted tokens per row and the raw logits they were sampled from (None = deterministic)."""
+
+    tokens: torch.Tensor
+    logits: torch.Tensor | None
+
+
+@runtime_checkable
+class Drafter(Protocol):
+    """The protocol a user's own drafter implements.
+
+    `reset(batch_size)` starts a new generation; `propose(context)` returns a Proposal of
+    `context.gamma` tokens per row, drawn only from the past and the step key (never from the
+    verifier's streams); `rollback(num_valid)` says that only the first `num_valid` tokens of the
+    sequence are still known to match what the drafter has cached.
+    """
+
+    name: str
+
+    def reset(self, batch_size: int) -> None: ...
+
+    def propose(self, context: DraftContext) -> Proposal: ...
+
+    def rollback(self, num_valid: int) -> None: ...
+
+
+class ModelDrafter:
+    """A Hugging Face causal LM as a drafter, with its own KV cache.
+
+    The cache covers a prefix of the sequence; `propose` first feeds the tokens it has not seen
+    (lazy catch-up, one chunked forward), then samples γ tokens one forward at a time.
+    """
+
+    def __init__(self, model: torch.nn.Module, name: str | None = None) -> None:
+        if not hasattr(model, "config") or not callable(model):
+            raise ValueError(f"ModelDrafter needs a Hugging Face causal LM, got {type(model).__name__}")
+        self.model = model
+        self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
+        self.cache: Any = None
+        self.cached_tokens = 0
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def reset(self, batch_size: int) -> None:
+        self.cache = models.new_cache(self.model)
+        self.cached_tokens = 0
+
+    def propose(self, context: DraftContext) -> Proposal:
+        if self.cache is None:
+            self.reset(context.tokens.shape[0])
+        sequence_length = context.tokens.shape[1]
+        start = min(self.cached_tokens, sequence_length - 1)
+        if start < self.cached_tokens:
+            models.crop_cache(self.cache, start)
+        mask = context.attention_mask
+        logits = models.forward_logits(
+            self.model,
+            context.tokens[:, start:],
+            self.cache,
+            attention_mask=None if mask is None else mask[:, :sequence_length],
+            position_ids=context.position_ids[:, start:sequence_length],
+            logits_to_keep=1,
+        )[:, -1]
+        drafted, drafted_logits = [], []
+        for index in range(context.gamma):
+            token, _ = sample_from_logits(logits, context.sampling, context.key, position=index, stream=rng.STREAM_DRAFT)
+            drafted.append(token)
+            drafted_logits.append(logits)
+            if index == context.gamma - 1:
+                break
+            length = sequence_length + index + 1
+            logits = models.forward_logits(
+                self.model,
+                token.unsqueeze(1),
+                self.cache,
+                attention_mask=None if mask is None else mask[:, :length],
+                position_ids=context.position_ids[:, length - 1 : length],
+                logits_to_keep=1,
+            )[:, -1]
+        self.cached_tokens = sequence_length + context.gamma - 1
+        return Proposal(tokens=torch.stack(drafted, dim=1), logits=torch.stack(drafted_logits, dim=1))
+
+    def rollback(self, num_valid: int) -> None:
+        if num_valid < self.cached_tokens:
+            models.crop_cache(self.cache, num_valid)
+            self.cached_tokens = num_valid
+
+
+class PromptLookupDrafter:
+    """Model-free drafts: find the most recent earlier occurrence of the context's last n tokens
+    (n from `max_ngram` down to `min_ngram`) and propose the γ tokens that followed it.
+
+    The proposal is a deterministic function of the context (verified with a one-hot q). When the
+    continuation runs into the end of the context it repeats periodically; a row with no match
+    proposes its last token γ times. Vectorised on the device: no host sync.
+    """
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, name: str = "prompt-lookup") -> None:
+        if min_ngram < 1 or max_ngram < min_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.name = name
+
+    def reset(self, batch_size: int) -> None:
+        return None
+
+    def rollback(self, num_valid: int) -> None:
+        return None
+
+    def propose(self, context: DraftContext) -> Proposal:
+        tokens, valid = context.tokens, context.valid
+        batch, length = tokens.shape
+        device = tokens.device
+        start = torch.full((batch,), -1, dtype=torch.long, device=device)
+        for ngram in range(self.max_ngram, self.min_ngram - 1, -1):
+            if length <= ngram:
+                continue
+            found = lookup_ngram(tokens, valid, ngram)
+            start = torch.where(start < 0, found, start)
+        has_match = start >= 0
+        period = torch.where(has_match, length - start, torch.ones_like(start))
+        first = torch.where(has_match, start, torch.full_like(start, length - 1))
+        offsets = torch.arange(context.gamma, device=device).view(1, -1)
+        index = first.view(-1, 1) + offsets % period.view(-1, 1)
+        return Proposal(tokens=tokens.gather(1, index), logits=None)
+
+
+def lookup_ngram(tokens: torch.Tensor, valid: torch.Tensor, ngram: int) -> torch.Tensor:
+    """Per row, the index just after the most recent earlier occurrence of the last `ngram` tokens
+    (an occurrence that ends before the last token), or -1 when there is none."""
+    length = tokens.shape[1]
+    windows = tokens[:, : length - 1].unfold(1, ngram, 1)  # [B, length-ngram, ngram]
+    window_valid = valid[:, : length - 1].unfold(1, ngram, 1).all(dim=-1)
+    tail = tokens[:, length - ngram :].unsqueeze(1)
+    tail_valid = valid[:, length - ngram :].all(dim=-1, keepdim=True)
+    matches = (windows == tail).all(dim=-1) & window_valid & tail_valid
+    candidates = torch.arange(1, matches.shape[1] + 1, device=tokens.device).view(1, -1)
+    last = (matches.long() * candidates).max(dim=1).values  # 1 + window index, 0 = none
+    return torch.where(last > 0, last - 1 + ngram, torch.full_like(last, -1))
+
+
+def as_drafter(draft: Any, index: int) -> Any:
+    """Wrap a bare HF model in a ModelDrafter; pass drafters through; reject anything else."""
+    if isinstance(draft, (ModelDrafter, PromptLookupDrafter)):
+        return draft
+    if isinstance(draft, torch.nn.Module) and hasattr(draft, "config"):
+        return ModelDrafter(draft, name=f"draft{index}:{getattr(draft.config, '_name_or_path', '') or 'model'}")
+    if all(callable(getattr(draft, method, None)) for method in ("reset", "propose", "rollback")):
+        if not hasattr(draft, "name"):
+            raise ValueError(f"drafts[{index}] implements the Drafter protocol but has no `name` attribute")
+        return draft
+    raise ValueError(
+        f"drafts[{index}] must be a Hugging Face causal LM or a Drafter (reset/propose/rollback/name), "
+        f"got {type(draft).__name__}"
+    )

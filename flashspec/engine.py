@@ -1,0 +1,410 @@
+"""The speculative generation loop: a Hugging Face target, a pool of drafters, a bandit choosing the
+drafter per step, on-device verification, exact output (DESIGN §2).
+
+One step:
+  1. the policy picks an arm from the past only (`policy.select()`);
+  2. that drafter proposes γ tokens per row, sampled from its warped distribution on
+     rng.STREAM_DRAFT with the step key, and returns the logits it sampled from;
+  3. one target forward over γ + 1 positions (the last known token + the γ drafts);
+  4. `flashspec.verify` (backend "auto": Triton on CUDA, PyTorch on CPU) with an int generator
+     derived from (seed, step) -- the verifier's own streams, never the draft's;
+  5. ONE host transfer per step (tokens + num_accepted, [B, γ+2] ints): the KV caches must be
+     rolled back to the accepted length, which eager Hugging Face caches can only do with a host
+     integer. That sync is inherent in HF eager; everything else in the step stays on the device;
+  6. append; crop the target's and the chosen drafter's caches; reward -> `policy.update`.
+Drafters not chosen catch up lazily the next time they propose.
+
+Batches (B > 1): every row advances by the SAME number of tokens per step, `kept` = the minimum over
+still-generating rows of (num_accepted + 1), capped by the remaining budget. Rows therefore share
+one length, one KV-cache length and one attention mask (left padding of prompts only), so
+`DynamicCache.crop` stays a whole-batch operation. It is exact: truncating a row's step output at a
+length fixed independently of that row's own randomness (the other rows' acceptances, the budget)
+keeps each kept token distributed as the target given its prefix -- at the cut position the token
+is either an accepted draft or the residual, i.e. one accept/resample draw from p. The cost is
+throughput, reported as `batch_truncation_efficiency` (kept / emitted tokens) in the stats.
+
+The model call lives in `flashspec.models.forward_logits`, the one function a static-cache /
+CUDA-graph fast path replaces.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from flashspec import models, rng
+from flashspec.drafters import DraftContext, Proposal, as_drafter
+from flashspec.sampling import SamplingParams, warp_logits
+from flashspec.stats import GenerationStats, StepRecord
+from flashspec.verify import verify
+
+Selector = Callable[[list[Proposal], list[torch.Tensor]], int]
+
+
+@dataclass
+class GenerationResult:
+    """sequences: [B, prompt + generated], right-padded with the pad id after each row's end;
+    num_generated: [B] tokens generated per row (EOS included); stats: GenerationStats."""
+
+    sequences: torch.Tensor
+    num_generated: torch.Tensor
+    stats: GenerationStats
+
+
+@dataclass(frozen=True)
+class StepEvent:
+    """Passed to `on_step` after each step: the tokens each row appended (host lists, pad after EOS)."""
+
+    step: int
+    arm: int
+    new_tokens: list[list[int]]
+    num_generated: list[int]
+
+
+def resolve_policy(policy: Any, n_arms: int, **policy_kwargs: Any) -> Any:
+    """A policy object from a name (`flashspec.bandits.make_policy`) or an object with select/update."""
+    if isinstance(policy, str):
+        try:
+            from flashspec import bandits
+        except ImportError as error:
+            raise ValueError(
+                f"policy={policy!r} needs flashspec.bandits, which failed to import ({error}); pass a policy object"
+            ) from error
+        try:
+            return bandits.make_policy(policy, n_arms, **policy_kwargs)
+        except (KeyError, ValueError) as error:
+            raise ValueError(f"unknown or invalid policy {policy!r}: {error}") from error
+    if all(callable(getattr(policy, method, None)) for method in ("select", "update")):
+        return policy
+    raise ValueError(
+        f"policy must be a policy name (e.g. 'thompson') or an object with select()/update(arm, reward), "
+        f"got {type(policy).__name__}"
+    )
+
+
+class SpeculativeDecoder:
+    """Exact speculative decoding with a bandit-chosen draft per step.
+
+    Args:
+        target: a Hugging Face causal LM (the distribution the output follows exactly).
+        drafts: HF causal LMs sharing the target's tokenizer and/or Drafter objects
+            (e.g. `PromptLookupDrafter()`); each is one arm of the bandit.
+        policy: a name for `flashspec.bandits.make_policy` or a policy object (select/update/reset).
+        gamma: drafted tokens per step (γ >= 1).
+        policy_kwargs: extra arguments for `make_policy` (e.g. seed).
+        backend: verify backend, "auto" | "torch" | "triton".
+        selector: FOR TESTS ONLY -- a hook `selector(proposals, target_log_probs) -> arm` that sees
+            every arm's CURRENT proposal and the target's warped log-probs of it before choosing.
+            It replaces the policy and BREAKS Theorem 1 (cherry-picking, DESIGN §2.6); it exists so
+            the exactness test has a negative control.
+    """
+
+    def __init__(
+        self,
+        target: torch.nn.Module,
+        drafts: Sequence[Any],
+        policy: Any = "thompson",
+        gamma: int = 4,
+        policy_kwargs: dict[str, Any] | None = None,
+        backend: str = "auto",
+        selector: Selector | None = None,
+    ) -> None:
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
+            raise ValueError(f"gamma must be an int >= 1 (drafted tokens per step), got {gamma!r}")
+        if not hasattr(target, "config") or not callable(target):
+            raise ValueError(f"target must be a Hugging Face causal LM, got {type(target).__name__}")
+        if isinstance(drafts, (torch.nn.Module, str)) or not isinstance(drafts, Sequence) or len(drafts) == 0:
+            raise ValueError("drafts must be a non-empty list of draft models and/or Drafter objects")
+        self.target = target
+        self.drafts = [as_drafter(draft, index) for index, draft in enumerate(drafts)]
+        for index, drafter in enumerate(self.drafts):
+            model = getattr(drafter, "model", None)
+            if model is not None:
+                models.check_compatible(target, model, draft_name=f"drafts[{index}]")
+        self.gamma = gamma
+        self.backend = backend
+        self.selector = selector
+        self.policy = resolve_policy(policy, len(self.drafts), **(policy_kwargs or {}))
+
+    @property
+    def arm_names(self) -> list[str]:
+        return [drafter.name for drafter in self.drafts]
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
+    def generate(
+        self,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        max_new_tokens: int | Sequence[int] = 64,
+        sampling: SamplingParams | None = None,
+        seed: int = 0,
+        eos_token_id: int | Sequence[int] | None = None,
+        ignore_eos: bool = False,
+        pad_token_id: int | None = None,
+        timing: bool = False,
+        on_step: Callable[[StepEvent], None] | None = None,
+    ) -> GenerationResult:
+        """Generate up to `max_new_tokens` (an int, or one int per row) after left-padded prompts.
+
+        `seed` fixes every draw (same seed -> same output); `eos_token_id` defaults to the target's
+        (`ignore_eos=True` turns stopping off); `timing=True` synchronises the device around each
+        step so step latencies are device-accurate.
+        """
+        sampling = SamplingParams() if sampling is None else sampling
+        if not isinstance(sampling, SamplingParams):
+            raise ValueError(f"sampling must be a flashspec.SamplingParams, got {type(sampling).__name__}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        device = self.device
+        input_ids, mask = check_prompt(input_ids, attention_mask, models.vocab_size_of(self.target))
+        batch, prompt_length = input_ids.shape
+        budgets = check_budgets(max_new_tokens, batch)
+        max_positions = models.max_positions_of(self.target)
+        if max_positions is not None:
+            if prompt_length > max_positions:
+                raise ValueError(
+                    f"prompt length {prompt_length} exceeds the target's {max_positions} positions; shorten the prompt"
+                )
+            if prompt_length + max(budgets) > max_positions:
+                raise ValueError(
+                    f"prompt length {prompt_length} + max_new_tokens {max(budgets)} exceeds the target's "
+                    f"{max_positions} positions; lower max_new_tokens to at most {max_positions - prompt_length}"
+                )
+        stop_ids = set() if ignore_eos else models.as_id_set(
+            models.special_token_ids(self.target)["eos_token_id"] if eos_token_id is None else eos_token_id
+        )
+        pad_id = resolve_pad(pad_token_id, self.target, stop_ids)
+        stats = GenerationStats(
+            arm_names=self.arm_names, batch_size=batch, prompt_length=prompt_length, synchronized_timing=timing
+        )
+        sync = timing and device.type == "cuda"
+        start_time = _clock(sync)
+
+        capacity = prompt_length + max(budgets) + self.gamma + 1
+        tokens = torch.full((batch, capacity), pad_id, dtype=torch.long, device=device)
+        tokens[:, :prompt_length] = input_ids.to(device)
+        valid = torch.ones((batch, capacity), dtype=torch.bool, device=device)
+        valid[:, :prompt_length] = mask.to(device)
+        has_padding = not bool(mask.all())
+        attention = valid.long() if has_padding else None
+        num_pads = (~mask).sum(dim=1).to(device)
+        positions = (torch.arange(capacity, device=device).view(1, -1) - num_pads.view(-1, 1)).clamp(min=0)
+
+        cache = models.new_cache(self.target)
+        for drafter in self.drafts:
+            drafter.reset(batch)
+        if prompt_length > 1:
+            models.forward_logits(
+                self.target, tokens[:, : prompt_length - 1], cache,
+                attention_mask=None if attention is None else attention[:, : prompt_length - 1],
+                position_ids=positions[:, : prompt_length - 1], logits_to_keep=1,
+            )
+        stats.prefill_s = _clock(sync) - start_time
+
+        length = prompt_length
+        generated = 0
+        active = [budget > 0 for budget in budgets]
+        num_generated = [0] * batch
+        step = 0
+        while any(active):
+            step_start = _clock(sync)
+            active_rows = [row for row in range(batch) if active[row]]
+            min_remaining = min(budgets[row] - generated for row in active_rows)
+            gamma = max(1, min(self.gamma, min_remaining - 1))
+            step_seed = rng.derive_seed(seed, step)
+            context = DraftContext(
+                tokens=tokens[:, :length],
+                attention_mask=None if attention is None else attention[:, : length + gamma],
+                position_ids=positions[:, : length + gamma],
+                valid=valid[:, :length],
+                gamma=gamma,
+                sampling=sampling,
+                key=rng.Key.from_seed(step_seed),
+            )
+            arm, proposal = self._choose_and_propose(context, cache, length)
+            target_logits = models.forward_logits(
+                self.target,
+                torch.cat([tokens[:, length - 1 : length], proposal.tokens], dim=1),
+                cache,
+                attention_mask=context.attention_mask,
+                position_ids=positions[:, length - 1 : length + gamma],
+            )
+            out = verify(
+                target_logits, proposal.logits, proposal.tokens, sampling,
+                generator=step_seed, backend=self.backend, validate=False,
+            )
+            # The one host sync of the step: cache rollback needs the accepted length as a host int.
+            host = torch.cat([out.tokens, out.num_accepted.view(-1, 1)], dim=1).cpu().tolist()
+            num_accepted = [row[-1] for row in host]
+            kept = min(min(num_accepted[row] for row in active_rows) + 1, min_remaining)
+
+            new_tokens = [row[:kept] for row in host]
+            rewrite = len(active_rows) < batch
+            for row in range(batch):
+                if not active[row]:
+                    new_tokens[row] = [pad_id] * kept
+                    continue
+                count = kept
+                for index, token in enumerate(new_tokens[row]):
+                    if token in stop_ids:
+                        count = index + 1
+                        new_tokens[row][count:] = [pad_id] * (kept - count)
+                        rewrite = True
+                        active[row] = False
+                        break
+                num_generated[row] += count
+                if num_generated[row] >= budgets[row]:
+                    active[row] = False
+            if rewrite:
+                tokens[:, length : length + kept] = torch.tensor(new_tokens, dtype=torch.long, device=device)
+            else:
+                tokens[:, length : length + kept] = out.tokens[:, :kept]
+
+            models.crop_cache(cache, length + kept - 1)
+            self.drafts[arm].rollback(length + kept - 1)
+            self._update_policy(arm, [num_accepted[row] for row in active_rows], gamma)
+
+            length += kept
+            generated += kept
+            latency = _clock(sync) - step_start
+            stats.record(StepRecord(
+                step=step, arm=arm, gamma=gamma,
+                num_accepted=[num_accepted[row] for row in active_rows], kept=kept, latency_s=latency,
+            ))
+            if on_step is not None:
+                on_step(StepEvent(step=step, arm=arm, new_tokens=new_tokens, num_generated=list(num_generated)))
+            step += 1
+
+        stats.total_s = _clock(sync) - start_time
+        stats.generated_tokens = sum(num_generated)
+        return GenerationResult(
+            sequences=tokens[:, :length].clone(),
+            num_generated=torch.tensor(num_generated, dtype=torch.long),
+            stats=stats,
+        )
+
+    def _choose_and_propose(self, context: DraftContext, cache: Any, length: int) -> tuple[int, Proposal]:
+        """Pick an arm and get its proposal. With the test-only selector, every arm proposes and the
+        target scores each proposal first (cherry-picking: breaks exactness on purpose)."""
+        if self.selector is None:
+            arm = int(self.policy.select())
+            if not 0 <= arm < len(self.drafts):
+                raise ValueError(f"policy returned arm {arm}, but there are {len(self.drafts)} drafts")
+            return arm, self.drafts[arm].propose(context)
+        proposals = [drafter.propose(context) for drafter in self.drafts]
+        scores = []
+        for proposal in proposals:
+            logits = models.forward_logits(
+                self.target,
+                torch.cat([context.tokens[:, length - 1 :], proposal.tokens], dim=1),
+                cache,
+                attention_mask=context.attention_mask,
+                position_ids=context.position_ids[:, length - 1 : length + context.gamma],
+            )
+            models.crop_cache(cache, length - 1)
+            scores.append(warp_logits(logits, context.sampling))
+        arm = int(self.selector(proposals, scores))
+        for other, drafter in enumerate(self.drafts):
+            if other != arm:
+                drafter.rollback(length)
+        return arm, proposals[arm]
+
+    def _update_policy(self, arm: int, num_accepted: list[int], gamma: int) -> None:
+        """Reward from this step's acceptances (the past of the next step). Policies with
+        `update_step` (Thompson sampling) get the geometric conjugate update per row; others the
+        mean acceptance fraction in [0, 1]."""
+        if self.selector is not None or not num_accepted:
+            return
+        update_step = getattr(self.policy, "update_step", None)
+        if callable(update_step):
+            for accepted in num_accepted:
+                update_step(arm, accepted, gamma)
+        else:
+            self.policy.update(arm, sum(num_accepted) / (gamma * len(num_accepted)))
+
+
+def generate(
+    target: torch.nn.Module,
+    input_ids: torch.Tensor,
+    drafts: Sequence[Any] | None = None,
+    policy: Any = "thompson",
+    gamma: int = 4,
+    **generate_kwargs: Any,
+) -> GenerationResult:
+    """One call: build a SpeculativeDecoder (default pool: prompt lookup only) and generate."""
+    from flashspec.drafters import PromptLookupDrafter
+
+    decoder = SpeculativeDecoder(target, drafts if drafts is not None else [PromptLookupDrafter()], policy, gamma)
+    return decoder.generate(input_ids, **generate_kwargs)
+
+
+def check_prompt(
+    input_ids: Any, attention_mask: Any, vocab_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate prompts; return (input_ids [B, P] long, mask [B, P] bool). Padding must be on the left."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise ValueError(f"input_ids must be a LongTensor [B, P], got {type(input_ids).__name__}")
+    if input_ids.dim() == 1:
+        input_ids = input_ids.unsqueeze(0)
+    if input_ids.dim() != 2 or input_ids.shape[0] < 1:
+        raise ValueError(f"input_ids must be [B, P] with B >= 1, got shape {tuple(input_ids.shape)}")
+    if input_ids.dtype.is_floating_point or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids, got {input_ids.dtype}")
+    if input_ids.shape[1] == 0:
+        raise ValueError("input_ids is an empty prompt; give at least one token per row (e.g. the BOS token)")
+    input_ids = input_ids.long()
+    if attention_mask is None:
+        mask = torch.ones_like(input_ids, dtype=torch.bool)
+    else:
+        if not isinstance(attention_mask, torch.Tensor) or attention_mask.shape != input_ids.shape:
+            raise ValueError(
+                f"attention_mask must be a tensor of input_ids' shape {tuple(input_ids.shape)}, "
+                f"got {getattr(attention_mask, 'shape', type(attention_mask).__name__)}"
+            )
+        mask = attention_mask.to(input_ids.device).bool()
+        if bool((mask[:, 1:].long() < mask[:, :-1].long()).any()):
+            raise ValueError("attention_mask has right padding; pad prompts on the left (tokenizer.padding_side='left')")
+    empty = (~mask.any(dim=1)).nonzero()
+    if empty.numel():
+        raise ValueError(f"prompt row {int(empty[0, 0])} is empty (attention_mask all zero); give it at least one token")
+    real = input_ids[mask]
+    if bool(((real < 0) | (real >= vocab_size)).any()):
+        raise ValueError(f"input_ids must lie in [0, {vocab_size}) (the target's vocabulary)")
+    return input_ids, mask
+
+
+def check_budgets(max_new_tokens: Any, batch: int) -> list[int]:
+    """max_new_tokens as one int >= 0 per row."""
+    values = [max_new_tokens] * batch if not isinstance(max_new_tokens, (list, tuple, torch.Tensor)) else list(
+        max_new_tokens.tolist() if isinstance(max_new_tokens, torch.Tensor) else max_new_tokens
+    )
+    if len(values) != batch:
+        raise ValueError(f"max_new_tokens has {len(values)} entries but there are {batch} rows")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"max_new_tokens must be an int >= 0 (or one per row), got {max_new_tokens!r}")
+    return values
+
+
+def resolve_pad(pad_token_id: int | None, target: torch.nn.Module, stop_ids: set[int]) -> int:
+    """The id written after a row ends: the argument, the target's pad, its EOS, else 0."""
+    if pad_token_id is not None:
+        return int(pad_token_id)
+    special = models.special_token_ids(target)
+    for candidate in (special["pad_token_id"], special["eos_token_id"]):
+        ids = sorted(models.as_id_set(candidate))
+        if ids:
+            return ids[0]
+    return min(stop_ids) if stop_ids else 0
+
+
+def _clock(sync: bool) -> float:
+    if sync:
+        torch.cuda.synchronize()
+    return time.perf_counter()
