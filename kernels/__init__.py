@@ -1,0 +1,8 @@
+"""Triton kernels for FlashSpec, installed as `flashspec.kernels` (DESIGN §4).
+
+`verify_triton` is the backend behind `flashspec.verify(..., backend="triton")`;
+`flashspec.kernels.rng` is the uint32 Triton twin of `flashspec.rng`'s hash.
+"""
+from flashspec.kernels.verify import LaunchPlan, make_plan, verify_triton
+
+__all__ = ["LaunchPlan", "make_plan", "verify_triton"]

@@ -1,0 +1,213 @@
+"""The Triton backend: its hash is flashspec.rng's bit for bit, and `verify(backend="triton")`
+returns exactly what the PyTorch reference returns for the same seed.
+
+On a machine without a GPU these run through the Triton interpreter (conftest sets
+TRITON_INTERPRET=1); the same file runs compiled on a GPU. "Exactly" holds up to ties in
+floating-point rounding: the kernels compute log-sum-exp in a different order than torch, so a
+decision that sits within ~1e-7 of its threshold could in principle flip -- with random
+inputs that has probability ~1e-6 per decision, and none of the fixed seeds below hits one.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import flashspec as fs
+from flashspec import rng
+from flashspec.sampling import SamplingParams, warp_logits
+
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
+
+from flashspec.kernels import make_plan, verify_triton  # noqa: E402
+from flashspec.kernels import rng as krng  # noqa: E402
+
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+DEVICE = torch.device("cuda" if ON_GPU else "cpu")
+gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (compiled Triton)")
+BF16_REASON = "the Triton interpreter computes bf16 wrong (it upcasts); bf16 is checked on a GPU only"
+
+
+# ----------------------------------------------------------------------------- the hash
+@triton.jit
+def _uniforms_kernel(row_ptr, position_ptr, index_ptr, out_ptr, prefix, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    row = tl.load(row_ptr + offsets, mask=mask, other=0)
+    position = tl.load(position_ptr + offsets, mask=mask, other=0)
+    index = tl.load(index_ptr + offsets, mask=mask, other=0)
+    base = krng.base_hash(prefix, row, position)
+    tl.store(out_ptr + offsets, krng.uniform_from_base(base, index), mask=mask)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2**31 - 1, 2**31, 2**32 + 7, 2**62 - 1, 0x0123456789ABCDEF])
+@pytest.mark.parametrize("stream", [rng.STREAM_ACCEPT, rng.STREAM_SAMPLE, rng.STREAM_DRAFT])
+def test_triton_hash_is_bit_identical_to_torch(seed: int, stream: int) -> None:
+    key = rng.Key.from_seed(seed)
+    generator = torch.Generator().manual_seed(seed % 1000 + stream)
+    count = 3000
+    row = torch.randint(0, 2**40, (count,), generator=generator)  # values past 2**32 are taken mod 2**32
+    position = torch.randint(0, 2**32, (count,), generator=generator)
+    index = torch.randint(0, 2**33, (count,), generator=generator)
+    row[:64] = torch.arange(64)  # the small counters verify actually uses
+    position[:64] = torch.arange(64) % 8
+    index[:64] = torch.arange(64)
+    index[-4:] = torch.tensor([2**31 - 1, 2**31, 2**32 - 1, 2**32])
+    out = torch.empty(count, dtype=torch.float32, device=DEVICE)
+    block = 1024
+    _uniforms_kernel[(triton.cdiv(count, block),)](
+        row.to(DEVICE), position.to(DEVICE), index.to(DEVICE), out,
+        krng.as_int32(krng.stream_prefix(key, stream)), count, BLOCK=block,
+    )
+    expected = rng.uniform_from_base(rng.base_hash(key, stream, row, position), index)
+    assert torch.equal(out.cpu().view(torch.int32), expected.view(torch.int32))
+    assert bool(((out > 0) & (out < 1)).all())
+
+
+# ----------------------------------------------------------------------------- verify vs reference
+def make_case(batch: int, gamma: int, vocab: int, params: SamplingParams, with_draft: bool,
+              dtype: torch.dtype, seed: int, device: torch.device = DEVICE):
+    """Target logits, draft logits near the target (so acceptance varies), drafted tokens
+    sampled from the draft's warped distribution, with some replaced by arbitrary ids
+    where that keeps the input valid."""
+    generator = torch.Generator().manual_seed(seed)
+    target = 2.0 * torch.randn(batch, gamma + 1, vocab, generator=generator)
+    draft = target[:, :gamma] + torch.randn(batch, gamma, vocab, generator=generator)
+    target, draft = target.to(dtype), draft.to(dtype)
+    source = draft if with_draft else target[:, :gamma]
+    probs = warp_logits(source, params).exp().reshape(-1, vocab)
+    tokens = torch.multinomial(probs, 1, generator=generator).view(batch, gamma)
+    if params.greedy or not with_draft:  # any id is a valid proposal here
+        arbitrary = torch.randint(0, vocab, (batch, gamma), generator=generator)
+        swap = torch.rand(batch, gamma, generator=generator) < 0.3
+        tokens = torch.where(swap, arbitrary, tokens)
+    return target.to(device), (draft.to(device) if with_draft else None), tokens.to(device)
+
+
+def assert_backends_agree(target, draft, tokens, params, seed, **plan) -> fs.VerifyOutput:
+    expected = fs.verify(target, draft, tokens, params, generator=seed, backend="torch")
+    if plan:
+        got_tokens, got_accepted = verify_triton(target, draft, tokens, params, rng.key_from_generator(seed), **plan)
+    else:
+        got = fs.verify(target, draft, tokens, params, generator=seed, backend="triton")
+        got_tokens, got_accepted = got.tokens, got.num_accepted
+    assert got_tokens.dtype == torch.int64 and got_accepted.dtype == torch.int64
+    assert torch.equal(got_accepted.cpu(), expected.num_accepted.cpu()), (got_accepted, expected.num_accepted)
+    assert torch.equal(got_tokens.cpu(), expected.tokens.cpu()), (got_tokens, expected.tokens)
+    return expected
+
+
+TRUNCATIONS = [(0, 1.0), (3, 1.0), (0, 0.8), (4, 0.9)]
+
+
+@settings(max_examples=40, deadline=None, derandomize=True)
+@given(
+    batch=st.sampled_from([1, 3, 8]),
+    gamma=st.sampled_from([1, 2, 4, 7]),
+    vocab=st.sampled_from([7, 16, 50]),
+    temperature=st.sampled_from([0.0, 0.5, 1.0, 1.7]),
+    truncation=st.sampled_from(TRUNCATIONS),
+    with_draft=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.float16]),
+    seed=st.integers(0, 2**40),
+)
+def test_triton_equals_torch_reference(batch, gamma, vocab, temperature, truncation, with_draft, dtype, seed):
+    params = SamplingParams(temperature, *truncation)
+    target, draft, tokens = make_case(batch, gamma, vocab, params, with_draft, dtype, seed % 10_000)
+    assert_backends_agree(target, draft, tokens, params, seed)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0, 1.7])
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_every_temperature_and_proposal_kind(temperature: float, with_draft: bool) -> None:
+    params = SamplingParams(temperature)
+    target, draft, tokens = make_case(8, 4, 33, params, with_draft, torch.float32, seed=int(temperature * 10) + with_draft)
+    assert_backends_agree(target, draft, tokens, params, seed=11)
+
+
+def test_draft_equal_to_target_accepts_everything() -> None:
+    params = SamplingParams(1.0)
+    target, _, tokens = make_case(8, 4, 33, params, False, torch.float32, seed=3)
+    tokens = torch.multinomial(warp_logits(target[:, :4].cpu(), params).exp().reshape(-1, 33), 1).view(8, 4).to(DEVICE)
+    out = assert_backends_agree(target, target[:, :4].clone(), tokens, params, seed=5)
+    assert bool((out.num_accepted == 4).all())
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_long_rows_split_into_several_chunks(temperature: float, with_draft: bool) -> None:
+    """V = 100 in tiles of 16 and 3 splits: several tiles per program, several programs per
+    row in both passes, chunk winners meeting through the ticket counter; called twice to
+    check the counter resets itself."""
+    params = SamplingParams(temperature)
+    target, draft, tokens = make_case(5, 3, 100, params, with_draft, torch.float32, seed=21)
+    plan = make_plan(5, 3, 100, DEVICE, params.greedy, block_b=8, block_v=16, num_splits=3)
+    assert plan.stats_splits == 3 and plan.stats_chunk == 48
+    assert params.greedy or plan.sample_splits == 3
+    for seed in (1, 2):
+        assert_backends_agree(target, draft, tokens, params, seed, block_b=8, block_v=16, num_splits=3)
+
+
+def test_plan_spreads_one_long_row_over_the_gpu() -> None:
+    if not ON_GPU:
+        pytest.skip("the split count follows the GPU's SM count; interpreted plans use whole rows")
+    plan = make_plan(1, 4, 128256, DEVICE, greedy=False)
+    assert plan.block_b == 1 and plan.sample_splits >= 64 and plan.stats_splits * 5 >= 64
+
+
+@pytest.mark.parametrize("greedy", [False, True])
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_nan_and_inf_logits_never_give_ids_out_of_range(greedy: bool, with_draft: bool) -> None:
+    batch, gamma, vocab = 6, 3, 20
+    params = SamplingParams(0.0 if greedy else 1.0)
+    target, draft, tokens = make_case(batch, gamma, vocab, params, with_draft, torch.float32, seed=9)
+    target = target.clone()
+    target[0] = float("nan")  # a whole row of NaN
+    target[1, :, ::3] = float("nan")  # NaN entries
+    target[2] = float("-inf")  # nothing to sample
+    target[3, :, 5] = float("inf")
+    if draft is not None:
+        draft = draft.clone()
+        draft[4] = float("nan")
+    tokens = tokens.clone()
+    tokens[5, 0] = vocab + 3  # out of range (validate=False lets it through)
+    out = fs.verify(target, draft, tokens, params, generator=0, backend="triton", validate=False)
+    emitted = out.tokens.gather(1, out.num_accepted.view(-1, 1)).squeeze(1)
+    assert bool(((out.num_accepted >= 0) & (out.num_accepted <= gamma)).all())
+    assert bool(((emitted >= 0) & (emitted < vocab)).all()), emitted
+    positions = torch.arange(gamma + 1, device=out.tokens.device).view(1, -1)
+    assert bool((out.tokens[positions > out.num_accepted.view(-1, 1)] == -1).all())
+
+
+@pytest.mark.skipif(not ON_GPU, reason=BF16_REASON)
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.6])
+def test_bf16_logits_on_gpu(temperature: float) -> None:
+    params = SamplingParams(temperature)
+    for batch, vocab in ((8, 1000), (64, 32000)):
+        target, draft, tokens = make_case(batch, 4, vocab, params, True, torch.bfloat16, seed=batch)
+        assert_backends_agree(target, draft, tokens, params, seed=4)
+
+
+@gpu_only
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_rows_past_two_to_the_31_elements(temperature: float) -> None:
+    """B·(γ+1)·V > 2**31: planted maxima beyond int32 offsets must be found (6.4 GB bf16).
+
+    The kernels have no int32 offset path to force on the CPU (rows are cast to int64 before
+    they are multiplied by V), and the interpreter cannot allocate past 2**31 elements, so
+    this check needs a GPU."""
+    gamma, vocab = 2, 2**30 + 3
+    target = torch.zeros(1, gamma + 1, vocab, dtype=torch.bfloat16, device=DEVICE)
+    planted = [vocab - 7, 12345, vocab - 5]  # offsets ≈ 3.2e9 for the bonus position
+    for position, token in enumerate(planted):
+        target[0, position, token] = 100.0
+    tokens = torch.tensor([planted[:gamma]], device=DEVICE)
+    out = fs.verify(target, None, tokens, SamplingParams(temperature), generator=1, backend="triton")
+    assert out.num_accepted.tolist() == [gamma]
+    assert out.tokens.tolist() == [planted]
+    del target
+    torch.cuda.empty_cache()
