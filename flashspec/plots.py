@@ -11,6 +11,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
 
 __all__ = [
     "plot_reproduced_regret",
@@ -148,6 +149,9 @@ def plot_bandit_sensitivity(record: dict[str, Any], path: str | Path | None = No
             ax.set_xlabel(xlabel, fontsize=8)
             ax.set_ylabel("regret / UCB1 (1 bit)", fontsize=8)
             ax.set_yscale("log")
+            ax.yaxis.set_major_locator(FixedLocator([0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10]))
+            ax.yaxis.set_major_formatter(FormatStrFormatter("%.2g"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
             ax.set_title(f"switch every {switch} (UCB1 {regime['ucb1_regret']:.0f})", fontsize=8.5)
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=6.5)
@@ -173,7 +177,98 @@ def plot_cost_aware_shares(record: dict[str, Any], path: str | Path | None = Non
              for k in range(n_arms)]
     ax.set_xticks(x, ticks, fontsize=7)
     ax.set_ylabel("share of steps")
-    ax.set_ylim(0, 1.15)
+    ax.set_ylim(0, 1.5)
+    ax.set_yticks(np.linspace(0, 1, 6))
     ax.set_title(f"Cost-aware selection, γ={data['gamma']}: highest acceptance is not fastest", fontsize=9)
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper center", ncol=2)
     return _finish(fig, footer, path)
+
+
+# ---------------------------------------------------------------- model zoo (flashspec.zoo, flashspec.switching)
+
+def plot_acceptance_matrix(record: dict[str, Any], path: str | Path | None = None) -> Figure:
+    """Heatmaps of draft x domain acceptance: engine-measured (accepted / drafted) and exact Σ min(p, q).
+
+    Takes the record written by `flashspec.zoo.report` (zoo_<size>_acceptance.json); each panel's title
+    states the specialist margin (specialist minus best other draft, per domain).
+    """
+    data, footer = _unpack(record)
+    panels = [("engine_mean_acceptance", "engine_margins", f"engine, γ={data['gamma']}, T=1: accepted / drafted"),
+              ("teacher_forced_expected_acceptance", "teacher_forced_margins", "exact Σ min(p, q), held-out text")]
+    panels = [panel for panel in panels if panel[0] in data]
+    drafts, domains = data["drafts"], data["domains"]
+    fig = Figure(figsize=(4.2 * len(panels) + 0.8, 0.55 * len(drafts) + 2.2), layout="constrained")
+    for index, (key, margin_key, title) in enumerate(panels):
+        ax = fig.add_subplot(1, len(panels), index + 1)
+        values = np.array([[data[key][draft][domain] for domain in domains] for draft in drafts])
+        image = ax.imshow(values, cmap="viridis", vmin=0.0, vmax=max(1e-9, float(values.max())), aspect="auto")
+        for row in range(len(drafts)):
+            for col in range(len(domains)):
+                best = values[row, col] == values[:, col].max()
+                ax.text(col, row, f"{values[row, col]:.2f}", ha="center", va="center", fontsize=8,
+                        color="black" if values[row, col] > 0.6 * values.max() else "white",
+                        fontweight="bold" if best else "normal")
+        ax.set_xticks(range(len(domains)), domains)
+        ax.set_yticks(range(len(drafts)), [f"draft: {d}" for d in drafts])
+        ax.set_xlabel("domain of the prompts / text")
+        margins = data[margin_key]["margins"]
+        ax.set_title(title + "\nmargin " + ", ".join(f"{d} {m:+.2f}" for d, m in margins.items()), fontsize=8)
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    return _finish(fig, footer, path)
+
+
+def plot_arm_trace(record: dict[str, Any], path: str | Path | None = None,
+                   policies: tuple[str, ...] | None = None) -> Figure:
+    """Arm chosen at every step of the domain-switching stream, one strip per policy, per workload.
+
+    Background bands show each request's domain; the right margin prints tokens/s and tokens/step.
+    Default policies: the oracle, the best fixed draft and the two best bandits by tokens/s.
+    """
+    from matplotlib.patches import Patch
+
+    data, footer = _unpack(record)
+    kinds = list(data)
+    fig = Figure(figsize=(10, 2.6 * len(kinds) + 0.6), layout="constrained")
+    band_colours = ["#dbe9f6", "#fde2cf", "#dcefd8", "#eadcf0", "#f6f0c8"]
+    for index, kind in enumerate(kinds):
+        block = data[kind]
+        runs, summary = block["runs"], block["summary"]
+        if policies is None:
+            bandits = sorted((k for k in runs if k != "oracle" and not k.startswith("fixed:")),
+                             key=lambda k: -runs[k]["tokens_per_s"])[:2]
+            chosen = ["oracle", summary["best_fixed"], *bandits]
+        else:
+            chosen = [p for p in policies if p in runs]
+        ax = fig.add_subplot(len(kinds), 1, index + 1)
+        domains = list(dict.fromkeys(block["requests"]))
+        arm_names = list(runs[chosen[0]]["arm_share"])
+        for start in range(len(block["requests"])):  # one band per request, coloured by its domain
+            domain = block["requests"][start]
+            ax.axvspan(start, start + 1, color=band_colours[domains.index(domain) % len(band_colours)], lw=0)
+        ax.legend(handles=[Patch(color=band_colours[i % len(band_colours)], label=f"{d} request")
+                           for i, d in enumerate(domains)], loc="lower left", bbox_to_anchor=(0.0, 1.0),
+                  ncol=len(domains), fontsize=6, frameon=False)
+        for lane, label in enumerate(chosen):
+            run = runs[label]
+            request_of_step = np.asarray(run["request_of_step"])
+            counts = np.bincount(request_of_step, minlength=len(block["requests"]))
+            first = np.r_[0, np.cumsum(counts)[:-1]]
+            within = np.arange(len(request_of_step)) - first[request_of_step]
+            position = request_of_step + within / counts[request_of_step]
+            offset = lane * (len(arm_names) + 1)
+            ax.scatter(position, offset + np.asarray(run["arm_trace"]), s=3, color=f"C{lane}")
+            ax.text(1.01, offset + (len(arm_names) - 1) / 2,
+                    f"{label}\n{run['tokens_per_s']:.0f} tok/s, {run['tokens_per_step']:.2f} tok/step",
+                    transform=ax.get_yaxis_transform(), fontsize=7, va="center")
+        ax.set_yticks([lane * (len(arm_names) + 1) + a for lane in range(len(chosen)) for a in range(len(arm_names))],
+                      [name for _ in chosen for name in arm_names], fontsize=6)
+        ax.set_xlim(0, len(block["requests"]))
+        ax.set_xlabel("request index (steps spread evenly within each request); band colour = request domain: "
+                      + ", ".join(f"{d}" for d in domains), fontsize=7)
+        ax.set_title(f"\n{kind} workload: arm chosen per step (best bandit {summary['best_bandit']}: "
+                     f"{summary['tokens_per_s']['best_bandit_vs_oracle']:.2f}× oracle, "
+                     f"{summary['tokens_per_s']['best_bandit_vs_best_fixed']:.2f}× best fixed tokens/s)", fontsize=8)
+    return _finish(fig, footer, path)
+
+
+__all__ += ["plot_acceptance_matrix", "plot_arm_trace"]

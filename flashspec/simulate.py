@@ -460,6 +460,8 @@ def nonstationary_configs(n_rounds: int) -> list[Config]:
                request_boundaries=True, kwargs={"request_decay": 0.1}),
         Config("D-TS δ=0.99 (step + request re-prior ρ=0.1)", "d-ts", observation="step",
                request_boundaries=True, kwargs={"discount": 0.99, "request_decay": 0.1}),
+        Config("D-UCB δ=0.995, exploration 0.25 (step)", "d-ucb", observation="step",
+               kwargs={"discount": 0.995, "exploration": 0.25}),
         Config("D-UCB δ=0.95 (full feedback, steps)", "d-ucb", observation="step", feedback="full",
                kwargs={"discount": 0.95}),
         Config("D-TS δ=0.95 (full feedback, steps)", "d-ts", observation="step", feedback="full",
@@ -495,6 +497,10 @@ def experiment_nonstationary(n_rounds: int, n_seeds: int, switches: Sequence[int
     }
     best = min(worst_ratio, key=worst_ratio.__getitem__)
     out["best_in_all_regimes"] = {"label": best, "worst_ratio_to_ucb1": worst_ratio[best]}
+    configs_by_label = {config.label: config for config in configs}
+    bandit_only = [label for label in worst_ratio if configs_by_label[label].feedback == "bandit"]
+    best_bandit = min(bandit_only, key=worst_ratio.__getitem__)
+    out["best_with_bandit_feedback"] = {"label": best_bandit, "worst_ratio_to_ucb1": worst_ratio[best_bandit]}
     out["worst_ratio_to_ucb1"] = worst_ratio
     out["first_seed"] = NONSTATIONARY_FIRST_SEED
     return out
