@@ -1,0 +1,211 @@
+"""Properties of `flashspec.verify` (Hypothesis) and its input validation."""
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import flashspec as fs
+from flashspec import rng
+from flashspec.sampling import sample_from_logits
+
+PARAMS = st.sampled_from(
+    [
+        fs.SamplingParams(1.0),
+        fs.SamplingParams(0.6),
+        fs.SamplingParams(1.7, top_k=3),
+        fs.SamplingParams(0.9, top_p=0.7),
+        fs.SamplingParams(1.2, top_k=4, top_p=0.85),
+    ]
+)
+
+
+def make_inputs(batch: int, gamma: int, vocab: int, seed: int, params: fs.SamplingParams, deterministic: bool = False):
+    generator = torch.Generator().manual_seed(seed)
+    target = 2.0 * torch.randn(batch, gamma + 1, vocab, generator=generator)
+    draft = 2.0 * torch.randn(batch, gamma, vocab, generator=generator)
+    key = rng.Key.from_seed(seed + 1000)
+    tokens = torch.stack(
+        [sample_from_logits(draft[:, i], params, key, position=i)[0] for i in range(gamma)], dim=1
+    )
+    return target, (None if deterministic else draft), tokens
+
+
+CASES = dict(
+    batch=st.integers(1, 6),
+    gamma=st.integers(1, 6),
+    vocab=st.integers(2, 40),
+    seed=st.integers(0, 10_000),
+    params=PARAMS,
+    deterministic=st.booleans(),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(**CASES)
+def test_output_shape_and_layout(batch, gamma, vocab, seed, params, deterministic):
+    target, draft, tokens = make_inputs(batch, gamma, vocab, seed, params, deterministic)
+    out = fs.verify(target, draft, tokens, params, generator=seed)
+    assert out.tokens.shape == (batch, gamma + 1) and out.tokens.dtype == torch.long
+    assert out.num_accepted.shape == (batch,) and out.num_accepted.dtype == torch.long
+    assert bool(((out.num_accepted >= 0) & (out.num_accepted <= gamma)).all())
+    for row in range(batch):
+        n = int(out.num_accepted[row])
+        assert torch.equal(out.tokens[row, :n], tokens[row, :n].long()), "accepted prefix must be the drafts"
+        assert 0 <= int(out.tokens[row, n]) < vocab, "the emitted token must be a real id"
+        assert bool((out.tokens[row, n + 1 :] == -1).all()), "nothing after the emitted token"
+
+
+@settings(max_examples=40, deadline=None)
+@given(**CASES)
+def test_same_seed_same_output(batch, gamma, vocab, seed, params, deterministic):
+    target, draft, tokens = make_inputs(batch, gamma, vocab, seed, params, deterministic)
+    first = fs.verify(target, draft, tokens, params, generator=seed)
+    second = fs.verify(target, draft, tokens, params, generator=seed)
+    assert torch.equal(first.tokens, second.tokens)
+    g1, g2 = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed)
+    assert torch.equal(
+        fs.verify(target, draft, tokens, params, generator=g1).tokens,
+        fs.verify(target, draft, tokens, params, generator=g2).tokens,
+    )
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=st.integers(1, 6), gamma=st.integers(1, 6), vocab=st.integers(2, 40), seed=st.integers(0, 10_000))
+def test_greedy_is_the_argmax_chain(batch, gamma, vocab, seed):
+    params = fs.SamplingParams(0.0)
+    generator = torch.Generator().manual_seed(seed)
+    target = torch.randn(batch, gamma + 1, vocab, generator=generator)
+    argmax = target.argmax(-1)
+    # draft agrees with the target's argmax for a random number of leading positions
+    agree = torch.randint(0, gamma + 1, (batch,), generator=generator)
+    tokens = argmax[:, :gamma].clone()
+    for row in range(batch):
+        if agree[row] < gamma:
+            tokens[row, agree[row]] = (argmax[row, agree[row]] + 1) % vocab
+    out = fs.verify(target, torch.randn(batch, gamma, vocab), tokens, params, generator=seed, validate=False)
+    for row in range(batch):
+        n = int(agree[row])
+        assert int(out.num_accepted[row]) == n
+        assert torch.equal(out.tokens[row, : n + 1], argmax[row, : n + 1])
+
+
+@settings(max_examples=40, deadline=None)
+@given(batch=st.integers(1, 6), gamma=st.integers(1, 6), vocab=st.integers(2, 40), seed=st.integers(0, 10_000), params=PARAMS)
+def test_draft_equal_to_target_accepts_everything(batch, gamma, vocab, seed, params):
+    generator = torch.Generator().manual_seed(seed)
+    target = torch.randn(batch, gamma + 1, vocab, generator=generator)
+    key = rng.Key.from_seed(seed)
+    tokens = torch.stack([sample_from_logits(target[:, i], params, key, position=i)[0] for i in range(gamma)], 1)
+    out = fs.verify(target, target[:, :gamma], tokens, params, generator=seed)
+    assert bool((out.num_accepted == gamma).all())
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_inputs_match_their_fp32_upcast(dtype):
+    params = fs.SamplingParams(0.8)
+    target, draft, tokens = make_inputs(4, 3, 50, 7, params)
+    low_t, low_d = target.to(dtype), draft.to(dtype)
+    out = fs.verify(low_t, low_d, tokens, params, generator=5)
+    ref = fs.verify(low_t.float(), low_d.float(), tokens, params, generator=5)
+    assert torch.equal(out.tokens, ref.tokens)
+
+
+def test_rows_are_independent_of_batch_composition():
+    """Row r's output depends on row r's inputs, the key and r only."""
+    params = fs.SamplingParams(1.0)
+    target, draft, tokens = make_inputs(6, 4, 30, 3, params)
+    full = fs.verify(target, draft, tokens, params, generator=11)
+    changed_target = target.clone()
+    changed_target[3:] = torch.randn_like(changed_target[3:])
+    partial = fs.verify(changed_target, draft, tokens, params, generator=11, validate=False)
+    assert torch.equal(full.tokens[:3], partial.tokens[:3])
+
+
+def test_uniforms_are_never_zero_or_one_and_look_uniform():
+    u = rng.uniforms(rng.Key.from_seed(123), rng.STREAM_SAMPLE, 4, 3, 50_000)
+    assert float(u.min()) > 0.0 and float(u.max()) < 1.0
+    assert abs(float(u.mean()) - 0.5) < 0.005 and abs(float(u.var()) - 1 / 12) < 0.002
+    other = rng.uniforms(rng.Key.from_seed(123), rng.STREAM_ACCEPT, 4, 3, 50_000)
+    assert abs(float(torch.corrcoef(torch.stack([u.flatten(), other.flatten()]))[0, 1])) < 0.01
+
+
+# --- bad input ---------------------------------------------------------------------------------
+
+
+def good():
+    target = torch.randn(2, 4, 10)
+    draft = torch.randn(2, 3, 10)
+    tokens = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    return target, draft, tokens
+
+
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda t, d, x: (t[:, :3], d, x), "target_logits"),
+        (lambda t, d, x: (t[0], d, x), "target_logits"),
+        (lambda t, d, x: (t, d[:, :, :9], x), "vocabulary"),
+        (lambda t, d, x: (t, d[:1], x), "draft_logits"),
+        (lambda t, d, x: (t[:, :1], d[:, :0], x[:, :0]), "gamma >= 1"),
+        (lambda t, d, x: (t, d, x.float()), "draft_tokens"),
+        (lambda t, d, x: (t, d, x + 10), r"draft_tokens must lie in \[0, V\)"),
+        (lambda t, d, x: (t, d, x - 2), r"draft_tokens must lie in \[0, V\)"),
+        (lambda t, d, x: (t.long(), d, x), "target_logits must be a float"),
+        (lambda t, d, x: (t.index_fill(2, torch.arange(10), float("nan")), d, x), "target_logits contains NaN"),
+        (lambda t, d, x: (t.index_fill(2, torch.arange(10), float("-inf")), d, x), "-inf everywhere"),
+        (lambda t, d, x: (t, d.index_fill(2, torch.arange(10), float("nan")), x), "draft_logits contains NaN"),
+        (lambda t, d, x: (t, d.index_fill(2, torch.tensor([3]), float("inf")), x), r"\+inf"),
+    ],
+)
+def test_bad_input_raises_value_error_naming_the_argument(mutate, match):
+    target, draft, tokens = mutate(*good())
+    with pytest.raises(ValueError, match=match):
+        fs.verify(target, draft, tokens, fs.SamplingParams(1.0), generator=0)
+
+
+def test_draft_token_outside_the_draft_support_is_rejected_with_a_fix():
+    target, draft, tokens = good()
+    draft[0, 0, tokens[0, 0]] = float("-inf")
+    with pytest.raises(ValueError, match="zero probability under the warped draft_logits"):
+        fs.verify(target, draft, tokens, fs.SamplingParams(1.0), generator=0)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(temperature=-0.1), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(top_k=-1), "top_k"),
+        (dict(top_k=2.5), "top_k"),
+    ],
+)
+def test_bad_sampling_params(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        fs.SamplingParams(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "kwargs,match",
+    [
+        (dict(backend="cuda"), "backend"),
+        (dict(generator=-1), "generator"),
+        (dict(generator="seed"), "generator"),
+        (dict(params=0.7), "params"),
+    ],
+)
+def test_bad_call_arguments(kwargs, match):
+    target, draft, tokens = good()
+    with pytest.raises(ValueError, match=match):
+        fs.verify(target, draft, tokens, **kwargs)
+
+
+def test_bad_input_writes_nothing():
+    target, draft, tokens = good()
+    before = (target.clone(), draft.clone(), tokens.clone())
+    with pytest.raises(ValueError):
+        fs.verify(target, draft, tokens + 100, generator=0)
+    assert all(torch.equal(a, b) for a, b in zip(before, (target, draft, tokens)))
