@@ -246,8 +246,8 @@ def plot_arm_trace(record: dict[str, Any], path: str | Path | None = None,
             domain = block["requests"][start]
             ax.axvspan(start, start + 1, color=band_colours[domains.index(domain) % len(band_colours)], lw=0)
         ax.legend(handles=[Patch(color=band_colours[i % len(band_colours)], label=f"{d} request")
-                           for i, d in enumerate(domains)], loc="lower left", bbox_to_anchor=(0.0, 1.0),
-                  ncol=len(domains), fontsize=6, frameon=False)
+                           for i, d in enumerate(domains)], loc="lower right", bbox_to_anchor=(1.0, 1.0),
+                  ncol=len(domains), fontsize=6, frameon=False, borderaxespad=0.1)
         for lane, label in enumerate(chosen):
             run = runs[label]
             request_of_step = np.asarray(run["request_of_step"])
@@ -265,9 +265,9 @@ def plot_arm_trace(record: dict[str, Any], path: str | Path | None = None,
         ax.set_xlim(0, len(block["requests"]))
         ax.set_xlabel("request index (steps spread evenly within each request); band colour = request domain: "
                       + ", ".join(f"{d}" for d in domains), fontsize=7)
-        ax.set_title(f"\n{kind} workload: arm chosen per step (best bandit {summary['best_bandit']}: "
+        ax.set_title(f"{kind} workload: arm chosen per step (best bandit {summary['best_bandit']}: "
                      f"{summary['tokens_per_s']['best_bandit_vs_oracle']:.2f}× oracle, "
-                     f"{summary['tokens_per_s']['best_bandit_vs_best_fixed']:.2f}× best fixed tokens/s)", fontsize=8)
+                     f"{summary['tokens_per_s']['best_bandit_vs_best_fixed']:.2f}× best fixed tokens/s)", fontsize=8, loc="left")
     return _finish(fig, footer, path)
 
 

@@ -1,0 +1,196 @@
+"""Domain-switching workload and experiment: which draft should a server use when requests change domain?
+
+A stream of requests (held-out prompts of the zoo's domains) is served one request at a time by one
+`SpeculativeDecoder` whose policy lives across requests, exactly as a server would run it.  Two
+workloads:
+
+- ``blocks``: domains alternate in blocks of `block_size` consecutive requests (python x k, prose x k, ...);
+- ``mixed``: every request's domain drawn uniformly at random (seeded).
+
+Contestants: each fixed draft; the per-domain oracle (knows each request's domain and uses the draft with
+the highest measured acceptance there, as an upper reference); and the shipped bandit policies of
+`flashspec.bandits`, each with and without a per-request reset (``request_decay`` 0 or 1, applied through
+the request-boundary hook ``policy.on_request_start()``).  Every contestant serves the same requests with
+the same seeds; reported are tokens/s, mean acceptance, tokens per step, and the arm-choice trace.
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from flashspec.sampling import SamplingParams
+
+WORKLOADS = ("blocks", "mixed")
+DEFAULT_BANDITS = ("thompson", "ucb1", "sw-ucb", "d-ts", "d-ucb", "exp3")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request of the stream: its domain and prompt ids."""
+
+    domain: str
+    prompt_ids: list[int]
+
+
+def make_workload(prompts: dict[str, list[list[int]]], kind: str, num_requests: int, block_size: int = 3,
+                  seed: int = 0) -> list[Request]:
+    """`num_requests` requests over the domains of `prompts` (domain -> list of prompt ids).
+
+    ``blocks`` cycles the domains in their given order, `block_size` requests each; ``mixed`` draws each
+    request's domain uniformly at random.  Within a domain, prompts are used in order, wrapping around.
+    """
+    if kind not in WORKLOADS:
+        raise ValueError(f"kind must be one of {WORKLOADS}, got {kind!r}")
+    if num_requests < 1 or block_size < 1:
+        raise ValueError(f"num_requests and block_size must be >= 1, got {num_requests}, {block_size}")
+    domains = list(prompts)
+    if not domains or any(len(prompts[d]) == 0 for d in domains):
+        raise ValueError("prompts must map every domain to at least one prompt")
+    chooser = random.Random(seed)
+    used = {d: 0 for d in domains}
+    requests = []
+    for index in range(num_requests):
+        if kind == "blocks":
+            domain = domains[(index // block_size) % len(domains)]
+        else:
+            domain = chooser.choice(domains)
+        requests.append(Request(domain, list(prompts[domain][used[domain] % len(prompts[domain])])))
+        used[domain] += 1
+    return requests
+
+
+class DomainOracle:
+    """Plays the best draft of the current request's domain (told by the experiment, not learned)."""
+
+    name = "oracle"
+
+    def __init__(self, best_arm: dict[str, int]) -> None:
+        self.best_arm = dict(best_arm)
+        self.domain: str | None = None
+
+    def set_domain(self, domain: str) -> None:
+        self.domain = domain
+
+    def select(self, context: Any = None) -> int:
+        if self.domain is None:
+            raise ValueError("DomainOracle.set_domain must be called before select")
+        return self.best_arm[self.domain]
+
+    def update(self, arm: int, reward: float) -> None:
+        return None
+
+    def reset(self) -> None:
+        self.domain = None
+
+
+def serve_stream(target: torch.nn.Module, drafts: dict[str, torch.nn.Module], requests: list[Request], policy: Any,
+                 gamma: int = 4, max_new_tokens: int = 48, temperature: float = 1.0, seed: int = 0,
+                 reset_per_request: bool = False) -> dict[str, Any]:
+    """Serve `requests` one by one with one decoder (policy state carried across requests).
+
+    `reset_per_request` calls the policy's request-boundary hook (`on_request_start`) before each request.
+    Returns totals, tokens/s (generation wall time only), acceptance, and the per-step arm trace with the
+    request index of each step.
+    """
+    from flashspec.drafters import ModelDrafter
+    from flashspec.engine import SpeculativeDecoder
+
+    decoder = SpeculativeDecoder(target, drafts=[ModelDrafter(model, name=name) for name, model in drafts.items()],
+                                 policy=policy, gamma=gamma)
+    sampling = SamplingParams(temperature=temperature)
+    device = decoder.device
+    arms, accepted_trace, request_of_step = [], [], []
+    total_s = 0.0
+    generated = accepted = drafted = steps = 0
+    for index, request in enumerate(requests):
+        if isinstance(decoder.policy, DomainOracle):
+            decoder.policy.set_domain(request.domain)
+        if reset_per_request:
+            decoder.policy.on_request_start()
+        input_ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)
+        started = time.perf_counter()
+        result = decoder.generate(input_ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed + index,
+                                  ignore_eos=True, timing=True)
+        total_s += time.perf_counter() - started
+        generated += int(result.num_generated.sum())
+        for record in result.stats.steps:
+            arms.append(record.arm)
+            accepted_trace.append(sum(record.num_accepted))
+            request_of_step.append(index)
+            accepted += sum(record.num_accepted)
+            drafted += record.gamma * len(record.num_accepted)
+            steps += 1
+    names = list(drafts)
+    return {
+        "generated_tokens": generated, "seconds": total_s, "tokens_per_s": generated / total_s,
+        "steps": steps, "tokens_per_step": generated / steps, "mean_acceptance": accepted / drafted,
+        "arm_share": {names[a]: float(np.mean(np.asarray(arms) == a)) for a in range(len(names))},
+        "arm_trace": arms, "accepted_trace": accepted_trace, "request_of_step": request_of_step,
+    }
+
+
+def contestants(n_arms: int, draft_names: list[str], best_arm: dict[str, int],
+                bandits: tuple[str, ...] = DEFAULT_BANDITS, seed: int = 0) -> list[tuple[str, Any, bool]]:
+    """(label, policy object, reset_per_request) for fixed drafts, the oracle and each bandit +/- reset."""
+    from flashspec.bandits import make_policy
+
+    entries: list[tuple[str, Any, bool]] = [
+        (f"fixed:{name}", make_policy("fixed", n_arms, arm=arm), False) for arm, name in enumerate(draft_names)
+    ]
+    entries.append(("oracle", DomainOracle(best_arm), False))
+    for name in bandits:
+        entries.append((name, make_policy(name, n_arms, seed=seed, request_decay=1.0), False))
+        entries.append((f"{name}+reset", make_policy(name, n_arms, seed=seed, request_decay=0.0), True))
+    return entries
+
+
+def run_switching_experiment(target: torch.nn.Module, drafts: dict[str, torch.nn.Module],
+                             prompts: dict[str, list[list[int]]], best_arm: dict[str, int], num_requests: int,
+                             block_size: int, max_new_tokens: int, gamma: int = 4,
+                             bandits: tuple[str, ...] = DEFAULT_BANDITS, seed: int = 0,
+                             progress: bool = True) -> dict[str, Any]:
+    """Every contestant on both workloads; adds the targets' ratios (best bandit vs oracle and vs best fixed)."""
+    from tqdm.auto import tqdm
+
+    draft_names = list(drafts)
+    results: dict[str, Any] = {}
+    warm = make_workload(prompts, "blocks", 1, 1, seed)
+    for kind in WORKLOADS:
+        requests = make_workload(prompts, kind, num_requests, block_size, seed)
+        entries = contestants(len(draft_names), draft_names, best_arm, bandits, seed)
+        runs: dict[str, Any] = {}
+        for label, policy, reset in tqdm(entries, desc=f"switching [{kind}]", disable=not progress):
+            if isinstance(policy, DomainOracle):
+                policy.set_domain(warm[0].domain)
+            serve_stream(target, drafts, warm, policy, gamma, min(8, max_new_tokens), seed=seed + 10_000)
+            policy.reset()
+            runs[label] = serve_stream(target, drafts, requests, policy, gamma, max_new_tokens, seed=seed,
+                                       reset_per_request=reset)
+        results[kind] = {"requests": [r.domain for r in requests], "runs": runs, "summary": summarise(runs)}
+    return results
+
+
+def summarise(runs: dict[str, Any]) -> dict[str, Any]:
+    """Best fixed draft, best bandit (by tokens/s), and the two ratios the issue targets."""
+    fixed = {k: v for k, v in runs.items() if k.startswith("fixed:")}
+    bandit = {k: v for k, v in runs.items() if not k.startswith("fixed:") and k != "oracle"}
+    best_fixed = max(fixed, key=lambda k: fixed[k]["tokens_per_s"])
+    best_bandit = max(bandit, key=lambda k: bandit[k]["tokens_per_s"])
+    oracle = runs["oracle"]
+
+    def ratios(key: str) -> dict[str, float]:
+        return {
+            "best_bandit_vs_oracle": bandit[best_bandit][key] / oracle[key],
+            "best_bandit_vs_best_fixed": bandit[best_bandit][key] / max(v[key] for v in fixed.values()),
+        }
+
+    return {
+        "best_fixed": best_fixed, "best_bandit": best_bandit,
+        "tokens_per_s": ratios("tokens_per_s"), "tokens_per_step": ratios("tokens_per_step"),
+        "targets": {"bandit_vs_oracle_min": 0.95, "bandit_vs_best_fixed_min": 1.15},
+    }
