@@ -104,7 +104,7 @@ def assert_backends_agree(target, draft, tokens, params, seed, **plan) -> fs.Ver
 TRUNCATIONS = [(0, 1.0), (3, 1.0), (0, 0.8), (4, 0.9)]
 
 
-@settings(max_examples=40, deadline=None, derandomize=True)
+@settings(max_examples=20 if ON_GPU else 40, deadline=None, derandomize=True)  # GPU: each new shape compiles
 @given(
     batch=st.sampled_from([1, 3, 8]),
     gamma=st.sampled_from([1, 2, 4, 7]),
