@@ -28,6 +28,7 @@ CUDA-graph fast path replaces.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -41,6 +42,7 @@ from flashspec.sampling import SamplingParams, warp_logits
 from flashspec.stats import GenerationStats, StepRecord
 from flashspec.verify import verify
 
+DRAFT_KEY_TAG = 0x0D4AF7  # separates draft keys from the verifier's key derive_seed(seed, step)
 Selector = Callable[[list[Proposal], list[torch.Tensor]], int]
 
 
@@ -74,9 +76,14 @@ def resolve_policy(policy: Any, n_arms: int, **policy_kwargs: Any) -> Any:
                 f"policy={policy!r} needs flashspec.bandits, which failed to import ({error}); pass a policy object"
             ) from error
         try:
-            return bandits.make_policy(policy, n_arms, **policy_kwargs)
-        except (KeyError, ValueError) as error:
+            policy = bandits.make_policy(policy, n_arms, **policy_kwargs)
+        except (KeyError, ValueError, TypeError) as error:
             raise ValueError(f"unknown or invalid policy {policy!r}: {error}") from error
+    if getattr(policy, "needs_true_values", False):
+        raise ValueError(
+            f"policy {getattr(policy, 'name', policy)!r} reads the true per-arm values (simulation only); "
+            "pick a learning policy such as 'thompson'"
+        )
     if all(callable(getattr(policy, method, None)) for method in ("select", "update")):
         return policy
     raise ValueError(
@@ -197,6 +204,9 @@ class SpeculativeDecoder:
         positions = (torch.arange(capacity, device=device).view(1, -1) - num_pads.view(-1, 1)).clamp(min=0)
 
         cache = models.new_cache(self.target)
+        on_request_start = getattr(self.policy, "on_request_start", None)
+        if callable(on_request_start):
+            on_request_start()  # a request boundary: policies may re-prior (request_decay)
         for drafter in self.drafts:
             drafter.reset(batch)
         if prompt_length > 1:
@@ -225,9 +235,9 @@ class SpeculativeDecoder:
                 valid=valid[:, :length],
                 gamma=gamma,
                 sampling=sampling,
-                key=rng.Key.from_seed(step_seed),
+                key=rng.Key.from_seed(step_seed),  # replaced per arm by draft_context(); never the verifier's streams
             )
-            arm, proposal = self._choose_and_propose(context, cache, length)
+            arm, proposal = self._choose_and_propose(context, cache, length, seed, step)
             target_logits = models.forward_logits(
                 self.target,
                 torch.cat([tokens[:, length - 1 : length], proposal.tokens], dim=1),
@@ -283,21 +293,24 @@ class SpeculativeDecoder:
 
         stats.total_s = _clock(sync) - start_time
         stats.generated_tokens = sum(num_generated)
+        # Rows that ended mid-step leave pad columns past the longest row; drop them.
         return GenerationResult(
-            sequences=tokens[:, :length].clone(),
+            sequences=tokens[:, : prompt_length + max(num_generated)].clone(),
             num_generated=torch.tensor(num_generated, dtype=torch.long),
             stats=stats,
         )
 
-    def _choose_and_propose(self, context: DraftContext, cache: Any, length: int) -> tuple[int, Proposal]:
+    def _choose_and_propose(
+        self, context: DraftContext, cache: Any, length: int, seed: int, step: int
+    ) -> tuple[int, Proposal]:
         """Pick an arm and get its proposal. With the test-only selector, every arm proposes and the
         target scores each proposal first (cherry-picking: breaks exactness on purpose)."""
         if self.selector is None:
             arm = int(self.policy.select())
             if not 0 <= arm < len(self.drafts):
                 raise ValueError(f"policy returned arm {arm}, but there are {len(self.drafts)} drafts")
-            return arm, self.drafts[arm].propose(context)
-        proposals = [drafter.propose(context) for drafter in self.drafts]
+            return arm, self.drafts[arm].propose(draft_context(context, seed, step, arm))
+        proposals = [drafter.propose(draft_context(context, seed, step, arm)) for arm, drafter in enumerate(self.drafts)]
         scores = []
         for proposal in proposals:
             logits = models.forward_logits(
@@ -327,6 +340,12 @@ class SpeculativeDecoder:
                 update_step(arm, accepted, gamma)
         else:
             self.policy.update(arm, sum(num_accepted) / (gamma * len(num_accepted)))
+
+
+def draft_context(context: DraftContext, seed: int, step: int, arm: int) -> DraftContext:
+    """The context for arm `arm`: its own key derived from (seed, step, arm), so drafts never share
+    noise with each other, and drafts sample on rng.STREAM_DRAFT, never the verifier's streams."""
+    return dataclasses.replace(context, key=rng.Key.from_seed(rng.derive_seed(seed, step, DRAFT_KEY_TAG, arm)))
 
 
 def generate(
