@@ -144,7 +144,9 @@ class Policy:
         counts = np.asarray(num_accepted)
         if self.batch_size is None:
             counts = counts.reshape(-1)
-        if counts.shape != shape or not (np.issubdtype(counts.dtype, np.integer) or counts.dtype == bool):
+        if counts.dtype == bool:
+            raise ValueError(f"num_accepted must be integer(s) in [0, gamma], not booleans (got {num_accepted!r})")
+        if counts.shape != shape or not np.issubdtype(counts.dtype, np.integer):
             if counts.shape == shape and np.issubdtype(counts.dtype, np.floating) and np.all(counts == np.round(counts)):
                 counts = counts.astype(np.int64)
             else:

@@ -110,8 +110,9 @@ def plot_nonstationary_regret(record: dict[str, Any], path: str | Path | None = 
         errors = [entry["final_regret_ci95"] / baseline for entry in entries]
         y = np.arange(len(labels))[::-1]
         ax.barh(y, ratios, xerr=errors, color=[_information_colour(e) for e in entries], alpha=0.85, capsize=2)
-        for yy, ratio, entry in zip(y, ratios, entries):
-            ax.text(ratio + 0.05, yy, f"{ratio:.2f} ({entry['final_regret_mean']:.0f})", va="center", fontsize=7)
+        offset = 0.015 * max(ratios)
+        for yy, ratio, error, entry in zip(y, ratios, errors, entries):
+            ax.text(ratio + error + offset, yy, f"{ratio:.2f} ({entry['final_regret_mean']:.0f})", va="center", fontsize=7)
         ax.axvline(1.0, color="k", linewidth=0.8)
         ax.axvline(0.5, color="tab:red", linestyle="--", linewidth=1, label="target ≤ 0.5× UCB1")
         ax.set_yticks(y, labels, fontsize=7.5)

@@ -23,6 +23,7 @@ import math
 import platform
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -425,10 +426,13 @@ def experiment_reproduce(n_rounds: int, n_seeds: int) -> dict[str, Any]:
     seeds = list(range(n_seeds))
     out: dict[str, Any] = {"arms": list(PAPER_ARMS), "policies": {}}
     for name in _progress(["ucb1", "thompson"], "reproduce"):
+        start = time.perf_counter()
         result = simulate(name, env, n_rounds, seeds)
+        seconds = time.perf_counter() - start
         first_five = result.final_regret[:5]
         out["policies"][name] = {
             **result.summary(),
+            "simulate_wall_seconds": seconds,
             "seeds_0_4_regret": first_five.tolist(),
             "seeds_0_4_mean": float(first_five.mean()),
             "paper_reported": PAPER_REPORTED[f"{name}_regret"],
@@ -616,8 +620,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for name in args.experiments:
         seeds = args.sweep_seeds if name == "sensitivity" else args.seeds
+        start = time.perf_counter()
         data = EXPERIMENTS[name](args.rounds, seeds)
-        settings = {"experiment": name, "n_rounds": args.rounds, "n_seeds": seeds}
+        settings = {"experiment": name, "n_rounds": args.rounds, "n_seeds": seeds,
+                    "wall_seconds": round(time.perf_counter() - start, 2)}
         record = {**run_metadata(command.strip(), settings), "results": data}
         json_path = args.out / f"bandits_{name}.json"
         json_path.write_text(json.dumps(record, indent=1) + "\n")

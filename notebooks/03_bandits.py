@@ -44,6 +44,7 @@ if ON_COLAB:  # fetch the repository (code and committed results) and install th
     os.chdir("flashspec/notebooks")
     importlib.invalidate_caches()
 
+# %matplotlib inline
 import numpy as np
 
 import flashspec as fs

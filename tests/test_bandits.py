@@ -105,6 +105,18 @@ def test_bad_reward(name: str, reward) -> None:
         policy.update(0, reward)
 
 
+@settings(max_examples=60, deadline=None)
+@given(
+    name=st.sampled_from(LEARNING_NAMES),
+    reward=st.one_of(st.floats(max_value=-1e-9), st.floats(min_value=1.0 + 1e-9), st.just(float("nan")),
+                     st.integers(min_value=2, max_value=64)),
+)
+def test_any_reward_outside_unit_interval_is_rejected(name: str, reward: float) -> None:
+    policy = small_policy(name, batch_size=2)
+    with pytest.raises(ValueError, match="reward"):
+        policy.update(np.array([0, 1]), np.array([0.5, reward]))
+
+
 @pytest.mark.parametrize("name", LEARNING_NAMES)
 @pytest.mark.parametrize("arm", [-1, 3, 1.0, None, True])
 def test_bad_arm(name: str, arm) -> None:
@@ -113,7 +125,8 @@ def test_bad_arm(name: str, arm) -> None:
 
 
 @pytest.mark.parametrize("num_accepted, gamma, match", [(5, 4, "num_accepted"), (-1, 4, "num_accepted"),
-                                                        (1, 0, "gamma"), (0.5, 4, "num_accepted")])
+                                                        (1, 0, "gamma"), (0.5, 4, "num_accepted"),
+                                                        (True, 4, "num_accepted"), (None, 4, "num_accepted")])
 def test_bad_step(num_accepted, gamma, match: str) -> None:
     with pytest.raises(ValueError, match=match):
         bandits.ThompsonSampling(3).update_step(0, num_accepted, gamma)
