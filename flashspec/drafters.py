@@ -189,7 +189,8 @@ def as_drafter(draft: Any, index: int) -> Any:
     if isinstance(draft, (ModelDrafter, PromptLookupDrafter)):
         return draft
     if isinstance(draft, torch.nn.Module) and hasattr(draft, "config"):
-        return ModelDrafter(draft, name=f"draft{index}:{getattr(draft.config, '_name_or_path', '') or 'model'}")
+        path = str(getattr(draft.config, "_name_or_path", "") or "").rstrip("/")
+        return ModelDrafter(draft, name=f"draft{index}:{path.rsplit('/', 1)[-1]}" if path else f"draft{index}")
     if all(callable(getattr(draft, method, None)) for method in ("reset", "propose", "rollback")):
         if not hasattr(draft, "name"):
             raise ValueError(f"drafts[{index}] implements the Drafter protocol but has no `name` attribute")
