@@ -11,3 +11,11 @@ __all__ = ["SamplingParams", "VerifyOutput", "verify", "warp_logits", "__version
 from flashspec import bandits, rewards  # noqa: E402  (online draft selection: policies and step rewards)
 
 __all__ += ["bandits", "rewards"]
+
+from flashspec import drafters, engine, models, stats  # noqa: E402  (the generation loop, drafters, loader, stats)
+from flashspec.drafters import ModelDrafter, PromptLookupDrafter  # noqa: E402
+from flashspec.engine import SpeculativeDecoder, generate  # noqa: E402
+from flashspec.models import load_model  # noqa: E402
+
+__all__ += ["drafters", "engine", "models", "stats", "SpeculativeDecoder", "generate", "ModelDrafter",
+            "PromptLookupDrafter", "load_model"]

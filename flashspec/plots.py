@@ -273,3 +273,89 @@ def plot_arm_trace(record: dict[str, Any], path: str | Path | None = None,
 
 
 __all__ += ["plot_acceptance_matrix", "plot_arm_trace"]
+
+
+def plot_verify_benchmark(record: dict[str, Any], path: str | Path | None = None) -> Figure:
+    """Verification step time per (B, V) on a log axis: floor, kernels, CUDA-graph replay, the Triton step,
+    the PyTorch reference and the per-token host loop, from a `python -m flashspec.bench verify` record."""
+    points = record["points"]
+    env = record.get("environment", {})
+    series = [
+        ("floor (launch or bytes / bandwidth)", lambda p: p["floor_us"], "0.25"),
+        ("two kernels, each timed alone (sum)", lambda p: p["triton_stats_kernel_us"] + p["triton_sample_kernel_us"],
+         "C2"),
+        ("Triton step, CUDA-graph replay", lambda p: p["triton_graph_replay_us"], "C9"),
+        ("Triton step (eager launch)", lambda p: p["triton_us"], "C0"),
+        ("PyTorch reference", lambda p: p["torch_us"], "C1"),
+        ("per-token .item() host loop", lambda p: p.get("host_loop_us", float("nan")), "C3"),
+    ]
+    fig = Figure(figsize=(9, 4.2), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    width = 0.8 / len(series)
+    positions = np.arange(len(points))
+    for index, (label, value, colour) in enumerate(series):
+        ax.bar(positions + (index - (len(series) - 1) / 2) * width, [value(p) for p in points], width,
+               label=label, color=colour)
+    ax.set_yscale("log")
+    bottom, top = ax.get_ylim()
+    ax.set_ylim(bottom, top * 20)  # headroom for the legend
+    ax.set_xticks(positions, [f"B={p['batch']}\nV={p['vocab']:,}" for p in points], fontsize=8)
+    ax.set_ylabel("time per verification step (µs, median)")
+    ax.set_title(f"One verification step, γ={points[0]['gamma']}, {points[0]['dtype']} logits, "
+                 f"T={points[0]['temperature']}", fontsize=9, loc="left")
+    ax.legend(fontsize=7, ncol=3, loc="upper left")
+    ax.grid(axis="y", which="both", alpha=0.3)
+    footer = ", ".join(str(part) for part in (
+        env.get("gpu"), f"driver {env.get('driver')}", f"torch {env.get('torch')}", f"triton {env.get('triton')}",
+        f"git {str(env.get('git_sha'))[:8]}", env.get("date_utc")) if part)
+    return _finish(fig, footer, path)
+
+
+__all__ += ["plot_verify_benchmark"]
+
+
+def plot_generation_trace(stats: Any, path: str | Path | None = None, window: int = 8) -> Figure:
+    """Arm chosen and acceptance at every step of one speculative generation.
+
+    `stats` is a `flashspec.stats.GenerationStats`, its `to_dict()`, or a record {"results": that dict}.
+    Top: the arm each step played. Bottom: per-step mean acceptance (accepted / γ over active rows),
+    its running mean over `window` steps, and the tokens each row kept.
+    """
+    record = stats.to_dict() if hasattr(stats, "to_dict") else stats
+    data, footer = _unpack(record)
+    names, steps = data["arm_names"], data["steps"]
+    index = np.arange(len(steps))
+    arms = np.array([step["arm"] for step in steps], dtype=int)
+    acceptance = np.array([np.mean(step["num_accepted"]) / step["gamma"] if step["num_accepted"] else np.nan
+                           for step in steps])
+    kept = np.array([step["kept"] for step in steps])
+    fig = Figure(figsize=(8, 4.4), layout="constrained")
+    top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[1, 1.6])
+    colours = [f"C{arm % 10}" for arm in arms]
+    top.scatter(index, arms, c=colours, s=14, marker="s")
+    top.set_yticks(range(len(names)), names, fontsize=7)
+    top.set_ylim(-0.6, len(names) - 0.4)
+    top.set_title("arm chosen per step", fontsize=9, loc="left")
+    bottom.plot(index, acceptance, ".", color="0.5", ms=4, label="step acceptance (accepted / γ)")
+    if len(steps) >= 1:
+        width = max(1, min(window, len(steps)))
+        running = np.convolve(np.nan_to_num(acceptance), np.ones(width) / width, mode="valid")
+        bottom.plot(index[width - 1:], running, color="C3", lw=1.5, label=f"running mean ({width} steps)")
+    bottom.set_ylim(-0.05, 1.05)
+    bottom.set_ylabel("acceptance")
+    bottom.set_xlabel("step")
+    kept_axis = bottom.twinx()
+    kept_axis.step(index, kept, where="mid", color="C0", alpha=0.35, lw=1, label="tokens kept per row")
+    kept_axis.set_ylabel("tokens kept", fontsize=8, color="C0")
+    bottom.legend(fontsize=7, loc="lower left")
+    summary = data.get("summary", {})
+    if summary:
+        bottom.set_title(
+            f"B={summary.get('batch_size')}, mean α={summary.get('mean_acceptance') or float('nan'):.3f}, "
+            f"{summary.get('generated_tokens')} tokens in {summary.get('steps')} steps",
+            fontsize=9, loc="left",
+        )
+    return _finish(fig, footer, path)
+
+
+__all__ += ["plot_generation_trace"]

@@ -357,3 +357,16 @@ def test_stats_reduction_by_hand():
     assert math.isnan(percentile([], 50))
     empty = GenerationStats(arm_names=["a"], batch_size=1, prompt_length=1)
     assert "null" in empty.to_json()
+
+
+def test_plot_generation_trace(tmp_path, target, draft):
+    from flashspec.plots import plot_generation_trace
+
+    decoder = SpeculativeDecoder(target, [draft, PromptLookupDrafter()], policy="exp3", gamma=3, policy_kwargs={"seed": 0})
+    result = decoder.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=12, sampling=fs.SamplingParams(1.0), ignore_eos=True)
+    path = tmp_path / "trace.png"
+    figure = plot_generation_trace(result.stats, path)
+    assert path.stat().st_size > 0
+    arm_axis = figure.axes[0]
+    assert [label.get_text() for label in arm_axis.get_yticklabels()] == result.stats.arm_names
+    assert len(arm_axis.collections[0].get_offsets()) == len(result.stats.steps)
