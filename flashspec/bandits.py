@@ -24,6 +24,7 @@ long-running engine can checkpoint its policy.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, ClassVar
 
 import numpy as np
@@ -105,9 +106,13 @@ class Policy:
 
     def _check_arm(self, arm: Any) -> np.ndarray:
         if self.batch_size is None:
-            if isinstance(arm, bool) or not isinstance(arm, (int, np.integer)):
+            if isinstance(arm, (bool, np.bool_)):
                 raise ValueError(f"arm must be an int in [0, {self.n_arms - 1}] (got {arm!r})")
-            arms = np.array([int(arm)], dtype=np.int64)
+            try:
+                index = operator.index(arm)  # int, numpy integer, or a 0-d integer array/tensor
+            except TypeError:
+                raise ValueError(f"arm must be an int in [0, {self.n_arms - 1}] (got {arm!r})") from None
+            arms = np.array([index], dtype=np.int64)
         else:
             arms = np.asarray(arm)
             if arms.shape != (self.batch_size,) or not np.issubdtype(arms.dtype, np.integer):
@@ -119,7 +124,7 @@ class Policy:
 
     def _check_reward(self, reward: Any, shape: tuple[int, ...], name: str = "reward") -> np.ndarray:
         if self.batch_size is None and shape == (1,):
-            if isinstance(reward, bool) or not isinstance(reward, (int, float, np.integer, np.floating)):
+            if reward is None or isinstance(reward, (bool, np.bool_, str, bytes)) or np.ndim(reward) != 0:
                 raise ValueError(f"{name} must be a number in [0, 1] (got {reward!r})")
         try:
             values = np.asarray(reward, dtype=np.float64)

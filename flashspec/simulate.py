@@ -368,7 +368,21 @@ def _git_sha() -> str:
         return "unknown"
 
 
-def run_metadata(command: str, settings: dict[str, Any]) -> dict[str, Any]:
+_LIBRARY_FILES = ("flashspec/bandits.py", "flashspec/rewards.py", "flashspec/simulate.py", "flashspec/plots.py")
+
+
+def _uncommitted_library_files() -> list[str]:
+    """Which of the files that produce these results differ from the recorded commit (should be none)."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", *_LIBRARY_FILES], capture_output=True, text=True,
+                             check=True, cwd=Path(__file__).resolve().parent.parent)
+        return [line[3:] for line in out.stdout.splitlines()]
+    except (OSError, subprocess.CalledProcessError):
+        return []
+
+
+def run_metadata(command: str, settings: dict[str, Any], git_sha: str | None = None,
+                 uncommitted: list[str] | None = None) -> dict[str, Any]:
     """Provenance stored with every result: command, settings, versions, git SHA, date, hardware."""
     import matplotlib
 
@@ -383,7 +397,8 @@ def run_metadata(command: str, settings: dict[str, Any]) -> dict[str, Any]:
             "matplotlib": matplotlib.__version__,
             "flashspec": flashspec.__version__,
         },
-        "git_sha": _git_sha(),
+        "git_sha": _git_sha() if git_sha is None else git_sha,
+        "uncommitted_library_files": _uncommitted_library_files() if uncommitted is None else uncommitted,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "hardware": f"cpu: {_cpu_model()}",
     }
@@ -618,13 +633,14 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be >= 10, --seeds >= 5, --sweep-seeds >= 2")
     command = "python -m flashspec.simulate " + " ".join(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    git_sha, uncommitted = _git_sha(), _uncommitted_library_files()  # the code as it was when the run started
     for name in args.experiments:
         seeds = args.sweep_seeds if name == "sensitivity" else args.seeds
         start = time.perf_counter()
         data = EXPERIMENTS[name](args.rounds, seeds)
         settings = {"experiment": name, "n_rounds": args.rounds, "n_seeds": seeds,
                     "wall_seconds": round(time.perf_counter() - start, 2)}
-        record = {**run_metadata(command.strip(), settings), "results": data}
+        record = {**run_metadata(command.strip(), settings, git_sha, uncommitted), "results": data}
         json_path = args.out / f"bandits_{name}.json"
         json_path.write_text(json.dumps(record, indent=1) + "\n")
         _save_figure(name, record, args.out / f"bandits_{name}.png")

@@ -140,6 +140,16 @@ def test_bad_parameters(kwargs: dict, match: str) -> None:
         bandits.make_policy(name, 3, **kwargs)
 
 
+def test_numpy_scalars_and_zero_dim_arrays_are_accepted() -> None:
+    policy = bandits.UCB1(3)
+    policy.update(np.int64(1), np.float32(0.5))
+    policy.update(np.array(2), np.array(1.0))
+    policy.update_step(np.int32(0), np.int64(2), 4)
+    assert policy.trials[0].tolist() == [3.0, 1.0, 1.0]
+    with pytest.raises(ValueError, match="reward"):
+        policy.update(0, np.array([0.5, 0.5]))
+
+
 def test_batched_shapes_are_checked() -> None:
     policy = bandits.UCB1(3, batch_size=4)
     arms = policy.select()
