@@ -105,6 +105,33 @@ def _graph_us(fn: Callable[[], object]) -> float:
     return _do_bench_us(graph.replay)
 
 
+def _graph_warm_us(fn: Callable[[], object], steps: int = 20) -> float:
+    """Device time per call when `steps` calls replay back to back from one CUDA graph, with no
+    L2 flush: the steady state of a decode loop, whose logits were just written (and for
+    small B still sit in the 60 MB L2)."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(steps):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(20):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / steps)
+    return statistics.median(times)
+
+
 def measure_floors() -> dict:
     """One empty Triton launch (eager and graph-replayed) and device copy bandwidth."""
     import triton
@@ -117,6 +144,8 @@ def measure_floors() -> dict:
     empty_kernel[(1,)](scratch)
     launch_us = _do_bench_us(lambda: empty_kernel[(1,)](scratch))
     launch_graph_us = _graph_us(lambda: empty_kernel[(1,)](scratch))
+    launch_graph_warm_us = _graph_warm_us(lambda: empty_kernel[(1,)](scratch))
+    launch_wall_us = _wall_us(lambda: empty_kernel[(1,)](scratch), calls=500)
     numel = 1 << 30  # 2 GiB of bf16 each way
     src = torch.randn(numel, device="cuda", dtype=torch.bfloat16)
     dst = torch.empty_like(src)
@@ -127,6 +156,8 @@ def measure_floors() -> dict:
     return {
         "empty_launch_us": launch_us,
         "empty_launch_graph_replay_us": launch_graph_us,
+        "empty_launch_graph_warm_us": launch_graph_warm_us,
+        "empty_launch_wall_us_per_call": launch_wall_us,
         "copy_bytes_read_plus_written": bytes_moved,
         "copy_us": copy_us,
         "bandwidth_bytes_per_s": bytes_moved / (copy_us * 1e-6),
@@ -199,6 +230,7 @@ def correctness_checks() -> list[dict]:
 # ----------------------------------------------------------------------------- the benchmark
 def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: bool) -> dict:
     from flashspec.kernels import prepare_verify
+    from flashspec.kernels import verify as kernels
 
     params = SamplingParams(1.0)
     target, draft, tokens = make_inputs(batch, gamma, vocab, torch.bfloat16, params, seed=batch * 7 + vocab)
@@ -238,21 +270,63 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
         "triton_stats_kernel_us": _do_bench_us(prepared.launch_stats),
         "triton_sample_kernel_us": _do_bench_us(prepared.launch_sample),
         "triton_graph_replay_us": _graph_us(triton_step),
+        "triton_graph_warm_us": _graph_warm_us(triton_step),
         "triton_wall_us_per_call": _wall_us(triton_step, calls=200),
+        "triton_api_wall_us_per_call": _wall_us(triton_api, calls=200),
         "torch_us": _do_bench_us(torch_step),
         "torch_wall_us_per_call": _wall_us(torch_step, calls=20),
     }
+    kernels.FAST_LAUNCH = False  # Triton's own launch path, for the host-overhead comparison
+    try:
+        point["triton_jit_launch_us"] = _do_bench_us(triton_step)
+        point["triton_jit_launch_wall_us_per_call"] = _wall_us(triton_step, calls=200)
+    finally:
+        kernels.FAST_LAUNCH = True
     if host_loop:
         generator = torch.Generator(device="cuda").manual_seed(0)
         loop = lambda: verify_host_loop(target, draft, tokens, 1.0, generator)  # noqa: E731
         point["host_loop_us"] = _do_bench_us(loop, warmup_ms=10, rep_ms=100)
     point["triton_over_floor"] = point["triton_us"] / floor_us
     point["graph_over_floor"] = point["triton_graph_replay_us"] / floor_us
+    point["graph_warm_over_floor"] = point["triton_graph_warm_us"] / floor_us
     point["torch_over_triton"] = point["torch_us"] / point["triton_us"]
     if host_loop:
         point["host_loop_over_triton"] = point["host_loop_us"] / point["triton_us"]
     point["achieved_bandwidth_fraction"] = (logit_bytes / (point["triton_us"] * 1e-6)) / floors["bandwidth_bytes_per_s"]
     return point
+
+
+def plan_sweep(batch: int, gamma: int, vocab: int) -> list[dict]:
+    """Per-kernel device time (L2 flushed, do_bench) for a few launch plans around the default."""
+    from flashspec.kernels import make_plan, prepare_verify
+    from flashspec.kernels import verify as kernels
+
+    params = SamplingParams(1.0)
+    target, draft, tokens = make_inputs(batch, gamma, vocab, torch.bfloat16, params, seed=1)
+    key = rng.Key.from_seed(1)
+    default = dict(kernels.GPU_PLAN)
+    variants = [{"stats_block_v": v, "stats_max_tiles": t} for v in (2048, 4096) for t in (2, 4, 8)]
+    variants += [{"sample_block_v": v, "sample_max_tiles": t} for v in (512, 1024) for t in (1, 2, 4)]
+    rows = []
+    try:
+        for variant in variants:
+            kernels.GPU_PLAN.update(default)
+            kernels.GPU_PLAN.update(variant)
+            make_plan.cache_clear()
+            prepared = prepare_verify(target, draft, tokens, params, key)
+            prepared.run()
+            torch.cuda.synchronize()
+            rows.append({
+                "batch": batch, "vocab": vocab, **variant,
+                "stats_grid": list(prepared.stats_grid), "sample_grid": list(prepared.sample_grid),
+                "stats_kernel_us": _do_bench_us(prepared.launch_stats, rep_ms=100),
+                "sample_kernel_us": _do_bench_us(prepared.launch_sample, rep_ms=100),
+            })
+            print(rows[-1], flush=True)
+    finally:
+        kernels.GPU_PLAN.update(default)
+        make_plan.cache_clear()
+    return rows
 
 
 def _git_sha(explicit: str | None) -> str:
@@ -303,29 +377,35 @@ def format_table(points: list[dict], floors: dict) -> str:
     lines = [
         f"empty Triton launch {floors['empty_launch_us']:.2f} us (graph replay {floors['empty_launch_graph_replay_us']:.2f} us); "
         f"copy bandwidth {floors['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s",
-        f"{'B':>3} {'V':>7} {'floor':>7} {'triton':>7} {'graph':>7} {'stats':>7} {'sample':>7} {'wall':>7} "
-        f"{'torch':>8} {'hostloop':>9} {'tri/floor':>9} {'graph/fl':>8} {'torch/tri':>9} {'loop/tri':>8}",
+        f"{'B':>3} {'V':>7} {'floor':>7} {'triton':>7} {'graph':>7} {'warm':>7} {'stats':>7} {'sample':>7} "
+        f"{'wall':>7} {'jitwall':>7} {'torch':>8} {'hostloop':>9} {'tri/floor':>9} {'graph/fl':>8} {'warm/fl':>7} "
+        f"{'torch/tri':>9} {'loop/tri':>8}",
     ]
     for p in points:
         loop = p.get("host_loop_us", float("nan"))
         lines.append(
             f"{p['batch']:>3} {p['vocab']:>7} {p['floor_us']:>7.2f} {p['triton_us']:>7.2f} "
-            f"{p['triton_graph_replay_us']:>7.2f} {p['triton_stats_kernel_us']:>7.2f} {p['triton_sample_kernel_us']:>7.2f} "
-            f"{p['triton_wall_us_per_call']:>7.2f} {p['torch_us']:>8.1f} {loop:>9.1f} {p['triton_over_floor']:>9.2f} "
-            f"{p['graph_over_floor']:>8.2f} {p['torch_over_triton']:>9.1f} {p.get('host_loop_over_triton', float('nan')):>8.1f}"
+            f"{p['triton_graph_replay_us']:>7.2f} {p['triton_graph_warm_us']:>7.2f} {p['triton_stats_kernel_us']:>7.2f} "
+            f"{p['triton_sample_kernel_us']:>7.2f} {p['triton_wall_us_per_call']:>7.2f} "
+            f"{p['triton_jit_launch_wall_us_per_call']:>7.2f} {p['torch_us']:>8.1f} {loop:>9.1f} "
+            f"{p['triton_over_floor']:>9.2f} {p['graph_over_floor']:>8.2f} {p['graph_warm_over_floor']:>7.2f} "
+            f"{p['torch_over_triton']:>9.1f} {p.get('host_loop_over_triton', float('nan')):>8.1f}"
         )
-    lines.append("times in us: medians of triton.testing.do_bench (CUDA events, L2 flushed) except 'wall' "
-                 "(host clock per call in a back-to-back loop)")
+    lines.append("times in us. triton/graph/stats/sample/torch/hostloop: medians of triton.testing.do_bench (CUDA "
+                 "events, L2 flushed before each call); warm: per step of 20 steps replayed from one CUDA graph, no "
+                 "flush; wall/jitwall: host clock per call in a back-to-back loop with our cached launch / Triton's "
+                 "own launch path")
     return "\n".join(lines)
 
 
 def _write(out: str | None, env: dict, floors: dict, checks: list[dict], points: list[dict],
-           table: str | None = None) -> None:
+           table: str | None = None, sweep: list[dict] | None = None) -> None:
     if not out:
         return
     result = {
         "benchmark": "verify", "environment": env, "floors": floors, "correctness": checks, "points": points,
         "table": table.splitlines() if table else None,
+        "plan_sweep": sweep,
         "targets": {"triton_over_floor_max": 2.0, "torch_over_triton_min_for_batch_le_8": 30.0},
         "notes": ("floor_us = max(empty_launch_us, logit_bytes / bandwidth): every logit read once. "
                   "two_pass_bytes adds the sampled target and draft row per sequence, which the second "
@@ -357,6 +437,9 @@ def run_verify(args: argparse.Namespace) -> int:
     table = format_table(points, floors)
     print(table)
     _write(args.out, env, floors, checks, points, table)
+    if not args.skip_sweep:
+        sweep = plan_sweep(64, args.gamma, 128256)
+        _write(args.out, env, floors, checks, points, table, sweep)
     mismatched = [c for c in checks if c["check"] == "triton_equals_torch" and c["rows_equal"] != c["rows"]]
     not_one = [c for c in checks if c["check"] == "draft_equals_target_acceptance_rate" and c["acceptance_rate"] != 1.0]
     return 1 if (mismatched or not_one) else 0
@@ -371,6 +454,7 @@ def main(argv: list[str] | None = None) -> int:
     verify.add_argument("--vocab", type=int, nargs="+", default=[32000, 128256])
     verify.add_argument("--gamma", type=int, default=4)
     verify.add_argument("--skip-host-loop", action="store_true", help="leave out the slow .item() baseline")
+    verify.add_argument("--skip-sweep", action="store_true", help="leave out the launch-plan sweep")
     verify.add_argument("--git-sha", default=None, help="commit measured (default: $FLASHSPEC_GIT_SHA or git rev-parse)")
     args = parser.parse_args(argv)
     if args.command == "verify":

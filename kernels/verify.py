@@ -48,8 +48,17 @@ INT32_MAX = tl.constexpr(2**31 - 1)  # constexpr: read inside the kernels
 
 
 def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1, read at import:
+    Triton itself reads it when it is first imported)."""
+    return _INTERPRET
+
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _cdiv(a: int, b: int) -> int:
+    """Ceiling division on host ints (triton.cdiv is a jit helper, slow to call from Python)."""
+    return -(-a // b)
 
 
 # ----------------------------------------------------------------------------- reductions
@@ -421,6 +430,9 @@ class LaunchPlan:
     sample_splits: int
     stats_warps: int
     sample_warps: int
+    block_p: int  # next power of two >= γ+1
+    block_s: int  # next power of two >= stats_splits
+    block_s2: int  # next power of two >= sample_splits
 
     @property
     def launches(self) -> int:
@@ -433,13 +445,28 @@ def _num_sms(device_index: int) -> int:
 
 
 def _splits(vocab: int, block_v: int, programs_per_split: int, target_programs: int,
-            forced: int | None) -> tuple[int, int]:
-    """(chunk, splits): split V so the grid reaches about `target_programs` programs."""
-    max_splits = triton.cdiv(vocab, block_v)
-    wanted = forced if forced is not None else triton.cdiv(target_programs, programs_per_split)
+            max_tiles: int, forced: int | None) -> tuple[int, int]:
+    """(chunk, splits): split V so the grid reaches about `target_programs` programs and no
+    program loops over more than `max_tiles` tiles (a long serial loop hides no latency)."""
+    max_splits = _cdiv(vocab, block_v)
+    if forced is not None:
+        wanted = forced
+    else:
+        wanted = max(_cdiv(target_programs, programs_per_split), _cdiv(vocab, max_tiles * block_v))
     wanted = max(1, min(int(wanted), max_splits))
-    chunk = triton.cdiv(triton.cdiv(vocab, wanted), block_v) * block_v
-    return chunk, triton.cdiv(vocab, chunk)
+    chunk = _cdiv(_cdiv(vocab, wanted), block_v) * block_v
+    return chunk, _cdiv(vocab, chunk)
+
+
+# Compiled-plan constants (the benchmark sweeps some; call make_plan.cache_clear() after a change).
+GPU_PLAN = {
+    "stats_block_v": 4096,  # tile of the stats pass (8 warps: 16 bf16 per thread per row)
+    "sample_block_v": 1024,  # tile of the sampling pass (4 warps)
+    "stats_max_tiles": 4,  # tiles one stats program loops over at most
+    "sample_max_tiles": 2,
+    "programs_per_sm": 4,  # minimum grid, in programs per SM
+    "row_tile": 2048,  # BLOCK_B * BLOCK_V for tiny vocabularies
+}
 
 
 @functools.lru_cache(maxsize=256)
@@ -447,26 +474,31 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
               block_b: int | None = None, block_v: int | None = None,
               num_splits: int | None = None) -> LaunchPlan:
     """Choose block sizes and V-splits. On a GPU: one row per program once V is large, and
-    enough V-splits for about 4 programs per SM. Interpreted: whole rows, few programs."""
+    enough V-splits for a few programs per SM. Interpreted: whole rows, few programs."""
     if device.type == "cuda" and not interpreting():
-        stats_block_v = block_v or min(4096, triton.next_power_of_2(vocab))
-        sample_block_v = block_v or min(1024, triton.next_power_of_2(vocab))
-        tile = 2048
-        target_programs = 4 * _num_sms(device.index if device.index is not None else torch.cuda.current_device())
+        stats_block_v = block_v or min(GPU_PLAN["stats_block_v"], triton.next_power_of_2(vocab))
+        sample_block_v = block_v or min(GPU_PLAN["sample_block_v"], triton.next_power_of_2(vocab))
+        tile = GPU_PLAN["row_tile"]
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        target_programs = GPU_PLAN["programs_per_sm"] * _num_sms(index)
+        stats_tiles, sample_tiles = GPU_PLAN["stats_max_tiles"], GPU_PLAN["sample_max_tiles"]
     else:
         stats_block_v = sample_block_v = block_v or min(4096, triton.next_power_of_2(vocab))
         tile = 1 << 16
         target_programs = 1
+        stats_tiles = sample_tiles = 1 << 30
     if block_b is None:  # compiled: independent of B, so B does not trigger a recompile
         block_b = max(1, tile // stats_block_v)
         if interpreting() or device.type != "cuda":
             block_b = min(triton.next_power_of_2(batch), block_b)
-    row_blocks = triton.cdiv(batch, block_b)
-    stats_chunk, stats_splits = _splits(vocab, stats_block_v, row_blocks * (gamma + 1), target_programs, num_splits)
+    row_blocks = _cdiv(batch, block_b)
+    stats_chunk, stats_splits = _splits(vocab, stats_block_v, row_blocks * (gamma + 1), target_programs,
+                                        stats_tiles, num_splits)
     if greedy:
-        sample_chunk, sample_splits = vocab, 1
+        sample_chunk, sample_splits = sample_block_v, 1  # the greedy sampler streams nothing
     else:
-        sample_chunk, sample_splits = _splits(vocab, sample_block_v, row_blocks, target_programs, num_splits)
+        sample_chunk, sample_splits = _splits(vocab, sample_block_v, row_blocks, target_programs, sample_tiles,
+                                              num_splits)
     return LaunchPlan(
         block_b=block_b,
         stats_block_v=stats_block_v,
@@ -477,10 +509,12 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         sample_splits=sample_splits,
         stats_warps=8 if stats_block_v * block_b >= 4096 else 4,
         sample_warps=4,
+        block_p=triton.next_power_of_2(gamma + 1),
+        block_s=triton.next_power_of_2(stats_splits),
+        block_s2=triton.next_power_of_2(sample_splits),
     )
 
 
-# No mul+add -> fma contraction: torch rounds x * (1/T) before subtracting the max, and so must we.
 _COMPILE_OPTIONS: dict = {} if interpreting() else {"enable_fp_fusion": False}
 
 _COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
@@ -497,10 +531,70 @@ def _ticket_counter(device: torch.device, size: int) -> torch.Tensor:
     return counter
 
 
+def _round16(count: int) -> int:
+    return (count + 15) // 16 * 16
+
+
 @functools.lru_cache(maxsize=64)
 def _prefixes(key: rng.Key) -> tuple[int, int]:
     return (krng.as_int32(krng.stream_prefix(key, rng.STREAM_ACCEPT)),
             krng.as_int32(krng.stream_prefix(key, rng.STREAM_SAMPLE)))
+
+
+class _Launcher:
+    """Launch a jit kernel; after its first launch per specialisation, call the compiled binary
+    directly. Triton's own per-call path (argument binding, cache key built from a string of
+    the options) costs tens of µs of host time, more than the kernels at small B. Our key
+    refines Triton's specialisation -- every tensor's dtype and 16-byte alignment, every int's
+    divisibility by 16, equality to 1 and int32 range, every constexpr and option -- so a cached
+    binary is the one Triton itself would pick. FLASHSPEC_TRITON_FAST_LAUNCH=0 turns it off."""
+
+    def __init__(self, kernel) -> None:
+        self.kernel = kernel
+        self.binaries: dict = {}
+
+    @staticmethod
+    def _spec(arg) -> object:
+        if isinstance(arg, torch.Tensor):
+            return (arg.dtype, arg.data_ptr() % 16 == 0)
+        if isinstance(arg, bool):
+            return ("b", arg)
+        if isinstance(arg, int):
+            return (arg % 16 == 0, arg == 1, -(2**31) <= arg < 2**31)
+        return type(arg)
+
+    def __call__(self, grid: tuple, args: tuple, meta: dict) -> None:
+        if interpreting():
+            with np.errstate(all="ignore"):  # log(0), inf - inf in masked lanes are intended
+                self.kernel[grid](*args, **meta)
+            return
+        if not FAST_LAUNCH:
+            self.kernel[grid](*args, **meta)
+            return
+        device = torch.cuda.current_device()
+        key = (device, tuple(self._spec(a) for a in args), tuple(meta.items()))
+        binary = self.binaries.get(key)
+        if binary is None:
+            self.binaries[key] = self.kernel[grid](*args, **meta)
+            return
+        constexprs = tuple(meta[name] for name in self.kernel.arg_names[len(args):])
+        stream = _current_stream(device)
+        binary.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                   binary.function, binary.packed_metadata, binary.launch_metadata(grid, stream, *args, *constexprs),
+                   triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook,
+                   *args, *constexprs)
+
+
+FAST_LAUNCH = os.environ.get("FLASHSPEC_TRITON_FAST_LAUNCH", "1") != "0"
+_STATS_LAUNCHER = _Launcher(_stats_kernel)
+_SAMPLE_LAUNCHER = _Launcher(_sample_kernel)
+
+
+try:  # what Triton's own launcher uses
+    from torch._C import _cuda_getCurrentRawStream as _current_stream
+except ImportError:  # pragma: no cover
+    def _current_stream(device_index: int) -> int:
+        return torch.cuda.current_stream(device_index).cuda_stream
 
 
 @dataclass
@@ -521,12 +615,10 @@ class PreparedVerify:
     num_accepted: torch.Tensor
 
     def launch_stats(self) -> None:
-        with np.errstate(all="ignore"):  # interpreter: log(0), inf - inf in masked lanes are intended
-            _stats_kernel[self.stats_grid](*self.stats_args, **self.stats_meta)
+        _STATS_LAUNCHER(self.stats_grid, self.stats_args, self.stats_meta)
 
     def launch_sample(self) -> None:
-        with np.errstate(all="ignore"):
-            _sample_kernel[self.sample_grid](*self.sample_args, **self.sample_meta)
+        _SAMPLE_LAUNCHER(self.sample_grid, self.sample_args, self.sample_meta)
 
     def run(self) -> tuple[torch.Tensor, torch.Tensor]:
         self.launch_stats()
@@ -596,15 +688,20 @@ def prepare_verify(
     tokens_in = draft_tokens.contiguous()
 
     plan = make_plan(batch, gamma, vocab, device, greedy, block_b, block_v, num_splits)
-    row_blocks = triton.cdiv(batch, plan.block_b)
+    row_blocks = _cdiv(batch, plan.block_b)
     width = 2 * gamma + 1
-    part_max = torch.empty(batch * width * plan.stats_splits, dtype=torch.float32, device=device)
-    part_sum = part_max if greedy else torch.empty_like(part_max)
-    part_idx = (torch.empty(part_max.shape, dtype=torch.int32, device=device) if greedy else part_max)
     split = plan.sample_splits > 1
-    race_val = torch.empty(batch * 2 * plan.sample_splits, dtype=torch.float32, device=device) if split else part_max
-    race_idx = torch.empty(race_val.shape, dtype=torch.int32, device=device) if split else part_max
-    counter = _ticket_counter(device, row_blocks) if split else part_max
+    stats_size = _round16(batch * width * plan.stats_splits)
+    race_size = _round16(batch * 2 * plan.sample_splits) if split else 0
+    # two allocations (fp32 and int32 work), sliced; chunks start 64-byte aligned
+    floats = torch.empty(2 * stats_size + race_size, dtype=torch.float32, device=device)
+    ints = torch.empty((stats_size if greedy else 0) + race_size + 16, dtype=torch.int32, device=device)
+    part_max = floats[:stats_size]
+    part_sum = part_max if greedy else floats[stats_size:2 * stats_size]
+    part_idx = ints[:stats_size] if greedy else ints
+    race_val = floats[2 * stats_size:] if split else floats
+    race_idx = ints[(stats_size if greedy else 0):] if split else ints
+    counter = _ticket_counter(device, row_blocks) if split else ints
     out_tokens = torch.empty((batch, gamma + 1), dtype=torch.int64, device=device)
     out_accepted = torch.empty(batch, dtype=torch.int64, device=device)
     accept_prefix, sample_prefix = _prefixes(key)
@@ -620,9 +717,7 @@ def prepare_verify(
                    accept_prefix, sample_prefix)
     sample_meta = dict(CHUNK=plan.sample_chunk, SCALE_MODE=scale_mode, HAS_DRAFT=has_draft, GREEDY=greedy,
                        SPLIT=split, PRECISE=not interpreting(),
-                       BLOCK_B=plan.block_b, BLOCK_P=triton.next_power_of_2(gamma + 1),
-                       BLOCK_S=triton.next_power_of_2(plan.stats_splits),
-                       BLOCK_S2=triton.next_power_of_2(plan.sample_splits),
+                       BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_S=plan.block_s, BLOCK_S2=plan.block_s2,
                        BLOCK_V=plan.sample_block_v, num_warps=plan.sample_warps, **_COMPILE_OPTIONS)
     return PreparedVerify(
         plan=plan,
