@@ -269,6 +269,8 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
         "triton_api_us": _do_bench_us(triton_api),
         "triton_stats_kernel_us": _do_bench_us(prepared.launch_stats),
         "triton_sample_kernel_us": _do_bench_us(prepared.launch_sample),
+        "triton_stats_kernel_warm_us": _graph_warm_us(prepared.launch_stats),
+        "triton_sample_kernel_warm_us": _graph_warm_us(prepared.launch_sample),
         "triton_graph_replay_us": _graph_us(triton_step),
         "triton_graph_warm_us": _graph_warm_us(triton_step),
         "triton_wall_us_per_call": _wall_us(triton_step, calls=200),
@@ -321,6 +323,8 @@ def plan_sweep(batch: int, gamma: int, vocab: int) -> list[dict]:
                 "stats_grid": list(prepared.stats_grid), "sample_grid": list(prepared.sample_grid),
                 "stats_kernel_us": _do_bench_us(prepared.launch_stats, rep_ms=100),
                 "sample_kernel_us": _do_bench_us(prepared.launch_sample, rep_ms=100),
+                "stats_kernel_warm_us": _graph_warm_us(prepared.launch_stats),
+                "sample_kernel_warm_us": _graph_warm_us(prepared.launch_sample),
             })
             print(rows[-1], flush=True)
     finally:
