@@ -45,7 +45,6 @@ if ON_COLAB:  # fetch the repository (code and committed results) and install th
     os.chdir("flashspec/notebooks")
     importlib.invalidate_caches()
 
-import matplotlib.pyplot as plt
 import torch
 from IPython.display import Markdown, display
 
@@ -95,8 +94,7 @@ if not SIZES:
 # %%
 for size in SIZES:
     record = json.loads((RESULTS / f"zoo_{size}_acceptance.json").read_text())
-    figure = plots.plot_acceptance_matrix(record)
-    plt.show()
+    display(plots.plot_acceptance_matrix(record))
     display(caption(record, f"Acceptance matrix, zoo size '{size}'."))
     margins = record["results"]["engine_margins"]
     print("specialist margins:", ", ".join(f"{domain} {margin:+.3f}" for domain, margin in margins["margins"].items()),
@@ -117,7 +115,6 @@ for size in SIZES:
         print(f"zoo size '{size}': the switching experiment is not committed yet")
         continue
     record = json.loads(path.read_text())
-    figure = plots.plot_arm_trace(record)
-    plt.show()
+    display(plots.plot_arm_trace(record))
     display(caption(record, f"Arm choice over the switching workload, zoo size '{size}'."))
     print(zoo.format_report(RESULTS, size))
