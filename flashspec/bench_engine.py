@@ -51,6 +51,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default=None, help="JSON path (default results/bench_engine_<device>.json)")
     parser.add_argument("--git-sha", default=None, help="record this SHA when the copy has no .git")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--verify-backend", default="auto", choices=["auto", "torch", "triton"],
+                        help="FlashSpec's verify backend (auto: Triton on CUDA)")
     return parser.parse_args(argv)
 
 
@@ -125,13 +127,15 @@ def hf_kwargs(params: SamplingParams, max_new_tokens: int) -> dict[str, Any]:
 def measure_cell(
     method: str, batch: int, target: torch.nn.Module, draft: torch.nn.Module, prompts: torch.Tensor,
     params: SamplingParams, gamma: int, max_new_tokens: int, repeats: int, device: torch.device, seed: int,
+    verify_backend: str = "auto",
 ) -> dict[str, Any]:
     """Warm up, time `repeats` runs, then one instrumented run for α and per-step latency."""
     input_ids = prompts[:batch]
     new_tokens = batch * max_new_tokens
     if method in ("flashspec", "flashspec_pool"):
         pool: list[Any] = [draft] if method == "flashspec" else [draft, PromptLookupDrafter()]
-        decoder = SpeculativeDecoder(target, pool, policy="thompson", gamma=gamma, policy_kwargs={"seed": seed})
+        decoder = SpeculativeDecoder(target, pool, policy="thompson", gamma=gamma, policy_kwargs={"seed": seed},
+                                     backend=verify_backend)
 
         def run(timing: bool = False, call: int = 0) -> Any:
             return decoder.generate(input_ids, max_new_tokens=max_new_tokens, sampling=params,
@@ -276,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                      "repeats": repeats, "batch_sizes": batch_sizes, "tiny": args.tiny,
                      "weights": "random, built from config", "models": shapes,
                      "hf_assistant_generation_config": configure_assistant(draft, args.gamma),
-                     "flashspec_policy": "thompson", "flashspec_pools": {"flashspec": ["draft"],
+                     "flashspec_policy": "thompson", "verify_backend": args.verify_backend, "flashspec_pools": {"flashspec": ["draft"],
                                                                           "flashspec_pool": ["draft", "prompt-lookup"]}},
         "results": {},
     }
@@ -284,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         cells: dict[str, Any] = {}
         for method in args.methods:
             cells[method] = measure_cell(method, batch, target, draft, prompts, params, args.gamma,
-                                         max_new_tokens, repeats, device, args.seed)
+                                         max_new_tokens, repeats, device, args.seed, args.verify_backend)
             print(f"B={batch} {method}: {summarise(cells[method])}", file=sys.stderr)
         record["results"][f"B={batch}"] = {"cells": cells, "ratios": ratios(cells)}
         print(f"B={batch} ratios: {record['results'][f'B={batch}']['ratios']}", file=sys.stderr)
