@@ -194,7 +194,9 @@ def plot_acceptance_matrix(record: dict[str, Any], path: str | Path | None = Non
     states the specialist margin (specialist minus best other draft, per domain).
     """
     data, footer = _unpack(record)
-    panels = [("engine_mean_acceptance", "engine_margins", f"engine, γ={data['gamma']}, T=1: accepted / drafted"),
+    panels = [("engine_token_acceptance", "engine_margins", f"engine, γ={data['gamma']}, T=1: per-token α"),
+              ("engine_accepted_fraction", "engine_fraction_margins",
+               f"engine, γ={data['gamma']}, T=1: accepted / drafted"),
               ("teacher_forced_expected_acceptance", "teacher_forced_margins", "exact Σ min(p, q), held-out text")]
     panels = [panel for panel in panels if panel[0] in data]
     drafts, domains = data["drafts"], data["domains"]

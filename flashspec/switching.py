@@ -106,7 +106,7 @@ def serve_stream(target: torch.nn.Module, drafts: dict[str, torch.nn.Module], re
     device = decoder.device
     arms, accepted_trace, request_of_step = [], [], []
     total_s = 0.0
-    generated = accepted = drafted = steps = 0
+    generated = accepted = drafted = rejected = steps = 0
     for index, request in enumerate(requests):
         if isinstance(decoder.policy, DomainOracle):
             decoder.policy.set_domain(request.domain)
@@ -124,11 +124,13 @@ def serve_stream(target: torch.nn.Module, drafts: dict[str, torch.nn.Module], re
             request_of_step.append(index)
             accepted += sum(record.num_accepted)
             drafted += record.gamma * len(record.num_accepted)
+            rejected += sum(1 for n in record.num_accepted if n < record.gamma)
             steps += 1
     names = list(drafts)
     return {
         "generated_tokens": generated, "seconds": total_s, "tokens_per_s": generated / total_s,
         "steps": steps, "tokens_per_step": generated / steps, "mean_acceptance": accepted / drafted,
+        "token_acceptance": accepted / (accepted + rejected) if accepted + rejected else float("nan"),
         "arm_share": {names[a]: float(np.mean(np.asarray(arms) == a)) for a in range(len(names))},
         "arm_trace": arms, "accepted_trace": accepted_trace, "request_of_step": request_of_step,
     }

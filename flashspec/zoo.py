@@ -112,7 +112,7 @@ SIZES: dict[str, ZooConfig] = {
         tokenizer_chars_per_domain=250_000,
         target=ModelSpec(hidden_size=96, num_layers=3, num_heads=3, intermediate_size=256, tie_embeddings=False),
         draft=ModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=96, tie_embeddings=True),
-        target_steps=250, draft_steps=200, batch_size=12, target_lr=4e-3, draft_lr=8e-3,
+        target_steps=500, draft_steps=200, batch_size=12, target_lr=4e-3, draft_lr=8e-3,
         num_prompts=12, prompt_tokens=32, eval_tokens=8192,
     ),
     # Vocabulary of Llama-2/TinyLlama; about 5 minutes on one H200 (bf16 autocast), corpus assembly included.
@@ -121,7 +121,7 @@ SIZES: dict[str, ZooConfig] = {
         tokenizer_chars_per_domain=1_500_000,
         target=ModelSpec(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1408, tie_embeddings=False),
         draft=ModelSpec(hidden_size=256, num_layers=2, num_heads=4, intermediate_size=704, tie_embeddings=True),
-        target_steps=1500, draft_steps=1200, batch_size=64, target_lr=1.5e-3, draft_lr=3e-3,
+        target_steps=1200, draft_steps=1000, batch_size=64, target_lr=1.5e-3, draft_lr=3e-3,
         num_prompts=32, prompt_tokens=48, eval_tokens=65536,
     ),
     # A few seconds on a CPU: for tests of determinism and caching only (not specialised).
@@ -486,6 +486,10 @@ def load_zoo(size: str | ZooConfig = "cpu", device: str | None = None, dtype: to
     from safetensors.torch import load_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if not progress:
+        from transformers.utils import logging as transformers_logging
+
+        transformers_logging.disable_progress_bar()
     folder = Path(path) if path is not None else zoo_dir(size, device=device, progress=progress)
     manifest = check_zoo_dir(folder)
     device_ = pick_device(device)
@@ -657,8 +661,23 @@ def engine_acceptance(zoo: Zoo, draft_name: str, domain: str, gamma: int = 4, ma
                               sampling=SamplingParams(temperature=temperature), seed=seed, ignore_eos=True,
                               timing=True)
     summary = result.stats.summary()
-    return {key: summary[key] for key in ("mean_acceptance", "mean_accepted_length", "mean_tokens_per_step",
+    cell = {key: summary[key] for key in ("mean_acceptance", "mean_accepted_length", "mean_tokens_per_step",
                                           "tokens_per_s", "generated_tokens", "steps", "batch_size")}
+    cell["token_acceptance"] = token_acceptance(result.stats.steps)
+    return cell
+
+
+def token_acceptance(steps: list[Any]) -> float:
+    """Per-token acceptance rate α from engine steps: accepted / (accepted + rejections).
+
+    Each row-step with n accepted of γ is n accepted draft tokens followed by one rejection unless n = γ
+    (the truncated geometric the bandits' conjugate update uses); this is the maximum-likelihood α, the same
+    quantity as the exact Σ min(p, q).  `mean_acceptance` (accepted / drafted) is E[n]/γ, which is smaller
+    (≈ (α + α² + ... + α^γ)/γ).
+    """
+    accepted = sum(n for step in steps for n in step.num_accepted)
+    rejected = sum(1 for step in steps for n in step.num_accepted if n < step.gamma)
+    return accepted / (accepted + rejected) if accepted + rejected else math.nan
 
 
 def engine_acceptance_matrix(zoo: Zoo, gamma: int = 4, max_new_tokens: int = 48, num_prompts: int | None = None,
@@ -699,10 +718,11 @@ class ExperimentSettings:
 
 
 EXPERIMENTS: dict[str, ExperimentSettings] = {
-    "cpu": ExperimentSettings(matrix_prompts=12, matrix_new_tokens=40, switching_requests=18, switching_block=3,
-                              switching_new_tokens=40, bandits=("thompson", "ucb1", "sw-ucb", "d-ts")),
-    "gpu": ExperimentSettings(matrix_prompts=32, matrix_new_tokens=128, switching_requests=30, switching_block=5,
-                              switching_new_tokens=64, bandits=("thompson", "ucb1", "sw-ucb", "d-ts")),
+    "cpu": ExperimentSettings(matrix_prompts=8, matrix_new_tokens=32, switching_requests=12, switching_block=2,
+                              switching_new_tokens=32, bandits=("thompson", "d-ts")),
+    # Sized for ~4 minutes of measurement on one H200 after a ~3-minute build (gpu-report budget: 9 minutes).
+    "gpu": ExperimentSettings(matrix_prompts=32, matrix_new_tokens=96, switching_requests=24, switching_block=4,
+                              switching_new_tokens=40, bandits=("thompson", "sw-ucb", "d-ts")),
     "micro": ExperimentSettings(matrix_prompts=2, matrix_new_tokens=6, switching_requests=4, switching_block=2,
                                 switching_new_tokens=6, bandits=("thompson",)),
 }
@@ -740,13 +760,21 @@ def measure_acceptance(zoo: Zoo, settings: ExperimentSettings, progress: bool = 
     """Engine-measured acceptance matrix (γ, T = 1) + exact teacher-forced Σ min(p, q), with the margins."""
     engine = engine_acceptance_matrix(zoo, settings.gamma, settings.matrix_new_tokens, settings.matrix_prompts,
                                       progress=progress)
-    engine_mean = {name: {d: cell["mean_acceptance"] for d, cell in row.items()} for name, row in engine.items()}
+    engine_alpha = {name: {d: cell["token_acceptance"] for d, cell in row.items()} for name, row in engine.items()}
+    engine_fraction = {name: {d: cell["mean_acceptance"] for d, cell in row.items()} for name, row in engine.items()}
     _say("flashspec zoo: exact teacher-forced acceptance (sum of min(p, q))", progress)
     exact = expected_acceptance_matrix(zoo)
     return {
         "gamma": settings.gamma, "temperature": 1.0, "domains": list(zoo.domains), "drafts": list(zoo.drafts),
-        "engine": engine, "engine_mean_acceptance": engine_mean,
-        "engine_margins": specialisation_margins(engine_mean, zoo.domains),
+        "definitions": {
+            "engine_token_acceptance": "per-token α = accepted / (accepted + rejections), engine steps",
+            "engine_accepted_fraction": "accepted / drafted = E[n]/γ, engine steps (stats.summary mean_acceptance)",
+            "teacher_forced_expected_acceptance": "mean Σ_v min(p_v, q_v) on held-out text, T = 1 (exact α)",
+        },
+        "engine": engine, "engine_token_acceptance": engine_alpha,
+        "engine_margins": specialisation_margins(engine_alpha, zoo.domains),
+        "engine_accepted_fraction": engine_fraction,
+        "engine_fraction_margins": specialisation_margins(engine_fraction, zoo.domains),
         "teacher_forced_expected_acceptance": exact,
         "teacher_forced_margins": specialisation_margins(exact, zoo.domains),
     }
@@ -808,7 +836,7 @@ def report(size: str, out_dir: str | Path, fresh: bool = False, device: str | No
     written.append(figure)
 
     names = list(zoo.drafts)
-    best_arm = {d: max(range(len(names)), key=lambda a: acceptance["engine_mean_acceptance"][names[a]][d])
+    best_arm = {d: max(range(len(names)), key=lambda a: acceptance["engine_token_acceptance"][names[a]][d])
                 for d in zoo.domains}
     mark = time.perf_counter()
     switching_results = measure_switching(zoo, settings, best_arm, progress)
@@ -835,8 +863,9 @@ def format_report(out_dir: str | Path, size: str) -> str:
     for name, row in ppl.items():
         lines.append(f"  {name:<20}" + "  ".join(f"{row[d]:8.2f}" for d in domains))
     acc = json.loads((out / f"zoo_{size}_acceptance.json").read_text())["results"]
-    for label, key, margins in (("engine acceptance (accepted/drafted, γ=4, T=1)", "engine_mean_acceptance",
-                                 "engine_margins"),
+    for label, key, margins in (("engine per-token α (γ=4, T=1)", "engine_token_acceptance", "engine_margins"),
+                                ("engine accepted/drafted (γ=4, T=1)", "engine_accepted_fraction",
+                                 "engine_fraction_margins"),
                                 ("teacher-forced Σmin(p,q)", "teacher_forced_expected_acceptance",
                                  "teacher_forced_margins")):
         lines.append(f"{label}   " + "  ".join(f"{d:>8}" for d in domains))

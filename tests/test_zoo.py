@@ -86,7 +86,8 @@ def test_cache_hit_corrupt_and_missing(micro_cache: Path, monkeypatch: pytest.Mo
 
 
 def test_models_load_through_flashspec_load_model(cpu_zoo: zoo.Zoo) -> None:
-    from flashspec.models import load_model, load_tokenizer
+    from flashspec import load_model
+    from flashspec.models import load_tokenizer
 
     target = load_model(str(cpu_zoo.path / "target"), dtype="fp32", device="cpu")
     draft = load_model(str(cpu_zoo.path / "draft-python"), dtype="fp32", device="cpu")
