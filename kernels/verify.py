@@ -445,10 +445,12 @@ def _num_sms(device_index: int) -> int:
 
 
 def _splits(vocab: int, block_v: int, programs_per_split: int, target_programs: int,
-            max_tiles: int, forced: int | None) -> tuple[int, int]:
+            max_tiles: int, most: int, forced: int | None) -> tuple[int, int]:
     """(chunk, splits): split V so the grid reaches about `target_programs` programs and no
-    program loops over more than `max_tiles` tiles (a long serial loop hides no latency)."""
-    max_splits = _cdiv(vocab, block_v)
+    program loops over more than `max_tiles` tiles (a long serial loop hides no latency), but
+    never into more than `most` splits (a grid axis holds at most 65535 programs, and the
+    sampler reduces all splits' partials in one tile)."""
+    max_splits = min(_cdiv(vocab, block_v), most)
     if forced is not None:
         wanted = forced
     else:
@@ -457,6 +459,9 @@ def _splits(vocab: int, block_v: int, programs_per_split: int, target_programs: 
     chunk = _cdiv(_cdiv(vocab, wanted), block_v) * block_v
     return chunk, _cdiv(vocab, chunk)
 
+
+MAX_STATS_SPLITS = 256  # the sampler combines [γ+1, splits] log-sum-exp partials per row in one tile
+MAX_SAMPLE_SPLITS = 1024  # the last program reduces [splits] race winners in one tile
 
 # Compiled-plan constants (the benchmark sweeps some; call make_plan.cache_clear() after a change).
 GPU_PLAN = {
@@ -493,12 +498,12 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
             block_b = min(triton.next_power_of_2(batch), block_b)
     row_blocks = _cdiv(batch, block_b)
     stats_chunk, stats_splits = _splits(vocab, stats_block_v, row_blocks * (gamma + 1), target_programs,
-                                        stats_tiles, num_splits)
+                                        stats_tiles, MAX_STATS_SPLITS, num_splits)
     if greedy:
         sample_chunk, sample_splits = sample_block_v, 1  # the greedy sampler streams nothing
     else:
         sample_chunk, sample_splits = _splits(vocab, sample_block_v, row_blocks, target_programs, sample_tiles,
-                                              num_splits)
+                                              MAX_SAMPLE_SPLITS, num_splits)
     return LaunchPlan(
         block_b=block_b,
         stats_block_v=stats_block_v,
