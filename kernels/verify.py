@@ -22,7 +22,6 @@ milliseconds of Python.
 from __future__ import annotations
 
 import functools
-import math
 import os
 from dataclasses import dataclass
 
