@@ -1,6 +1,33 @@
 """FlashSpec: exact speculative decoding with on-device verification and online draft selection."""
 from __future__ import annotations
 
+import importlib.abc
+import importlib.util
+import sys
+from pathlib import Path
+
+_CHECKOUT_KERNELS = Path(__file__).resolve().parent.parent / "kernels"
+
+
+class _CheckoutKernelsFinder(importlib.abc.MetaPathFinder):
+    """Maps `flashspec.kernels` to the top-level kernels/ folder of a source checkout.
+
+    An install maps it through setuptools' package-dir; this finder only matters when the
+    package is imported straight from a checkout (repo root as cwd, or PYTHONPATH=.), where
+    the ordinary path finder looks for flashspec/kernels/ and finds nothing.
+    """
+
+    def find_spec(self, name, path, target=None):  # noqa: D102 - importlib protocol
+        if name != "flashspec.kernels" or not (_CHECKOUT_KERNELS / "__init__.py").is_file():
+            return None
+        return importlib.util.spec_from_file_location(
+            name, _CHECKOUT_KERNELS / "__init__.py", submodule_search_locations=[str(_CHECKOUT_KERNELS)]
+        )
+
+
+if not any(isinstance(finder, _CheckoutKernelsFinder) for finder in sys.meta_path):
+    sys.meta_path.append(_CheckoutKernelsFinder())
+
 from flashspec.sampling import SamplingParams, warp_logits
 from flashspec.verify import VerifyOutput, verify
 
