@@ -149,7 +149,7 @@ def measure_cell(
             "alpha": summary["mean_acceptance"], "p50_step_latency_ms": summary["p50_step_latency_s"] * 1e3,
             "p99_step_latency_ms": summary["p99_step_latency_s"] * 1e3, "steps": summary["steps"],
             "tokens_per_step": summary["mean_tokens_per_step"],
-            "batch_truncation_efficiency": summary["batch_truncation_efficiency"], "per_arm": summary["per_arm"],
+            "kv_cache_fill": summary["kv_cache_fill"], "per_arm": summary["per_arm"],
         }
 
     kwargs = hf_kwargs(params, max_new_tokens)

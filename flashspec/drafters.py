@@ -21,19 +21,22 @@ from flashspec.sampling import SamplingParams, sample_from_logits
 class DraftContext:
     """What a drafter sees at one step.
 
-    tokens:         LongTensor [B, S], the whole sequence so far (left-padded prompts, then generated).
-    attention_mask: [B, S + γ] (1 = real token) or None when no row has padding.
-    position_ids:   LongTensor [B, S + γ], positions of the sequence and of the γ slots after it.
-    valid:          BoolTensor [B, S], False on left padding.
-    gamma:          how many tokens to propose per row.
-    sampling:       the SamplingParams shared with the target.
-    key:            the counter-based key of this step; drafters sample on rng.STREAM_DRAFT only.
+    tokens:        LongTensor [B, S], every row's sequence so far, RIGHT-aligned (all rows end at
+                   column S-1; rows can have different lengths).
+    valid:         BoolTensor [B, S], False left of a row's start and on prompt padding.
+    position_ids:  LongTensor [B, S], the position of each token.
+    lengths:       per row, the number of tokens of its sequence (host ints; compact indexing).
+    next_position: LongTensor [B], the position of the first token to draft.
+    gamma:         how many tokens to propose per row.
+    sampling:      the SamplingParams shared with the target.
+    key:           this step's counter-based key for this arm; drafters sample on rng.STREAM_DRAFT only.
     """
 
     tokens: torch.Tensor
-    attention_mask: torch.Tensor | None
-    position_ids: torch.Tensor
     valid: torch.Tensor
+    position_ids: torch.Tensor
+    lengths: list[int]
+    next_position: torch.Tensor
     gamma: int
     sampling: SamplingParams
     key: rng.Key
@@ -53,8 +56,8 @@ class Drafter(Protocol):
 
     `reset(batch_size)` starts a new generation; `propose(context)` returns a Proposal of
     `context.gamma` tokens per row, drawn only from the past and the step key (never from the
-    verifier's streams); `rollback(num_valid)` says that only the first `num_valid` tokens of the
-    sequence are still known to match what the drafter has cached.
+    verifier's streams); `rollback(num_valid)` says, per row, that only the first `num_valid[r]`
+    tokens of row r's sequence are known to match what the drafter has cached.
     """
 
     name: str
@@ -63,14 +66,16 @@ class Drafter(Protocol):
 
     def propose(self, context: DraftContext) -> Proposal: ...
 
-    def rollback(self, num_valid: int) -> None: ...
+    def rollback(self, num_valid: list[int]) -> None: ...
 
 
 class ModelDrafter:
     """A Hugging Face causal LM as a drafter, with its own KV cache.
 
-    The cache covers a prefix of the sequence; `propose` first feeds the tokens it has not seen
-    (lazy catch-up, one chunked forward), then samples γ tokens one forward at a time.
+    The cache covers a prefix of each row; `propose` first feeds the tokens it has not seen (lazy
+    catch-up: one chunked forward, rows right-aligned, already-seen positions masked), then samples
+    γ tokens one forward at a time. Like the target's cache, columns a row rejected become holes
+    in the drafter's attention mask, and columns that are holes in every row are cropped.
     """
 
     def __init__(self, model: torch.nn.Module, name: str | None = None) -> None:
@@ -79,32 +84,39 @@ class ModelDrafter:
         self.model = model
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
         self.cache: Any = None
-        self.cached_tokens = 0
+        self.mask: torch.Tensor | None = None
+        self.seen: list[int] = []
+        self.draft_start = 0
+        self.proposal_lengths: list[int] | None = None
 
     @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
+    def cached_tokens(self) -> list[int]:
+        """Per row, how many tokens of the sequence the cache holds."""
+        return list(self.seen)
 
     def reset(self, batch_size: int) -> None:
         self.cache = models.new_cache(self.model)
-        self.cached_tokens = 0
+        self.mask = None
+        self.seen = [0] * batch_size
+        self.proposal_lengths = None
 
     def propose(self, context: DraftContext) -> Proposal:
-        if self.cache is None:
-            self.reset(context.tokens.shape[0])
-        sequence_length = context.tokens.shape[1]
-        start = min(self.cached_tokens, sequence_length - 1)
-        if start < self.cached_tokens:
-            models.crop_cache(self.cache, start)
-        mask = context.attention_mask
+        batch, width = context.tokens.shape
+        if self.cache is None or len(self.seen) != batch:
+            self.reset(batch)
+        device = context.tokens.device
+        if self.mask is None:
+            self.mask = torch.zeros((batch, 0), dtype=torch.long, device=device)
+        unseen = [max(length - seen, 0) for length, seen in zip(context.lengths, self.seen)]
+        chunk = max(1, max(unseen))
+        first_new = chunk - torch.tensor(unseen, dtype=torch.long, device=device).view(-1, 1)
+        fresh = torch.arange(chunk, device=device).view(1, -1) >= first_new
+        self.mask = torch.cat([self.mask, (context.valid[:, width - chunk :] & fresh).long()], dim=1)
         logits = models.forward_logits(
-            self.model,
-            context.tokens[:, start:],
-            self.cache,
-            attention_mask=None if mask is None else mask[:, :sequence_length],
-            position_ids=context.position_ids[:, start:sequence_length],
-            logits_to_keep=1,
+            self.model, context.tokens[:, width - chunk :], self.cache, attention_mask=self.mask,
+            position_ids=context.position_ids[:, width - chunk :], logits_to_keep=1,
         )[:, -1]
+        ones = torch.ones((batch, 1), dtype=torch.long, device=device)
         drafted, drafted_logits = [], []
         for index in range(context.gamma):
             token, _ = sample_from_logits(logits, context.sampling, context.key, position=index, stream=rng.STREAM_DRAFT)
@@ -112,22 +124,32 @@ class ModelDrafter:
             drafted_logits.append(logits)
             if index == context.gamma - 1:
                 break
-            length = sequence_length + index + 1
+            self.mask = torch.cat([self.mask, ones], dim=1)
             logits = models.forward_logits(
-                self.model,
-                token.unsqueeze(1),
-                self.cache,
-                attention_mask=None if mask is None else mask[:, :length],
-                position_ids=context.position_ids[:, length - 1 : length],
-                logits_to_keep=1,
+                self.model, token.unsqueeze(1), self.cache, attention_mask=self.mask,
+                position_ids=(context.next_position + index).view(-1, 1), logits_to_keep=1,
             )[:, -1]
-        self.cached_tokens = sequence_length + context.gamma - 1
+        self.draft_start = self.mask.shape[1] - (context.gamma - 1)
+        self.proposal_lengths = list(context.lengths)
+        self.seen = [length + context.gamma - 1 for length in context.lengths]
         return Proposal(tokens=torch.stack(drafted, dim=1), logits=torch.stack(drafted_logits, dim=1))
 
-    def rollback(self, num_valid: int) -> None:
-        if num_valid < self.cached_tokens:
-            models.crop_cache(self.cache, num_valid)
-            self.cached_tokens = num_valid
+    def rollback(self, num_valid: list[int]) -> None:
+        if self.proposal_lengths is None:  # not the drafter of this step: its cache is a prefix already
+            self.seen = [min(seen, valid) for seen, valid in zip(self.seen, num_valid)]
+            return
+        width = self.mask.shape[1] - self.draft_start
+        keep_count = [min(max(valid - length, 0), width) for valid, length in zip(num_valid, self.proposal_lengths)]
+        if width > 0:
+            keep = torch.arange(width, device=self.mask.device).view(1, -1) < torch.tensor(
+                keep_count, dtype=torch.long, device=self.mask.device
+            ).view(-1, 1)
+            self.mask[:, self.draft_start :] = keep.long()
+            columns = self.draft_start + max(keep_count)
+            models.crop_cache(self.cache, columns)
+            self.mask = self.mask[:, :columns]
+        self.seen = [min(seen, valid) for seen, valid in zip(self.seen, num_valid)]
+        self.proposal_lengths = None
 
 
 class PromptLookupDrafter:
@@ -149,7 +171,7 @@ class PromptLookupDrafter:
     def reset(self, batch_size: int) -> None:
         return None
 
-    def rollback(self, num_valid: int) -> None:
+    def rollback(self, num_valid: list[int]) -> None:
         return None
 
     def propose(self, context: DraftContext) -> Proposal:

@@ -9,19 +9,22 @@ One step:
   4. `flashspec.verify` (backend "auto": Triton on CUDA, PyTorch on CPU) with an int generator
      derived from (seed, step) -- the verifier's own streams, never the draft's;
   5. ONE host transfer per step (tokens + num_accepted, [B, γ+2] ints): the KV caches must be
-     rolled back to the accepted length, which eager Hugging Face caches can only do with a host
-     integer. That sync is inherent in HF eager; everything else in the step stays on the device;
+     rolled back to the accepted lengths, which eager Hugging Face caches can only do with host
+     integers. That sync is inherent in HF eager; everything else in the step stays on the device;
   6. append; crop the target's and the chosen drafter's caches; reward -> `policy.update`.
 Drafters not chosen catch up lazily the next time they propose.
 
-Batches (B > 1): every row advances by the SAME number of tokens per step, `kept` = the minimum over
-still-generating rows of (num_accepted + 1), capped by the remaining budget. Rows therefore share
-one length, one KV-cache length and one attention mask (left padding of prompts only), so
-`DynamicCache.crop` stays a whole-batch operation. It is exact: truncating a row's step output at a
-length fixed independently of that row's own randomness (the other rows' acceptances, the budget)
-keeps each kept token distributed as the target given its prefix -- at the cut position the token
-is either an accepted draft or the residual, i.e. one accept/resample draw from p. The cost is
-throughput, reported as `batch_truncation_efficiency` (kept / emitted tokens) in the stats.
+Batches (B > 1): rows keep their own lengths. Each row appends its own num_accepted + 1 tokens
+(cut only by its own budget or EOS), so nothing accepted is thrown away and every row is an exact
+speculative decoder of its own (Theorem 1 per row; the arm choice is shared but comes from the
+past). The KV caches stay whole-batch `DynamicCache`s: each step appends γ + 1 columns for every
+row, the columns a row rejected become holes in its attention mask (position ids come from each
+row's own token count), and trailing columns that are holes in every row are cropped with
+`crop(-k)`. The cost is attention over hole columns, reported as `kv_cache_fill` (real tokens /
+cache columns) in the stats. (Truncating every row to the batch's minimum accepted length is also
+exact, but throws accepted tokens away: with a handful of rows most steps keep one token per row.)
+The per-row counts go back to the device as small host-to-device copies right after the step's
+one device-to-host sync, when the stream is already idle.
 
 The model call lives in `flashspec.models.forward_logits`, the one function a static-cache /
 CUDA-graph fast path replaces.
@@ -193,16 +196,7 @@ class SpeculativeDecoder:
         sync = timing and device.type == "cuda"
         start_time = _clock(sync)
 
-        capacity = prompt_length + max(budgets) + self.gamma + 1
-        tokens = torch.full((batch, capacity), pad_id, dtype=torch.long, device=device)
-        tokens[:, :prompt_length] = input_ids.to(device)
-        valid = torch.ones((batch, capacity), dtype=torch.bool, device=device)
-        valid[:, :prompt_length] = mask.to(device)
-        has_padding = not bool(mask.all())
-        attention = valid.long() if has_padding else None
-        num_pads = (~mask).sum(dim=1).to(device)
-        positions = (torch.arange(capacity, device=device).view(1, -1) - num_pads.view(-1, 1)).clamp(min=0)
-
+        state = RowState.start(input_ids.to(device), mask.to(device), budgets, self.gamma, pad_id)
         cache = models.new_cache(self.target)
         on_request_start = getattr(self.policy, "on_request_start", None)
         if callable(on_request_start):
@@ -211,97 +205,86 @@ class SpeculativeDecoder:
             drafter.reset(batch)
         if prompt_length > 1:
             models.forward_logits(
-                self.target, tokens[:, : prompt_length - 1], cache,
-                attention_mask=None if attention is None else attention[:, : prompt_length - 1],
-                position_ids=positions[:, : prompt_length - 1], logits_to_keep=1,
+                self.target, state.tokens[:, : prompt_length - 1], cache,
+                attention_mask=state.target_mask[:, : prompt_length - 1],
+                position_ids=state.positions(0, prompt_length - 1), logits_to_keep=1,
             )
         stats.prefill_s = _clock(sync) - start_time
 
-        length = prompt_length
-        generated = 0
         active = [budget > 0 for budget in budgets]
         num_generated = [0] * batch
         step = 0
         while any(active):
             step_start = _clock(sync)
             active_rows = [row for row in range(batch) if active[row]]
-            min_remaining = min(budgets[row] - generated for row in active_rows)
-            gamma = max(1, min(self.gamma, min_remaining - 1))
+            remaining = [budgets[row] - num_generated[row] for row in range(batch)]
+            gamma = max(1, min(self.gamma, max(remaining[row] for row in active_rows) - 1))
             step_seed = rng.derive_seed(seed, step)
-            context = DraftContext(
-                tokens=tokens[:, :length],
-                attention_mask=None if attention is None else attention[:, : length + gamma],
-                position_ids=positions[:, : length + gamma],
-                valid=valid[:, :length],
-                gamma=gamma,
-                sampling=sampling,
-                key=rng.Key.from_seed(step_seed),  # replaced per arm by draft_context(); never the verifier's streams
-            )
-            arm, proposal = self._choose_and_propose(context, cache, length, seed, step)
-            target_logits = models.forward_logits(
-                self.target,
-                torch.cat([tokens[:, length - 1 : length], proposal.tokens], dim=1),
-                cache,
-                attention_mask=context.attention_mask,
-                position_ids=positions[:, length - 1 : length + gamma],
-            )
+            context = state.draft_context(gamma, sampling, rng.Key.from_seed(step_seed))
+            arm, proposal = self._choose_and_propose(context, cache, state, seed, step)
+            target_logits = self._target_forward(cache, state, proposal.tokens)
             out = verify(
                 target_logits, proposal.logits, proposal.tokens, sampling,
                 generator=step_seed, backend=self.backend, validate=False,
             )
-            # The one host sync of the step: cache rollback needs the accepted length as a host int.
+            # The one host sync of the step: cache rollback needs the accepted lengths as host ints.
             host = torch.cat([out.tokens, out.num_accepted.view(-1, 1)], dim=1).cpu().tolist()
             num_accepted = [row[-1] for row in host]
-            kept = min(min(num_accepted[row] for row in active_rows) + 1, min_remaining)
-
-            new_tokens = [row[:kept] for row in host]
-            rewrite = len(active_rows) < batch
-            for row in range(batch):
-                if not active[row]:
-                    new_tokens[row] = [pad_id] * kept
-                    continue
-                count = kept
-                for index, token in enumerate(new_tokens[row]):
+            kept = [0] * batch
+            for row in active_rows:
+                kept[row] = min(num_accepted[row] + 1, remaining[row])
+                for index, token in enumerate(host[row][: kept[row]]):
                     if token in stop_ids:
-                        count = index + 1
-                        new_tokens[row][count:] = [pad_id] * (kept - count)
-                        rewrite = True
+                        kept[row] = index + 1
                         active[row] = False
                         break
-                num_generated[row] += count
+                num_generated[row] += kept[row]
                 if num_generated[row] >= budgets[row]:
                     active[row] = False
-            if rewrite:
-                tokens[:, length : length + kept] = torch.tensor(new_tokens, dtype=torch.long, device=device)
-            else:
-                tokens[:, length : length + kept] = out.tokens[:, :kept]
 
-            models.crop_cache(cache, length + kept - 1)
-            self.drafts[arm].rollback(length + kept - 1)
+            previous_lengths = list(state.lengths)
+            state.append(out.tokens, kept, cache)
+            self.drafts[arm].rollback(
+                [length + max(count - 1, 0) for length, count in zip(previous_lengths, kept)]
+            )
             self._update_policy(arm, [num_accepted[row] for row in active_rows], gamma)
 
-            length += kept
-            generated += kept
             latency = _clock(sync) - step_start
             stats.record(StepRecord(
                 step=step, arm=arm, gamma=gamma,
-                num_accepted=[num_accepted[row] for row in active_rows], kept=kept, latency_s=latency,
+                num_accepted=[num_accepted[row] for row in active_rows],
+                kept=[kept[row] for row in active_rows], latency_s=latency,
             ))
             if on_step is not None:
+                new_tokens = [host[row][: kept[row]] for row in range(batch)]
                 on_step(StepEvent(step=step, arm=arm, new_tokens=new_tokens, num_generated=list(num_generated)))
             step += 1
 
         stats.total_s = _clock(sync) - start_time
         stats.generated_tokens = sum(num_generated)
-        # Rows that ended mid-step leave pad columns past the longest row; drop them.
+        stats.cache_columns = state.columns
+        stats.cache_tokens = sum(num_generated) / batch + prompt_length - 1
         return GenerationResult(
-            sequences=tokens[:, : prompt_length + max(num_generated)].clone(),
+            sequences=state.tokens[:, : prompt_length + max(num_generated)].clone(),
             num_generated=torch.tensor(num_generated, dtype=torch.long),
             stats=stats,
         )
 
+    def _target_forward(self, cache: Any, state: "RowState", draft_tokens: torch.Tensor) -> torch.Tensor:
+        """Target logits [B, γ+1, V] for each row's pending token followed by its γ drafts; the γ+1
+        new cache columns are attended (mask 1) until `state.append` turns the rejected ones into holes."""
+        gamma = draft_tokens.shape[1]
+        state.open_columns(gamma + 1)
+        return models.forward_logits(
+            self.target,
+            torch.cat([state.pending_tokens(), draft_tokens], dim=1),
+            cache,
+            attention_mask=state.target_mask[:, : state.columns + gamma + 1],
+            position_ids=state.next_positions(gamma + 1),
+        )
+
     def _choose_and_propose(
-        self, context: DraftContext, cache: Any, length: int, seed: int, step: int
+        self, context: DraftContext, cache: Any, state: "RowState", seed: int, step: int
     ) -> tuple[int, Proposal]:
         """Pick an arm and get its proposal. With the test-only selector, every arm proposes and the
         target scores each proposal first (cherry-picking: breaks exactness on purpose)."""
@@ -313,19 +296,13 @@ class SpeculativeDecoder:
         proposals = [drafter.propose(draft_context(context, seed, step, arm)) for arm, drafter in enumerate(self.drafts)]
         scores = []
         for proposal in proposals:
-            logits = models.forward_logits(
-                self.target,
-                torch.cat([context.tokens[:, length - 1 :], proposal.tokens], dim=1),
-                cache,
-                attention_mask=context.attention_mask,
-                position_ids=context.position_ids[:, length - 1 : length + context.gamma],
-            )
-            models.crop_cache(cache, length - 1)
+            logits = self._target_forward(cache, state, proposal.tokens)
+            models.crop_cache(cache, state.columns)
             scores.append(warp_logits(logits, context.sampling))
         arm = int(self.selector(proposals, scores))
         for other, drafter in enumerate(self.drafts):
             if other != arm:
-                drafter.rollback(length)
+                drafter.rollback(list(state.lengths))
         return arm, proposals[arm]
 
     def _update_policy(self, arm: int, num_accepted: list[int], gamma: int) -> None:
@@ -340,6 +317,95 @@ class SpeculativeDecoder:
                 update_step(arm, accepted, gamma)
         else:
             self.policy.update(arm, sum(num_accepted) / (gamma * len(num_accepted)))
+
+
+@dataclass
+class RowState:
+    """Per-row sequences of a batch and the layout of the target's KV cache.
+
+    Rows advance by different numbers of tokens per step. Their tokens are stored compactly
+    (`tokens[r, :lengths[r]]`: left-padded prompt, then generated tokens), while the target's cache
+    has one shared column count: every step appends γ + 1 columns for every row, and the columns a
+    row rejected become holes (`target_mask` 0) that attention skips; trailing columns that are
+    holes in every row are cropped. Positions come from each row's own token count, so the target
+    computes exactly what it would on the compact row.
+    """
+
+    tokens: torch.Tensor
+    real: torch.Tensor
+    num_pads: torch.Tensor
+    lengths: list[int]
+    target_mask: torch.Tensor
+    columns: int
+
+    @classmethod
+    def start(
+        cls, input_ids: torch.Tensor, mask: torch.Tensor, budgets: list[int], gamma: int, pad_id: int
+    ) -> "RowState":
+        batch, prompt_length = input_ids.shape
+        capacity = prompt_length + max(budgets) + gamma + 1
+        tokens = torch.full((batch, capacity), pad_id, dtype=torch.long, device=input_ids.device)
+        tokens[:, :prompt_length] = input_ids
+        real = torch.ones((batch, capacity), dtype=torch.bool, device=input_ids.device)
+        real[:, :prompt_length] = mask
+        # Each step adds at most γ+1 columns and every active row gains >= 1 token, so steps <= max budget.
+        column_capacity = prompt_length + (gamma + 1) * max(max(budgets), 1)
+        target_mask = torch.zeros((batch, column_capacity), dtype=torch.long, device=input_ids.device)
+        target_mask[:, :prompt_length] = mask.long()
+        return cls(tokens, real, (~mask).sum(dim=1), [prompt_length] * batch, target_mask, prompt_length - 1)
+
+    def _lengths(self) -> torch.Tensor:
+        return torch.tensor(self.lengths, dtype=torch.long, device=self.tokens.device)
+
+    def positions(self, start: int, stop: int) -> torch.Tensor:
+        """Positions [B, stop-start] of compact indices start..stop-1 (left pads clamp to 0)."""
+        index = torch.arange(start, stop, device=self.tokens.device).view(1, -1)
+        return (index - self.num_pads.view(-1, 1)).clamp(min=0)
+
+    def pending_tokens(self) -> torch.Tensor:
+        """[B, 1]: each row's last token, the one the target's cache has not seen yet."""
+        return self.tokens.gather(1, (self._lengths() - 1).view(-1, 1))
+
+    def next_positions(self, count: int) -> torch.Tensor:
+        """[B, count]: positions of the pending token and the `count - 1` slots after it."""
+        first = self._lengths() - 1 - self.num_pads
+        return first.view(-1, 1) + torch.arange(count, device=self.tokens.device).view(1, -1)
+
+    def open_columns(self, count: int) -> None:
+        self.target_mask[:, self.columns : self.columns + count] = 1
+
+    def append(self, verified: torch.Tensor, kept: list[int], cache: Any) -> None:
+        """Append `kept[r]` tokens of `verified[r]` to row r; the target cache keeps, per row, the
+        columns of its pending token and kept drafts, and drops columns that are holes in every row."""
+        width = verified.shape[1]
+        device = self.tokens.device
+        offsets = torch.arange(width, device=device).view(1, -1)
+        keep = offsets < torch.tensor(kept, dtype=torch.long, device=device).view(-1, 1)
+        index = self._lengths().view(-1, 1) + offsets
+        self.tokens.scatter_(1, index, torch.where(keep, verified.clamp(min=0), self.tokens.gather(1, index)))
+        self.target_mask[:, self.columns : self.columns + width] = keep.long()
+        grown = max(kept)
+        models.crop_cache(cache, self.columns + grown)
+        self.columns += grown
+        self.lengths = [length + count for length, count in zip(self.lengths, kept)]
+
+    def draft_context(self, gamma: int, sampling: SamplingParams, key: rng.Key) -> DraftContext:
+        """Rows right-aligned (every row ends at the last column), which is what drafters read."""
+        longest = max(self.lengths)
+        lengths = self._lengths()
+        index = torch.arange(longest, device=self.tokens.device).view(1, -1) - (longest - lengths).view(-1, 1)
+        inside = index >= 0
+        index = index.clamp(min=0)
+        return DraftContext(
+            tokens=self.tokens.gather(1, index),
+            valid=inside & self.real.gather(1, index),
+            position_ids=(index - self.num_pads.view(-1, 1)).clamp(min=0),
+            lengths=list(self.lengths),
+            next_position=lengths - self.num_pads,
+            gamma=gamma,
+            sampling=sampling,
+            key=key,
+        )
 
 
 def draft_context(context: DraftContext, seed: int, step: int, arm: int) -> DraftContext:

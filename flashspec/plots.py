@@ -330,7 +330,7 @@ def plot_generation_trace(stats: Any, path: str | Path | None = None, window: in
     arms = np.array([step["arm"] for step in steps], dtype=int)
     acceptance = np.array([np.mean(step["num_accepted"]) / step["gamma"] if step["num_accepted"] else np.nan
                            for step in steps])
-    kept = np.array([step["kept"] for step in steps])
+    kept = np.array([np.mean(step["kept"]) if step["kept"] else np.nan for step in steps])
     fig = Figure(figsize=(8, 4.4), layout="constrained")
     top, bottom = fig.subplots(2, 1, sharex=True, height_ratios=[1, 1.6])
     colours = [f"C{arm % 10}" for arm in arms]
@@ -347,7 +347,7 @@ def plot_generation_trace(stats: Any, path: str | Path | None = None, window: in
     bottom.set_ylabel("acceptance")
     bottom.set_xlabel("step")
     kept_axis = bottom.twinx()
-    kept_axis.step(index, kept, where="mid", color="C0", alpha=0.35, lw=1, label="tokens kept per row")
+    kept_axis.step(index, kept, where="mid", color="C0", alpha=0.35, lw=1, label="tokens kept (row mean)")
     kept_axis.set_ylabel("tokens kept", fontsize=8, color="C0")
     bottom.legend(fontsize=7, loc="lower left")
     summary = data.get("summary", {})

@@ -14,15 +14,15 @@ from typing import Any
 
 @dataclass
 class StepRecord:
-    """One step. `num_accepted` has one entry per row that was still generating (active rows);
-    `kept` is how many tokens every active row appended (batch minimum of accepted + 1, capped
-    by the remaining budget); `latency_s` is host wall time (device-synchronised when asked)."""
+    """One step. `num_accepted` and `kept` have one entry per row that was still generating (active
+    rows): accepted drafts, and tokens appended (accepted + 1, cut by the row's budget or EOS);
+    `latency_s` is host wall time (device-synchronised when asked)."""
 
     step: int
     arm: int
     gamma: int
     num_accepted: list[int]
-    kept: int
+    kept: list[int]
     latency_s: float
 
 
@@ -36,6 +36,8 @@ class GenerationStats:
     total_s: float = 0.0
     generated_tokens: int = 0
     synchronized_timing: bool = False
+    cache_columns: int = 0
+    cache_tokens: float = 0.0
 
     def record(self, step: StepRecord) -> None:
         self.steps.append(step)
@@ -53,7 +55,7 @@ class GenerationStats:
         accepted = [n for step in self.steps for n in step.num_accepted]
         drafted = sum(step.gamma * len(step.num_accepted) for step in self.steps)
         emitted = sum(n + 1 for n in accepted)
-        kept = sum(step.kept * len(step.num_accepted) for step in self.steps)
+        kept = [count for step in self.steps for count in step.kept]
         latencies = sorted(step.latency_s for step in self.steps)
         per_arm: dict[str, dict[str, float]] = {}
         for arm, name in enumerate(self.arm_names):
@@ -76,8 +78,9 @@ class GenerationStats:
             "decode_tokens_per_s": self.generated_tokens / decode_s if decode_s > 0 else math.nan,
             "mean_acceptance": sum(accepted) / drafted if drafted else math.nan,
             "mean_accepted_length": _mean(accepted),
-            "mean_tokens_per_step": _mean([step.kept for step in self.steps]),
-            "batch_truncation_efficiency": kept / emitted if emitted else math.nan,
+            "mean_tokens_per_step": _mean(kept),
+            "kept_fraction": sum(kept) / emitted if emitted else math.nan,
+            "kv_cache_fill": self.cache_tokens / self.cache_columns if self.cache_columns else math.nan,
             "p50_step_latency_s": percentile(latencies, 50),
             "p99_step_latency_s": percentile(latencies, 99),
             "synchronized_timing": self.synchronized_timing,
@@ -110,7 +113,8 @@ class GenerationStats:
             ("mean acceptance α", _fmt(summary["mean_acceptance"], ".3f")),
             ("mean accepted length", _fmt(summary["mean_accepted_length"], ".2f")),
             ("tokens per step (per row)", _fmt(summary["mean_tokens_per_step"], ".2f")),
-            ("batch truncation efficiency", _fmt(summary["batch_truncation_efficiency"], ".3f")),
+            ("kept / emitted (budget, EOS)", _fmt(summary["kept_fraction"], ".3f")),
+            ("target KV-cache fill", _fmt(summary["kv_cache_fill"], ".3f")),
             ("p50 step latency (ms)", _fmt(summary["p50_step_latency_s"] * 1e3, ".2f")),
             ("p99 step latency (ms)", _fmt(summary["p99_step_latency_s"] * 1e3, ".2f")),
         ]

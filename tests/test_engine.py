@@ -141,12 +141,24 @@ def test_prompt_lookup_proposal_is_periodic_and_falls_back_to_last_token():
     drafter = PromptLookupDrafter(max_ngram=2)
     tokens = torch.tensor([[5, 6, 7, 5, 6], [1, 2, 3, 4, 8]])
     context = DraftContext(
-        tokens=tokens, attention_mask=None, position_ids=torch.arange(9).expand(2, -1),
-        valid=torch.ones_like(tokens, dtype=torch.bool), gamma=4, sampling=fs.SamplingParams(), key=fs.rng.Key(1, 2),
+        tokens=tokens, valid=torch.ones_like(tokens, dtype=torch.bool), position_ids=torch.arange(5).expand(2, -1),
+        lengths=[5, 5], next_position=torch.tensor([5, 5]), gamma=4, sampling=fs.SamplingParams(), key=fs.rng.Key(1, 2),
     )
     proposal = drafter.propose(context)
     assert proposal.logits is None
     assert proposal.tokens.tolist() == [[7, 5, 6, 7], [8, 8, 8, 8]]
+
+
+def test_prompt_lookup_on_right_aligned_rows_of_different_lengths():
+    """Row 1 is two tokens shorter: its first two columns are outside the row and never match."""
+    drafter = PromptLookupDrafter(max_ngram=1)
+    tokens = torch.tensor([[4, 4, 9, 4], [9, 9, 2, 9]])
+    valid = torch.tensor([[True, True, True, True], [False, False, True, True]])
+    context = DraftContext(
+        tokens=tokens, valid=valid, position_ids=torch.tensor([[0, 1, 2, 3], [0, 0, 0, 1]]), lengths=[4, 2],
+        next_position=torch.tensor([4, 2]), gamma=2, sampling=fs.SamplingParams(), key=fs.rng.Key(1, 2),
+    )
+    assert drafter.propose(context).tokens.tolist() == [[9, 4], [9, 9]]
 
 
 def test_prompt_lookup_ignores_padding():
@@ -171,8 +183,8 @@ class ConstantDrafter:
         shape = (context.tokens.shape[0], context.gamma)
         return Proposal(tokens=torch.full(shape, self.token, dtype=torch.long), logits=None)
 
-    def rollback(self, num_valid: int) -> None:
-        self.rollbacks.append(num_valid)
+    def rollback(self, num_valid: list[int]) -> None:
+        self.rollbacks.append(list(num_valid))
 
 
 def test_user_drafter_protocol(target):
@@ -182,7 +194,7 @@ def test_user_drafter_protocol(target):
     prompt = torch.tensor([[1, 2]])
     result = decoder.generate(prompt, max_new_tokens=8, sampling=fs.SamplingParams(0.0), ignore_eos=True)
     assert torch.equal(result.sequences, greedy_reference(target, prompt, 8, eos_token_id=None))
-    assert drafter.rollbacks and drafter.rollbacks[0] >= 2
+    assert drafter.rollbacks and drafter.rollbacks[0][0] >= 2
 
 
 def test_model_drafter_catches_up_lazily(target, draft):
@@ -211,8 +223,8 @@ def test_model_drafter_catches_up_lazily(target, draft):
     assert torch.equal(result.sequences, greedy_reference(target, prompt, 20, eos_token_id=None))
     assert set(result.stats.arm_trace) == {0, 1}
     assert all(0.0 <= reward <= 1.0 for reward in policy.rewards)
-    twin_drafter = decoder.drafts[1]
-    assert twin_drafter.cached_tokens <= result.sequences.shape[1] - 1
+    for drafter in decoder.drafts:
+        assert all(seen <= result.sequences.shape[1] - 1 for seen in drafter.cached_tokens)
 
 
 def test_crop_cache_removes_only_the_tail(target):
@@ -331,7 +343,8 @@ def test_stats_summary_json_and_table(tmp_path, target, draft):
     assert summary["steps"] == len(stats.steps) == len(stats.arm_trace)
     assert 0.0 <= summary["mean_acceptance"] <= 1.0
     assert summary["p50_step_latency_s"] <= summary["p99_step_latency_s"]
-    assert 0.0 < summary["batch_truncation_efficiency"] <= 1.0
+    assert 0.0 < summary["kept_fraction"] <= 1.0
+    assert 0.0 < summary["kv_cache_fill"] <= 1.0
     assert sum(arm["selections"] for arm in summary["per_arm"].values()) == summary["steps"]
     path = tmp_path / "stats.json"
     text = stats.to_json(str(path))
@@ -344,14 +357,17 @@ def test_stats_summary_json_and_table(tmp_path, target, draft):
 
 def test_stats_reduction_by_hand():
     stats = GenerationStats(arm_names=["a", "b"], batch_size=2, prompt_length=3)
-    stats.record(StepRecord(step=0, arm=0, gamma=4, num_accepted=[4, 2], kept=3, latency_s=0.01))
-    stats.record(StepRecord(step=1, arm=1, gamma=4, num_accepted=[0, 1], kept=1, latency_s=0.03))
-    stats.generated_tokens, stats.total_s = 8, 0.04
+    stats.record(StepRecord(step=0, arm=0, gamma=4, num_accepted=[4, 2], kept=[5, 2], latency_s=0.01))
+    stats.record(StepRecord(step=1, arm=1, gamma=4, num_accepted=[0, 1], kept=[1, 1], latency_s=0.03))
+    stats.generated_tokens, stats.total_s = 9, 0.04
+    stats.cache_columns, stats.cache_tokens = 20, 15.0
     summary = stats.summary()
     assert summary["mean_acceptance"] == pytest.approx(7 / 16)
     assert summary["mean_accepted_length"] == pytest.approx(7 / 4)
-    assert summary["batch_truncation_efficiency"] == pytest.approx(8 / 11)
-    assert summary["tokens_per_s"] == pytest.approx(200.0)
+    assert summary["kept_fraction"] == pytest.approx(9 / 11)
+    assert summary["mean_tokens_per_step"] == pytest.approx(9 / 4)
+    assert summary["kv_cache_fill"] == pytest.approx(0.75)
+    assert summary["tokens_per_s"] == pytest.approx(225.0)
     assert summary["per_arm"]["a"]["mean_acceptance"] == pytest.approx(6 / 8)
     assert percentile([1.0, 2.0, 3.0], 50) == 2.0
     assert math.isnan(percentile([], 50))
