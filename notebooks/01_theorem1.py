@@ -71,9 +71,11 @@ print(f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
 # has law $p$:
 #
 # $$
-# \Pr(z=v) = \underbrace{q(v)\min\!\Big(1,\tfrac{p(v)}{q(v)}\Big)}_{\text{accepted}}
-#          + \underbrace{\Pr(\text{reject})\, r(v)}_{\text{residual}}
-#          = \min(p(v),q(v)) + (p(v)-q(v))^+ = p(v),
+# \begin{aligned}
+# \Pr(z=v) &= \underbrace{q(v)\min\!\Big(1,\tfrac{p(v)}{q(v)}\Big)}_{\text{accepted}}
+#          + \underbrace{\Pr(\text{reject})\, r(v)}_{\text{residual}} \\
+#          &= \min(p(v),q(v)) + (p(v)-q(v))^+ = p(v),
+# \end{aligned}
 # $$
 #
 # because $\Pr(\text{reject}) = 1-\sum_v \min(p(v),q(v)) = \sum_v (p(v)-q(v))^+ = Z$. (If $Z=0$ then $p=q$ and
@@ -193,7 +195,7 @@ for name, params in CONFIGS.items():
 #
 # ## Checking `flashspec.verify` by sampling
 #
-# `exactness.sample_sequences` runs the speculative loop with 40,000 independent sequences as the rows of one batch.
+# `exactness.sample_sequences` runs the speculative loop with 25,000 independent sequences as the rows of one batch.
 # Each step: every draft samples $\gamma$ tokens from its warped distribution on its own random stream, a *selector*
 # picks one proposal per row, the target scores $\gamma+1$ positions, and `fs.verify` (PyTorch reference backend
 # here) accepts and emits. A $\chi^2$ test compares the frequencies of the first three tokens with the exact target
@@ -201,7 +203,7 @@ for name, params in CONFIGS.items():
 # `cherry_picking_selector` (per row, the draft whose first proposal the target likes most: forbidden).
 
 # %%
-ROWS = 40_000
+ROWS = 25_000
 CASES = [(name, gamma, "round-robin", False) for name in CONFIGS for gamma in (1, 3)]
 CASES += [("T=1", 2, "round-robin", True), ("T=1", 1, "cherry-pick", False), ("T=1", 3, "cherry-pick", False)]
 SELECTORS = {"round-robin": exactness.round_robin_selector, "cherry-pick": exactness.cherry_picking_selector}
@@ -278,10 +280,10 @@ for label, selector in (("cherry-pick", cherry_pick), ("coin", by_coin)):
 # $(p-q)^+ = (0.1, 0)$ emits $a$. Total $\tfrac34+\tfrac14\cdot0.2 = 0.8$ instead of $0.6$. The coin that never saw
 # the proposals gives $0.6$ exactly, as the theorem promises.
 #
-# The same experiment through `fs.verify`, with 200,000 rows:
+# The same experiment through `fs.verify`, with 100,000 rows:
 
 # %%
-COUNTEREXAMPLE_ROWS = 200_000
+COUNTEREXAMPLE_ROWS = 100_000
 params = fs.SamplingParams(temperature=1.0)
 target_logits = torch.tensor([0.6, 0.4]).log().expand(COUNTEREXAMPLE_ROWS, 2, 2).contiguous()
 draft_logits_row = torch.tensor([0.5, 0.5]).log().expand(COUNTEREXAMPLE_ROWS, 2)

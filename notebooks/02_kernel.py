@@ -47,6 +47,8 @@ if ON_COLAB:  # fetch the repository (code and committed results) and install th
 
 import torch
 
+# %matplotlib inline
+
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton's CPU interpreter; must be set before triton is imported
 

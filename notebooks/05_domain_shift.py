@@ -46,6 +46,8 @@ if ON_COLAB:  # fetch the repository (code and committed results) and install th
     importlib.invalidate_caches()
 
 import torch
+
+# %matplotlib inline
 from IPython.display import Markdown, display
 
 import flashspec as fs
