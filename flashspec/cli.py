@@ -77,6 +77,8 @@ def generate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flashspec generate", description="Exact speculative generation.")
     parser.add_argument("--prompt", default="def fibonacci(n):", help="text to continue")
     parser.add_argument("--target", help="target model folder or hub id (default: a tiny random model)")
+    parser.add_argument("--zoo", metavar="SIZE", help="use the offline model zoo of this size (e.g. cpu): its "
+                        "trained target, all its drafts and its tokenizer (built and cached on first use)")
     parser.add_argument("--draft", action="append", default=[], help="draft model folder or hub id (repeatable)")
     parser.add_argument("--prompt-lookup", action="store_true", help="add the model-free prompt-lookup drafter")
     parser.add_argument("--policy", default="thompson", help="bandit policy name (see flashspec.bandits.POLICIES)")
@@ -106,7 +108,11 @@ def generate_command(argv: list[str]) -> int:
 
     try:
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-        if args.target is None:
+        if args.zoo is not None:
+            if args.target or args.draft:
+                raise ValueError("--zoo brings its own target and drafts; drop --target/--draft")
+            target, drafts, tokenizer = zoo_models(args.zoo, args.device)
+        elif args.target is None:
             if args.draft:
                 raise ValueError("--draft needs --target (drafts must share the target's tokenizer)")
             target, drafts, tokenizer = default_models(args.device)
@@ -180,6 +186,16 @@ class TextStreamer:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def zoo_models(size: str, device: str | None) -> tuple[Any, list[Any], Any]:
+    """The offline model zoo's target, drafts and tokenizer (flashspec.zoo builds and caches them)."""
+    try:
+        from flashspec import zoo
+    except ImportError as error:
+        raise ValueError(f"--zoo needs flashspec.zoo, which failed to import ({error})") from error
+    loaded = zoo.load_zoo(size, device=device)
+    return loaded.target, list(loaded.drafts.values()), loaded.tokenizer
 
 
 def default_models(device: str | None) -> tuple[Any, list[Any], Any]:

@@ -92,3 +92,22 @@ def test_bench_engine_tiny_smoke(tmp_path, capsys):
     assert "flashspec/plain" in one["ratios"] and "flashspec/hf_assisted" in one["ratios"]
     assert "batch_size = 1" in two["cells"]["hf_assisted"]["unsupported"]
     assert two["cells"]["hf_assisted"]["hf_assisted_sequential"]["tokens_per_s"] > 0
+
+
+def test_generate_with_the_model_zoo(monkeypatch, capsys):
+    """--zoo takes the zoo's target, drafts and tokenizer (a stand-in zoo here: no training in tests)."""
+    tokenizer = models.char_tokenizer()
+    common = dict(vocab_size=len(tokenizer), max_positions=64, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    loaded = types.SimpleNamespace(
+        tokenizer=tokenizer, target=models.tiny_llama(hidden_size=32, num_heads=2, seed=0, **common),
+        drafts={"code": models.tiny_llama(hidden_size=16, num_heads=2, seed=1, **common)},
+    )
+    fake = types.ModuleType("flashspec.zoo")
+    fake.load_zoo = lambda size, device=None: loaded
+    monkeypatch.setitem(sys.modules, "flashspec.zoo", fake)
+    monkeypatch.setattr("flashspec.zoo", fake, raising=False)
+    code = cli.main(["generate", "--zoo", "cpu", "--prompt", "ab", "--max-new-tokens", "5", "--no-progress"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert captured.out.startswith("ab") and "draft0" in captured.err
+    assert cli.main(["generate", "--zoo", "cpu", "--target", "x", "--no-progress"]) == 2
