@@ -263,7 +263,8 @@ class SpeculativeDecoder:
         stats.total_s = _clock(sync) - start_time
         stats.generated_tokens = sum(num_generated)
         stats.cache_columns = state.columns
-        stats.cache_tokens = sum(num_generated) / batch + prompt_length - 1
+        pads = state.num_pads.tolist()
+        stats.cache_tokens = sum(length - 1 - pad for length, pad in zip(state.lengths, pads)) / batch
         return GenerationResult(
             sequences=state.tokens[:, : prompt_length + max(num_generated)].clone(),
             num_generated=torch.tensor(num_generated, dtype=torch.long),

@@ -58,6 +58,13 @@ def test_draft_equal_to_target_accepts_everything_and_matches_greedy(target):
     assert result.stats.summary()["mean_acceptance"] == 1.0
 
 
+def test_one_call_generate_defaults_to_prompt_lookup(target):
+    prompt = torch.tensor([[3, 3, 4, 3, 3]])
+    result = fs.generate(target, prompt, max_new_tokens=10, sampling=fs.SamplingParams(0.0), ignore_eos=True)
+    assert torch.equal(result.sequences, greedy_reference(target, prompt, 10, eos_token_id=None))
+    assert result.stats.arm_names == ["prompt-lookup"]
+
+
 def test_sampling_with_identical_draft_accepts_all(target):
     """p == q: the accept test log u <= 0 always passes (a uniform is never 0)."""
     twin = copy.deepcopy(target)
