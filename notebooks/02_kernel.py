@@ -456,12 +456,10 @@ display(Markdown(f"**Figure.** One verification step on the {environment['gpu']}
 # %%
 points = verify_record["points"]
 targets = verify_record["targets"]
+print(f"{'B':>3} {'V':>7} {'step/floor':>10} {'graph/floor':>11} {'reference/step':>14} {'host loop/step':>14}")
 for point in points:
-    device_us = point["triton_stats_kernel_us"] + point["triton_sample_kernel_us"]
-    print(f"B={point['batch']:>2} V={point['vocab']:>6}: Triton step {point['triton_us']:6.1f} us = "
-          f"{point['triton_over_floor']:5.1f}x its floor ({point['floor_us']:.1f} us); graph replay "
-          f"{point['graph_over_floor']:4.1f}x; kernels alone {device_us:5.1f} us; "
-          f"reference / Triton {point['torch_over_triton']:5.1f}x; host loop / Triton {point['host_loop_over_triton']:6.1f}x")
+    print(f"{point['batch']:>3} {point['vocab']:>7} {point['triton_over_floor']:>10.1f} {point['graph_over_floor']:>11.1f} "
+          f"{point['torch_over_triton']:>14.1f} {point['host_loop_over_triton']:>14.1f}")
 launch_bound = [p for p in points if p["batch"] <= 8]
 print(f"\ntarget 'within {targets['triton_over_floor_max']}x of the floor': met at "
       f"{sum(p['triton_over_floor'] <= targets['triton_over_floor_max'] for p in points)} of {len(points)} points")

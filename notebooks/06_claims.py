@@ -270,12 +270,7 @@ else:
 # ## The ledger
 
 # %%
-def markdown_cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
-
-
-table = ["| # | Claim | Verdict | Evidence |", "|---|---|---|---|"]
+lines = []
 for index, row in enumerate(LEDGER, start=1):
-    table.append(f"| {index} | {markdown_cell(row['claim'])} | {markdown_cell(row['verdict'])} | "
-                 f"{markdown_cell(row['evidence'])} |")
-display(Markdown("\n".join(table)))
+    lines.append(f"{index}. **{row['claim']}** — {row['verdict']}.\n\n   *Evidence:* {row['evidence']}.\n")
+display(Markdown("\n".join(lines)))
