@@ -228,6 +228,10 @@ if ZOO_READY:
     print(f"plain sampling (target.generate): {plain_tokens_per_s:.1f} tokens/s")
     print(result.stats.format_table())
     mean_step_s = sum(step.latency_s for step in result.stats.steps) / len(result.stats.steps)
-    print(f"check: decode tokens/s x mean step time / B = {summary['decode_tokens_per_s'] * mean_step_s / prompts.shape[0]:.2f}"
-          f" tokens per row-step; measured tokens per step (per row) = {summary['mean_tokens_per_step']:.2f}")
+    alpha_token = zoo.token_acceptance(result.stats.steps)  # per-token α: accepted / (accepted + rejections)
+    print(f"identity: decode tokens/s x mean step time = {summary['decode_tokens_per_s'] * mean_step_s:.2f} tokens "
+          f"per step over all {prompts.shape[0]} rows")
+    print(f"per-token α = {alpha_token:.3f}, γ = 4 -> (1 - α^(γ+1)) / (1 - α) = "
+          f"{expected_tokens_per_step(alpha_token, 4):.2f} tokens per row-step expected; "
+          f"{summary['mean_tokens_per_step']:.2f} kept per active row-step (the token budget trims the last steps)")
     display(plots.plot_generation_trace(result.stats))
