@@ -361,3 +361,45 @@ def plot_generation_trace(stats: Any, path: str | Path | None = None, window: in
 
 
 __all__ += ["plot_generation_trace"]
+
+
+def plot_engine_benchmark(record: dict[str, Any], path: str | Path | None = None) -> Figure:
+    """Tokens/s of each method per batch size, side by side, from a `flashspec bench engine` record; each bar is
+    labelled with its mean acceptance α (where the method has one) and p50 step latency."""
+    results = record["results"]
+    batches = list(results)
+    methods = list(dict.fromkeys(method for batch in batches for method in results[batch]["cells"]))
+    fig = Figure(figsize=(9, 4), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    width = 0.8 / len(methods)
+    for index, method in enumerate(methods):
+        for position, batch in enumerate(batches):
+            cell = results[batch]["cells"].get(method, {})
+            sequential = "hf_assisted_sequential" in cell
+            cell = cell.get("hf_assisted_sequential", cell)
+            if "tokens_per_s" not in cell:
+                continue
+            x = position + (index - (len(methods) - 1) / 2) * width
+            ax.bar(x, cell["tokens_per_s"], width, color=f"C{index}", hatch="//" if sequential else None,
+                   label=method if position == 0 else None)
+            alpha = f"α {cell['alpha']:.2f}\n" if cell.get("alpha") is not None else ""
+            ax.text(x, cell["tokens_per_s"], f"{alpha}{cell['p50_step_latency_ms']:.1f} ms",
+                    ha="center", va="bottom", fontsize=6)
+    ax.set_xticks(range(len(batches)), batches)
+    ax.set_ylabel("tokens/s (all rows)")
+    settings = record.get("settings", {})
+    ax.set_title(f"Decoding throughput, γ={settings.get('gamma')}, {settings.get('max_new_tokens')} new tokens, "
+                 f"T={settings.get('temperature')} (hatched: run one row at a time)", fontsize=9, loc="left")
+    ax.legend(fontsize=7, ncol=len(methods), loc="upper left")
+    bottom, top = ax.get_ylim()
+    ax.set_ylim(bottom, top * 1.25)
+    hardware = record.get("hardware", {})
+    versions = record.get("versions", {})
+    footer = ", ".join(str(part) for part in (
+        hardware.get("gpu") or hardware.get("cpu"), f"torch {versions.get('torch')}",
+        f"transformers {versions.get('transformers')}", f"git {str(record.get('git_sha'))[:8]}",
+        record.get("date_utc")) if part)
+    return _finish(fig, footer, path)
+
+
+__all__ += ["plot_engine_benchmark"]

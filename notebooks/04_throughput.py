@@ -41,7 +41,7 @@ if ON_COLAB:  # fetch the repository (code and committed results) and install th
     os.chdir("flashspec/notebooks")
     importlib.invalidate_caches()
 
-from IPython.display import display
+from IPython.display import Markdown, display
 import torch
 
 # %matplotlib inline
@@ -172,16 +172,42 @@ else:
 # real; the arithmetic identity above is checked on each row.
 
 # %%
-ENGINE_RESULTS = RESULTS / "engine_h200.json"
-if ENGINE_RESULTS.exists():
-    engine_record = json.loads(ENGINE_RESULTS.read_text())
-    print(json.dumps({key: engine_record[key] for key in engine_record if key not in ("runs", "rows")}, indent=1)[:2000])
+from flashspec import plots
+
+engine_files = sorted(path for path in RESULTS.glob("*engine*h200*.json") if "tiny" not in path.name)
+if engine_files:
+    engine_path = engine_files[-1]
+    engine_record = json.loads(engine_path.read_text())
+    hardware, versions = engine_record["hardware"], engine_record["versions"]
+    print(f"Committed: {engine_path.name}: {hardware.get('gpu')}, torch {versions['torch']}, transformers "
+          f"{versions['transformers']}, git {engine_record['git_sha'][:8]}, {engine_record['date_utc']}")
+    print(f"{'batch':>6} {'method':>16} {'tokens/s':>9} {'α':>6} {'p50 step':>9} {'tok/step':>8} "
+          f"{'tok/s x p50 / B':>15}")
+    for batch_label, block in engine_record["results"].items():
+        batch = int(batch_label.split("=")[1])
+        for method, cell in block["cells"].items():
+            cell = cell.get("hf_assisted_sequential", cell)
+            if "tokens_per_s" not in cell:
+                continue
+            alpha = f"{cell['alpha']:.3f}" if cell.get("alpha") is not None else "-"
+            identity = cell["tokens_per_s"] * cell["p50_step_latency_ms"] / 1e3 / batch
+            print(f"{batch_label:>6} {method:>16} {cell['tokens_per_s']:9.1f} {alpha:>6} "
+                  f"{cell['p50_step_latency_ms']:7.2f}ms {cell.get('tokens_per_step', float('nan')):8.2f} {identity:15.2f}")
+        print("       ratios: " + ", ".join(f"{name} {value:.2f}x" for name, value in block["ratios"].items()))
+    display(plots.plot_engine_benchmark(engine_record))
+    display(Markdown(f"**Figure.** Decoding throughput on the {hardware.get('gpu')} ({engine_record['date_utc']}, git "
+                     f"`{engine_record['git_sha'][:8]}`), random-weight TinyLlama-1.1B-shaped target and "
+                     f"llama-68m-shaped draft, bf16. Regenerate: `{engine_record['command']}`."))
 else:
-    engine_record = None
-    print(f"{ENGINE_RESULTS.relative_to(RESULTS.parent)} is not committed yet: the H200 engine benchmark has not "
-          "been run for this revision, so this page shows no throughput measurement.")
+    print("The H200 engine benchmark is not committed yet (results/bench_engine_nvidia_h200.json from "
+          "`flashspec bench engine` on the H200): this page shows no GPU throughput measurement.")
 
 # %% [markdown]
+# The last column repeats the paper's arithmetic on our own measurements: tokens/s × p50 step latency, per row. It
+# falls short of the measured tokens per step by the share of time spent outside decode steps (prefill, the first
+# draft forward) and by the gap between the median and the mean step — which is why a paper should report the
+# three quantities from one run, and why this book computes them instead of quoting them.
+#
 # ### On this machine: the offline model zoo
 #
 # Without a GPU or the hub, the engine still runs on real trained models: the CPU-size zoo of chapter 5 (a target

@@ -237,11 +237,19 @@ record("T4: 44.2 tokens/s, 22.1 ms per step and α = 0.75 at γ = 4",
        "chapter 4 (computed); a step always emits ≥ 1 token")
 record("T4 throughput itself (44.2 tokens/s)", "not reproducible here: no T4 and no hub access in CI or on the lab "
        "machine; the Colab cell of chapter 4 runs it on a T4", "chapter 4, live cell (skipped in CI)")
-engine_bench = load_result("engine_h200.json")
-record("Speculative decoding with FlashSpec is faster than plain decoding (same models, H200)",
-       "see `results/engine_h200.json`" if engine_bench else
-       "pending: the engine's H200 benchmark (`python -m flashspec.bench_engine`) is not committed yet",
-       "chapter 4")
+engine_files = sorted(path for path in RESULTS.glob("*engine*h200*.json") if "tiny" not in path.name)
+if engine_files:
+    engine_record = json.loads(engine_files[-1].read_text())
+    speedups = {batch: block["ratios"].get("flashspec/plain") for batch, block in engine_record["results"].items()}
+    faster = all(value is not None and value > 1 for value in speedups.values())
+    record("Speculative decoding with FlashSpec is faster than plain decoding (same models, H200)",
+           ("reproduced" if faster else "not reproduced") + " in this engine benchmark: FlashSpec / plain tokens/s = "
+           + ", ".join(f"{value:.2f}× at {batch}" for batch, value in speedups.items() if value is not None)
+           + " (random-weight models)",
+           f"chapter 4; `results/{engine_files[-1].name}`")
+else:
+    record("Speculative decoding with FlashSpec is faster than plain decoding (same models, H200)",
+           "pending: the engine's H200 benchmark (`flashspec bench engine`) is not committed yet", "chapter 4")
 
 # %% [markdown]
 # ## Domain shift
