@@ -388,12 +388,13 @@ for batch in (1, 8, 64):
 #
 # The library fuses the three kernels into two launches (`flashspec.kernels.verify_triton`, behind
 # `fs.verify(..., backend="triton")`): a statistics pass computes every normaliser *and* the two logits at each
-# drafted token, splitting long rows across programs so that even $B=1$ fills the GPU; the second launch redoes the
-# $O(\gamma)$ accept test in every program (cheaper than a third launch), streams its slice of the one position each
-# row samples from, and the last program of each row — found with an atomic ticket — merges the slices' winners.
-# Counter-based uniforms are generated inside the kernels (no uniform tensors in memory), offsets are int64, padded
-# lanes are $-\infty$. Here it is checked against the reference on several settings, including greedy decoding and
-# deterministic proposals:
+# drafted token, splitting long rows across programs so that even $B=1$ fills the GPU; in the second launch every
+# program first redoes the $O(\gamma)$ accept test of its rows from those partials, so it knows $n$ without waiting
+# for any other program, then streams its slice of the one position each row samples from, and the last program of
+# each row — found with an atomic ticket — merges the slices' winners. Counter-based uniforms are generated inside
+# the kernels (no uniform tensors in memory), offsets are int64, padded lanes are $-\infty$. With top-k or top-p,
+# the logits are first truncated in PyTorch (a sort), outside the two launches. Here the fused step is checked
+# against the reference on several settings, including greedy decoding and deterministic proposals:
 
 # %%
 checks = {
