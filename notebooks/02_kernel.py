@@ -397,10 +397,14 @@ for batch in (1, 8, 64):
 # against the reference on several settings, including greedy decoding and deterministic proposals:
 
 # %%
+truncated = fs.SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
+truncated_tokens = fs.sampling.sample_from_logits(  # drafted from the truncated draft, as an engine would
+    draft_logits.reshape(-1, VOCAB), truncated, fs.rng.Key.from_seed(8))[0].view(BATCH, GAMMA)
 checks = {
     "T=0.8 (the batch above)": (target_logits, draft_logits, draft_tokens, PARAMS),
     "T=0 greedy": (target_logits, draft_logits, draft_tokens, fs.SamplingParams(temperature=0.0)),
     "T=1.3": (target_logits, draft_logits, draft_tokens, fs.SamplingParams(temperature=1.3)),
+    "T=0.8, top-k=20, top-p=0.9": (target_logits, draft_logits, truncated_tokens, truncated),
     "deterministic drafts (q one-hot)": (target_logits, None, draft_tokens, fs.SamplingParams(temperature=1.0)),
     "draft = target (all accepted)": (target_logits, target_logits[:, :GAMMA],
                                       log_p[:, :GAMMA].argmax(dim=-1), PARAMS),
