@@ -133,11 +133,19 @@ class Verifier(Protocol):
     ) -> VerifyOutput: ...
 
 
-def library_verifier(backend: str = "torch") -> Verifier:
-    """The real `flashspec.verify` on one backend, in the harness's verifier signature."""
+def library_verifier(backend: str = "torch", device: str | torch.device | None = None) -> Verifier:
+    """The real `flashspec.verify` on one backend, in the harness's verifier signature.
+
+    `device` moves the inputs there (e.g. "cuda" for the compiled Triton kernels) and the
+    outputs back to the CPU, where the harness keeps its state.
+    """
 
     def run(target_logits, draft_logits, draft_tokens, params, generator, draft_noise):
-        return verify(target_logits, draft_logits, draft_tokens, params, generator=generator, backend=backend)
+        if device is not None:
+            target_logits, draft_tokens = target_logits.to(device), draft_tokens.to(device)
+            draft_logits = None if draft_logits is None else draft_logits.to(device)
+        out = verify(target_logits, draft_logits, draft_tokens, params, generator=generator, backend=backend)
+        return VerifyOutput(tokens=out.tokens.cpu(), num_accepted=out.num_accepted.cpu())
 
     return run
 
