@@ -270,7 +270,8 @@ def plot_arm_trace(record: dict[str, Any], path: str | Path | None = None,
                       + ", ".join(f"{d}" for d in domains), fontsize=7)
         ax.set_title(f"{kind} workload: arm chosen per step (best bandit {summary['best_bandit']}: "
                      f"{summary['tokens_per_s']['best_bandit_vs_oracle']:.2f}× oracle, "
-                     f"{summary['tokens_per_s']['best_bandit_vs_best_fixed']:.2f}× best fixed tokens/s)", fontsize=8, loc="left")
+                     f"{summary['tokens_per_s']['best_bandit_vs_best_fixed']:.2f}× best fixed tokens/s)",
+                     fontsize=8, loc="left")
     return _finish(fig, footer, path)
 
 

@@ -90,7 +90,7 @@ class DomainOracle:
 
 def serve_stream(target: torch.nn.Module, drafts: dict[str, torch.nn.Module], requests: list[Request], policy: Any,
                  gamma: int = 4, max_new_tokens: int = 48, temperature: float = 1.0, seed: int = 0,
-                 reset_per_request: bool = False) -> dict[str, Any]:
+                 reset_per_request: bool = False, backend: str = "auto") -> dict[str, Any]:
     """Serve `requests` one by one with one decoder (policy state carried across requests).
 
     `reset_per_request` calls the policy's request-boundary hook (`on_request_start`) before each request.
@@ -101,7 +101,7 @@ def serve_stream(target: torch.nn.Module, drafts: dict[str, torch.nn.Module], re
     from flashspec.engine import SpeculativeDecoder
 
     decoder = SpeculativeDecoder(target, drafts=[ModelDrafter(model, name=name) for name, model in drafts.items()],
-                                 policy=policy, gamma=gamma)
+                                 policy=policy, gamma=gamma, backend=backend)
     sampling = SamplingParams(temperature=temperature)
     device = decoder.device
     arms, accepted_trace, request_of_step = [], [], []
@@ -155,7 +155,7 @@ def run_switching_experiment(target: torch.nn.Module, drafts: dict[str, torch.nn
                              prompts: dict[str, list[list[int]]], best_arm: dict[str, int], num_requests: int,
                              block_size: int, max_new_tokens: int, gamma: int = 4,
                              bandits: tuple[str, ...] = DEFAULT_BANDITS, seed: int = 0,
-                             progress: bool = True) -> dict[str, Any]:
+                             progress: bool = True, backend: str = "auto") -> dict[str, Any]:
     """Every contestant on both workloads; adds the targets' ratios (best bandit vs oracle and vs best fixed)."""
     from tqdm.auto import tqdm
 
@@ -169,10 +169,11 @@ def run_switching_experiment(target: torch.nn.Module, drafts: dict[str, torch.nn
         for label, policy, reset in tqdm(entries, desc=f"switching [{kind}]", disable=not progress):
             if isinstance(policy, DomainOracle):
                 policy.set_domain(warm[0].domain)
-            serve_stream(target, drafts, warm, policy, gamma, min(8, max_new_tokens), seed=seed + 10_000)
+            serve_stream(target, drafts, warm, policy, gamma, min(8, max_new_tokens), seed=seed + 10_000,
+                         backend=backend)
             policy.reset()
             runs[label] = serve_stream(target, drafts, requests, policy, gamma, max_new_tokens, seed=seed,
-                                       reset_per_request=reset)
+                                       reset_per_request=reset, backend=backend)
         results[kind] = {"requests": [r.domain for r in requests], "runs": runs, "summary": summarise(runs)}
     return results
 

@@ -348,6 +348,7 @@ def build_zoo(size: str | ZooConfig = "cpu", out_dir: str | Path | None = None, 
         torch.backends.cudnn.allow_tf32 = True
     timings: dict[str, float] = {}
     started = time.perf_counter()
+    cpu_started = time.process_time()
 
     _say(f"flashspec zoo [{config.size}]: assembling corpora {config.domains}", progress)
     if domain_corpora is None:
@@ -401,6 +402,7 @@ def build_zoo(size: str | ZooConfig = "cpu", out_dir: str | Path | None = None, 
     (work_dir / PROMPTS).write_text(json.dumps(
         {d: {"ids": prompts[d], "texts": [tokenizer.decode(p) for p in prompts[d]]} for d in config.domains}))
     timings["total_s"] = time.perf_counter() - started
+    timings["process_cpu_s"] = time.process_time() - cpu_started  # wall vs CPU time shows machine contention
     files = sorted(p for p in work_dir.rglob("*") if p.is_file())
     manifest = {
         "format": ZOO_FORMAT, "key": key, "config": dataclasses.asdict(config),
@@ -645,7 +647,8 @@ def prompt_batch(zoo: Zoo, domain: str, num_prompts: int | None = None) -> torch
 
 
 def engine_acceptance(zoo: Zoo, draft_name: str, domain: str, gamma: int = 4, max_new_tokens: int = 48,
-                      num_prompts: int | None = None, seed: int = 0, temperature: float = 1.0) -> dict[str, Any]:
+                      num_prompts: int | None = None, seed: int = 0, temperature: float = 1.0,
+                      backend: str = "auto") -> dict[str, Any]:
     """Speculative generation with one fixed draft on a domain's prompts (batched), via the engine.
 
     Returns the engine's summary: mean_acceptance (accepted / drafted), mean_accepted_length, tokens/s...
@@ -655,13 +658,13 @@ def engine_acceptance(zoo: Zoo, draft_name: str, domain: str, gamma: int = 4, ma
     from flashspec.sampling import SamplingParams
 
     decoder = SpeculativeDecoder(zoo.target, drafts=[ModelDrafter(get_model(zoo, draft_name), name=draft_name)],
-                                 policy="fixed", gamma=gamma, policy_kwargs={"arm": 0})
+                                 policy="fixed", gamma=gamma, policy_kwargs={"arm": 0}, backend=backend)
     input_ids = prompt_batch(zoo, domain, num_prompts).to(decoder.device)
     result = decoder.generate(input_ids, max_new_tokens=max_new_tokens,
                               sampling=SamplingParams(temperature=temperature), seed=seed, ignore_eos=True,
                               timing=True)
     summary = result.stats.summary()
-    cell = {key: summary[key] for key in ("mean_acceptance", "mean_accepted_length", "mean_tokens_per_step",
+    cell = {key: summary.get(key) for key in ("mean_acceptance", "mean_accepted_length", "mean_tokens_per_step",
                                           "tokens_per_s", "generated_tokens", "steps", "batch_size")}
     cell["token_acceptance"] = token_acceptance(result.stats.steps)
     return cell
@@ -681,14 +684,16 @@ def token_acceptance(steps: list[Any]) -> float:
 
 
 def engine_acceptance_matrix(zoo: Zoo, gamma: int = 4, max_new_tokens: int = 48, num_prompts: int | None = None,
-                             seed: int = 0, progress: bool = True) -> dict[str, dict[str, dict[str, Any]]]:
+                             seed: int = 0, progress: bool = True,
+                             backend: str = "auto") -> dict[str, dict[str, dict[str, Any]]]:
     """Draft name -> domain -> engine summary (γ = `gamma`, T = 1)."""
     from tqdm.auto import tqdm
 
     cells = [(name, d) for name in zoo.drafts for d in zoo.domains]
     matrix: dict[str, dict[str, dict[str, Any]]] = {name: {} for name in zoo.drafts}
     for name, domain in tqdm(cells, desc="acceptance matrix", disable=not progress):
-        matrix[name][domain] = engine_acceptance(zoo, name, domain, gamma, max_new_tokens, num_prompts, seed)
+        matrix[name][domain] = engine_acceptance(zoo, name, domain, gamma, max_new_tokens, num_prompts, seed,
+                                                 backend=backend)
     return matrix
 
 
@@ -718,8 +723,9 @@ class ExperimentSettings:
 
 
 EXPERIMENTS: dict[str, ExperimentSettings] = {
+    # Sized for a shared 2-core CPU (the engine runs ~3-10 steps/s there).
     "cpu": ExperimentSettings(matrix_prompts=8, matrix_new_tokens=32, switching_requests=12, switching_block=2,
-                              switching_new_tokens=32, bandits=("thompson", "d-ts")),
+                              switching_new_tokens=20, bandits=("thompson", "d-ts")),
     # Sized for ~4 minutes of measurement on one H200 after a ~3-minute build (gpu-report budget: 9 minutes).
     "gpu": ExperimentSettings(matrix_prompts=32, matrix_new_tokens=96, switching_requests=24, switching_block=4,
                               switching_new_tokens=40, bandits=("thompson", "sw-ucb", "d-ts")),
@@ -756,10 +762,11 @@ def build_summary(zoo: Zoo) -> dict[str, Any]:
     }
 
 
-def measure_acceptance(zoo: Zoo, settings: ExperimentSettings, progress: bool = True) -> dict[str, Any]:
+def measure_acceptance(zoo: Zoo, settings: ExperimentSettings, progress: bool = True,
+                       backend: str = "auto") -> dict[str, Any]:
     """Engine-measured acceptance matrix (γ, T = 1) + exact teacher-forced Σ min(p, q), with the margins."""
     engine = engine_acceptance_matrix(zoo, settings.gamma, settings.matrix_new_tokens, settings.matrix_prompts,
-                                      progress=progress)
+                                      progress=progress, backend=backend)
     engine_alpha = {name: {d: cell["token_acceptance"] for d, cell in row.items()} for name, row in engine.items()}
     engine_fraction = {name: {d: cell["mean_acceptance"] for d, cell in row.items()} for name, row in engine.items()}
     _say("flashspec zoo: exact teacher-forced acceptance (sum of min(p, q))", progress)
@@ -781,17 +788,17 @@ def measure_acceptance(zoo: Zoo, settings: ExperimentSettings, progress: bool = 
 
 
 def measure_switching(zoo: Zoo, settings: ExperimentSettings, best_arm: dict[str, int],
-                      progress: bool = True) -> dict[str, Any]:
+                      progress: bool = True, backend: str = "auto") -> dict[str, Any]:
     from flashspec import switching
 
     return switching.run_switching_experiment(
         zoo.target, zoo.drafts, zoo.prompts, best_arm, settings.switching_requests, settings.switching_block,
-        settings.switching_new_tokens, settings.gamma, settings.bandits, progress=progress)
+        settings.switching_new_tokens, settings.gamma, settings.bandits, progress=progress, backend=backend)
 
 
 def report(size: str, out_dir: str | Path, fresh: bool = False, device: str | None = None,
            settings: ExperimentSettings | None = None, command: list[str] | None = None,
-           progress: bool = True) -> list[Path]:
+           progress: bool = True, backend: str = "auto") -> list[Path]:
     """Build (from scratch when `fresh`) and measure a zoo; write JSON + PNG files into `out_dir`.
 
     Files: zoo_<size>_build.json, zoo_<size>_perplexity.json, zoo_<size>_acceptance.json/.png,
@@ -827,10 +834,10 @@ def report(size: str, out_dir: str | Path, fresh: bool = False, device: str | No
     stage["perplexity_s"] = time.perf_counter() - mark
 
     mark = time.perf_counter()
-    acceptance = measure_acceptance(zoo, settings, progress)
+    acceptance = measure_acceptance(zoo, settings, progress, backend)
     stage["acceptance_s"] = time.perf_counter() - mark
     record = save("acceptance", {"gamma": settings.gamma, "temperature": 1.0, "prompts": settings.matrix_prompts,
-                                 "new_tokens": settings.matrix_new_tokens}, acceptance)
+                                 "new_tokens": settings.matrix_new_tokens, "verify_backend": backend}, acceptance)
     figure = out / f"{prefix}_acceptance.png"
     plots.plot_acceptance_matrix(record, figure)
     written.append(figure)
@@ -839,7 +846,7 @@ def report(size: str, out_dir: str | Path, fresh: bool = False, device: str | No
     best_arm = {d: max(range(len(names)), key=lambda a: acceptance["engine_token_acceptance"][names[a]][d])
                 for d in zoo.domains}
     mark = time.perf_counter()
-    switching_results = measure_switching(zoo, settings, best_arm, progress)
+    switching_results = measure_switching(zoo, settings, best_arm, progress, backend)
     stage["switching_s"] = time.perf_counter() - mark
     stage["total_s"] = time.perf_counter() - started
     record = save("switching", {key: value for key, value in dataclasses.asdict(settings).items()
@@ -883,8 +890,9 @@ def format_report(out_dir: str | Path, size: str) -> str:
                 lines.append(f"  {label:<20}{run['tokens_per_s']:9.1f}  {run['tokens_per_step']:9.3f}"
                              f"  {run['mean_acceptance']:9.3f}")
             summary = block["summary"]
-            lines.append(f"  best bandit {summary['best_bandit']}: {summary['tokens_per_s']['best_bandit_vs_oracle']:.3f}"
-                         f" x oracle, {summary['tokens_per_s']['best_bandit_vs_best_fixed']:.3f} x best fixed "
+            ratios = summary["tokens_per_s"]
+            lines.append(f"  best bandit {summary['best_bandit']}: {ratios['best_bandit_vs_oracle']:.3f}"
+                         f" x oracle, {ratios['best_bandit_vs_best_fixed']:.3f} x best fixed "
                          f"({summary['best_fixed']}) in tokens/s; targets >= 0.95 and >= 1.15")
     return "\n".join(lines)
 
@@ -924,6 +932,8 @@ def main(argv: list[str] | None = None) -> int:
         sub = commands.add_parser(name, help=text)
         sub.add_argument("--size", choices=sorted(SIZES), default="gpu" if name == "gpu-report" else "cpu")
         sub.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
+        sub.add_argument("--verify-backend", default="auto", choices=("auto", "torch", "triton"),
+                         help="flashspec.verify backend inside the engine (auto: Triton on CUDA)")
         if name in ("build",):
             sub.add_argument("--rebuild", action="store_true", help="ignore the cache and build again")
         if name in ("perplexity", "acceptance", "switching", "report", "gpu-report"):
@@ -942,7 +952,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command in ("report", "gpu-report"):
         fresh = args.command == "gpu-report" or args.fresh
-        files = report(args.size, args.out, fresh=fresh, device=args.device, command=command)
+        files = report(args.size, args.out, fresh=fresh, device=args.device, command=command,
+                       backend=args.verify_backend)
         print("\n".join(str(f) for f in files))
         return 0
     settings = EXPERIMENTS[args.size]
@@ -952,12 +963,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "perplexity":
         results: dict[str, Any] = perplexity_table(zoo)
     elif args.command == "acceptance":
-        results = measure_acceptance(zoo, settings)
+        results = measure_acceptance(zoo, settings, backend=args.verify_backend)
     else:
         names = list(zoo.drafts)
         exact = expected_acceptance_matrix(zoo)
         best_arm = {d: max(range(len(names)), key=lambda a: exact[names[a]][d]) for d in zoo.domains}
-        results = measure_switching(zoo, settings, best_arm)
+        results = measure_switching(zoo, settings, best_arm, backend=args.verify_backend)
     file = out / f"zoo_{args.size}_{args.command}.json"
     file.write_text(json.dumps(_record({"size": args.size, **dataclasses.asdict(settings)}, results, command),
                                indent=1))
