@@ -289,5 +289,6 @@ else:
 # %%
 lines = []
 for index, row in enumerate(LEDGER, start=1):
-    lines.append(f"{index}. **{row['claim']}** — {row['verdict']}.\n\n   *Evidence:* {row['evidence']}.\n")
+    indent = " " * len(f"{index}. ")  # continuation paragraphs line up with the item text
+    lines.append(f"{index}. **{row['claim']}** — {row['verdict']}.\n\n{indent}*Evidence:* {row['evidence']}.\n")
 display(Markdown("\n".join(lines)))
