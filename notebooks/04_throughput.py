@@ -137,20 +137,40 @@ if LIVE:
     DRAFT_IDS = ["JackFram/llama-68m", "JackFram/llama-160m"]  # Llama-2 tokenizer (V = 32000), like TinyLlama
     tokenizer = models.load_tokenizer(TARGET_ID)
     target = models.load_model(TARGET_ID, quantization="nf4")
-    drafts = [models.load_model(name, dtype="fp16") for name in DRAFT_IDS] + [PromptLookupDrafter()]
+
+    def load_draft(name: str):
+        """A small draft, or None when it cannot share the target's tokenizer (then it is left out, loudly)."""
+        draft = models.load_model(name, dtype="fp16")
+        draft_tokenizer = models.load_tokenizer(name)
+        for field in ("bos_token_id", "eos_token_id"):  # some checkpoints' configs disagree with their own tokenizer
+            for config in (draft.config, draft.generation_config):
+                setattr(config, field, getattr(draft_tokenizer, field))
+        try:
+            models.check_compatible(target, draft, tokenizer, draft_tokenizer, draft_name=name)
+        except ValueError as error:
+            print(f"left out {name}: {error}")
+            return None
+        return draft
+
+    loaded = {name: load_draft(name) for name in DRAFT_IDS}
+    drafts = [draft for draft in loaded.values() if draft is not None] + [PromptLookupDrafter()]
+    print("draft pool:", [name for name, draft in loaded.items() if draft is not None], "+ prompt lookup")
     messages = [{"role": "user", "content": "Explain in a paragraph why the sky is blue."}]
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
     prompt = prompt if isinstance(prompt, torch.Tensor) else prompt["input_ids"]
     prompt = prompt.to(target.device)
     sampling = fs.SamplingParams(temperature=1.0)
 
+    decoder = SpeculativeDecoder(target, drafts, policy="thompson", gamma=PAPER_T4["gamma"])
+    target.generate(prompt, do_sample=True, max_new_tokens=8)  # warm-up: CUDA context, cuBLAS, bitsandbytes
+    decoder.generate(prompt, max_new_tokens=8, sampling=sampling, seed=1)  # warm-up: Triton compiles its kernels
+    decoder.policy.reset()
+
     torch.cuda.synchronize()
     start = time.perf_counter()
-    plain = target.generate(prompt, do_sample=True, max_new_tokens=128, min_new_tokens=128)
+    target.generate(prompt, do_sample=True, max_new_tokens=128, min_new_tokens=128)
     torch.cuda.synchronize()
     plain_tokens_per_s = 128 / (time.perf_counter() - start)
-
-    decoder = SpeculativeDecoder(target, drafts, policy="thompson", gamma=PAPER_T4["gamma"])
     result = decoder.generate(prompt, max_new_tokens=128, sampling=sampling, seed=0, ignore_eos=True, timing=True)
     summary = result.stats.summary()
     print(f"LIVE run on {torch.cuda.get_device_name()} (target NF4, drafts fp16):")
