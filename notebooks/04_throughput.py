@@ -240,6 +240,7 @@ else:
 
 # %%
 import time
+from datetime import datetime, timezone
 
 from flashspec import corpora, plots, zoo
 from flashspec.drafters import ModelDrafter, PromptLookupDrafter
@@ -281,3 +282,7 @@ if ZOO_READY:
           f"{expected_tokens_per_step(alpha_token, 4):.2f} tokens per row-step expected; "
           f"{summary['mean_tokens_per_step']:.2f} kept per active row-step (the token budget trims the last steps)")
     display(plots.plot_generation_trace(result.stats))
+    display(Markdown(f"**Figure.** Arm chosen and acceptance per step of the run above, measured live on this CPU "
+                     f"({os.cpu_count()} cores, torch {torch.__version__}) on "
+                     f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC while this page was built; rerun this cell "
+                     "to regenerate it."))
