@@ -90,8 +90,9 @@ if not SIZES:
 # ## Specialists, measured with the engine
 #
 # Each matrix crosses the drafts with the domains of held-out prompts ($\gamma=4$, $T=1$). The first two are measured
-# by running `flashspec.SpeculativeDecoder` with that draft alone: the per-token acceptance α (accepted / (accepted
-# + rejections), the quantity the bandits' conjugate update estimates) and the fraction of drafted tokens accepted;
+# by running `flashspec.SpeculativeDecoder` with that draft alone: the per-token acceptance α, which is accepted
+# tokens over accepted tokens plus rejections (the quantity the bandits' conjugate update estimates), and the
+# fraction of drafted tokens accepted;
 # the third is the exact expected acceptance $\sum_v \min(p,q)$ along held-out text. The zoo's target: each
 # specialist beats every other draft on its own domain by at least 0.10 in per-token α.
 
