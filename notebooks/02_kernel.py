@@ -227,12 +227,12 @@ def accept_kernel(
 
 
 def accept(log_p_x: torch.Tensor, log_q_x: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Thin wrapper: one program per row; returns num_accepted [B] (stays on the device)."""
+    """Thin wrapper: one program per row on DEVICE; returns num_accepted [B] (on the CPU, for the checks here)."""
     batch, gamma = log_p_x.shape
-    num_accepted = torch.empty(batch, dtype=torch.int64, device=log_p_x.device)
-    accept_kernel[(batch,)](log_p_x.contiguous(), log_q_x.contiguous(), uniforms.contiguous(), num_accepted,
-                            GAMMA=gamma, BLOCK_G=triton.next_power_of_2(gamma))
-    return num_accepted
+    log_p_x, log_q_x, uniforms = (t.to(DEVICE).contiguous() for t in (log_p_x, log_q_x, uniforms))
+    num_accepted = torch.empty(batch, dtype=torch.int64, device=DEVICE)
+    accept_kernel[(batch,)](log_p_x, log_q_x, uniforms, num_accepted, GAMMA=gamma, BLOCK_G=triton.next_power_of_2(gamma))
+    return num_accepted.cpu()
 
 
 log_p = fs.warp_logits(target_logits, PARAMS)  # [B, γ+1, V]
@@ -332,14 +332,16 @@ def row_logsumexp(logits: torch.Tensor, temperature: float, block_v: int = 16) -
 
 
 def residual_sample(target_logits, draft_logits, num_accepted, noise, temperature, block_v: int = 16):
+    """Normalisers, then one streaming sample per row, on DEVICE; returns (tokens [B], target lse) on the CPU."""
     batch, gamma = draft_logits.shape[:2]
+    target_logits, draft_logits, num_accepted, noise = (
+        t.to(DEVICE).contiguous() for t in (target_logits, draft_logits, num_accepted, noise))
     target_lse = row_logsumexp(target_logits, temperature, block_v)
     draft_lse = row_logsumexp(draft_logits, temperature, block_v)
-    emitted = torch.empty(batch, dtype=torch.int64, device=target_logits.device)
-    residual_sample_kernel[(batch,)](target_logits.contiguous(), draft_logits.contiguous(), target_lse, draft_lse,
-                                     num_accepted, noise.contiguous(), emitted, 1.0 / temperature,
-                                     VOCAB=target_logits.shape[-1], GAMMA=gamma, BLOCK_V=block_v)
-    return emitted, target_lse
+    emitted = torch.empty(batch, dtype=torch.int64, device=DEVICE)
+    residual_sample_kernel[(batch,)](target_logits, draft_logits, target_lse, draft_lse, num_accepted, noise, emitted,
+                                     1.0 / temperature, VOCAB=target_logits.shape[-1], GAMMA=gamma, BLOCK_V=block_v)
+    return emitted.cpu(), target_lse.cpu()
 
 
 rows = torch.arange(BATCH)
@@ -410,12 +412,12 @@ checks = {
                                       log_p[:, :GAMMA].argmax(dim=-1), PARAMS),
 }
 for label, (t_logits, d_logits, d_tokens, params) in checks.items():
-    for seed in range(3):
-        torch_out = fs.verify(t_logits, d_logits, d_tokens, params, generator=seed, backend="torch")
-        triton_out = fs.verify(t_logits.to(DEVICE), None if d_logits is None else d_logits.to(DEVICE),
-                               d_tokens.to(DEVICE), params, generator=seed, backend="triton")
-        assert torch.equal(torch_out.tokens, triton_out.tokens.cpu()), label
-        assert torch.equal(torch_out.num_accepted, triton_out.num_accepted.cpu()), label
+    inputs = (t_logits.to(DEVICE), None if d_logits is None else d_logits.to(DEVICE), d_tokens.to(DEVICE), params)
+    for seed in range(3):  # both backends on the same device: torch rounds x / T differently on CPU and CUDA
+        torch_out = fs.verify(*inputs, generator=seed, backend="torch")
+        triton_out = fs.verify(*inputs, generator=seed, backend="triton")
+        assert torch.equal(torch_out.tokens, triton_out.tokens), label
+        assert torch.equal(torch_out.num_accepted, triton_out.num_accepted), label
     print(f"{label:34s} triton == torch reference (3 seeds); accepted per row {triton_out.num_accepted.tolist()}")
 
 # %% [markdown]
