@@ -727,8 +727,8 @@ EXPERIMENTS: dict[str, ExperimentSettings] = {
     "cpu": ExperimentSettings(matrix_prompts=8, matrix_new_tokens=32, switching_requests=12, switching_block=2,
                               switching_new_tokens=20, bandits=("thompson", "d-ts")),
     # Sized for ~4 minutes of measurement on one H200 after a ~3-minute build (gpu-report budget: 9 minutes).
-    "gpu": ExperimentSettings(matrix_prompts=32, matrix_new_tokens=96, switching_requests=24, switching_block=4,
-                              switching_new_tokens=40, bandits=("thompson", "sw-ucb", "d-ts")),
+    "gpu": ExperimentSettings(matrix_prompts=32, matrix_new_tokens=96, switching_requests=18, switching_block=3,
+                              switching_new_tokens=48, bandits=("thompson", "sw-ucb", "d-ts")),
     "micro": ExperimentSettings(matrix_prompts=2, matrix_new_tokens=6, switching_requests=4, switching_block=2,
                                 switching_new_tokens=6, bandits=("thompson",)),
 }
