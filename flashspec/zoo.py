@@ -337,12 +337,22 @@ def build_zoo(size: str | ZooConfig = "cpu", out_dir: str | Path | None = None, 
     Deterministic given `config.seed` on one platform.  Returns the folder.  The folder is written under
     a temporary name and renamed at the end, so an interrupted build never looks complete.
     """
-    from safetensors.torch import save_file
-
     config = get_config(size)
     device_ = pick_device(device)
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    deterministic = (torch.are_deterministic_algorithms_enabled(),
+                     torch.is_deterministic_algorithms_warn_only_enabled())
     torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        return _build(config, out_dir, device_, progress, domain_corpora)
+    finally:  # the engine measured afterwards should run with the caller's settings
+        torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
+
+
+def _build(config: ZooConfig, out_dir: str | Path | None, device_: torch.device, progress: bool,
+           domain_corpora: dict[str, corpora.DomainCorpus] | None) -> Path:
+    from safetensors.torch import save_file
+
     if device_.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
