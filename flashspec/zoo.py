@@ -121,7 +121,7 @@ SIZES: dict[str, ZooConfig] = {
         tokenizer_chars_per_domain=1_500_000,
         target=ModelSpec(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1408, tie_embeddings=False),
         draft=ModelSpec(hidden_size=256, num_layers=2, num_heads=4, intermediate_size=704, tie_embeddings=True),
-        target_steps=1200, draft_steps=1000, batch_size=64, target_lr=1.5e-3, draft_lr=3e-3,
+        target_steps=1200, draft_steps=600, batch_size=64, target_lr=1.5e-3, draft_lr=3e-3,
         num_prompts=32, prompt_tokens=48, eval_tokens=65536,
     ),
     # A few seconds on a CPU: for tests of determinism and caching only (not specialised).
