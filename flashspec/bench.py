@@ -13,7 +13,6 @@ import argparse
 import datetime as dt
 import importlib.metadata
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from typing import Callable
 import torch
 
 import flashspec as fs
-from flashspec import rng
+from flashspec import provenance, rng
 from flashspec.sampling import SamplingParams, warp_logits
 
 
@@ -333,18 +332,6 @@ def plan_sweep(batch: int, gamma: int, vocab: int) -> list[dict]:
     return rows
 
 
-def _git_sha(explicit: str | None) -> str:
-    if explicit:
-        return explicit
-    if os.environ.get("FLASHSPEC_GIT_SHA"):
-        return os.environ["FLASHSPEC_GIT_SHA"]
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).resolve().parent).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 def _version(package: str) -> str | None:
     try:
         return importlib.metadata.version(package)
@@ -371,7 +358,7 @@ def environment(git_sha: str | None) -> dict:
         "triton": _version("triton"),
         "transformers": _version("transformers"),
         "flashspec": fs.__version__,
-        "git_sha": _git_sha(git_sha),
+        "git_sha": provenance.git_sha(git_sha),
         "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
         "command": " ".join([Path(sys.executable).name, "-m", "flashspec.bench", *sys.argv[1:]]),
     }

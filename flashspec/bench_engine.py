@@ -28,7 +28,7 @@ from typing import Any, Callable
 
 import torch
 
-from flashspec import models
+from flashspec import models, provenance
 from flashspec.drafters import PromptLookupDrafter
 from flashspec.engine import SpeculativeDecoder
 from flashspec.sampling import SamplingParams
@@ -230,7 +230,7 @@ def metadata(argv: list[str], git_sha: str | None, device: torch.device) -> dict
         hardware["cuda"] = torch.version.cuda
     return {
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_sha": git_sha or _run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent),
+        "git_sha": provenance.git_sha(git_sha),
         "command": "flashspec bench engine " + " ".join(argv),
         "hardware": hardware,
         "versions": {"python": platform.python_version(), "torch": torch.__version__,

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from flashspec import bandits, rewards
+from flashspec import bandits, provenance, rewards
 
 __all__ = [
     "Environment",
@@ -359,15 +359,6 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _git_sha() -> str:
-    try:
-        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                             cwd=Path(__file__).resolve().parent)
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
 _LIBRARY_FILES = ("flashspec/bandits.py", "flashspec/rewards.py", "flashspec/simulate.py", "flashspec/plots.py")
 
 
@@ -397,7 +388,7 @@ def run_metadata(command: str, settings: dict[str, Any], git_sha: str | None = N
             "matplotlib": matplotlib.__version__,
             "flashspec": flashspec.__version__,
         },
-        "git_sha": _git_sha() if git_sha is None else git_sha,
+        "git_sha": provenance.git_sha(git_sha),
         "uncommitted_library_files": _uncommitted_library_files() if uncommitted is None else uncommitted,
         "date": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "hardware": f"cpu: {_cpu_model()}",
@@ -633,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be >= 10, --seeds >= 5, --sweep-seeds >= 2")
     command = "python -m flashspec.simulate " + " ".join(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    git_sha, uncommitted = _git_sha(), _uncommitted_library_files()  # the code as it was when the run started
+    git_sha, uncommitted = provenance.git_sha(), _uncommitted_library_files()  # the code as it was when the run started
     for name in args.experiments:
         seeds = args.sweep_seeds if name == "sensitivity" else args.seeds
         start = time.perf_counter()

@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from flashspec import corpora
+from flashspec import corpora, provenance
 
 ZOO_FORMAT = 1
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>")
@@ -524,15 +524,6 @@ def load_zoo(size: str | ZooConfig = "cpu", device: str | None = None, dtype: to
 
 # ----------------------------------------------------------------------------------------------- metadata
 
-def git_sha() -> str | None:
-    """HEAD of the checkout this module lives in (None outside a git checkout)."""
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).resolve().parent,
-                              capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-
-
 def environment() -> dict[str, Any]:
     """Hardware and versions for a results file."""
     import tokenizers
@@ -564,7 +555,7 @@ def run_metadata(command: list[str] | None = None) -> dict[str, Any]:
     """Date, git SHA, command and environment, stored beside every measurement."""
     return {
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_sha": git_sha(),
+        "git_sha": provenance.git_sha(),
         "command": " ".join(command if command is not None else sys.argv),
         "environment": environment(),
     }
