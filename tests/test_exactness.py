@@ -12,94 +12,14 @@ Every test in the family uses the Bonferroni-corrected level ALPHA_EACH = 0.01 /
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-
 import pytest
 import torch
 
 from flashspec import exactness as ex
-from flashspec.sampling import SamplingParams
+from flashspec.exactness import ALPHA_EACH, CONFIGS, NEGATIVE_CONFIGS, TRITON_CONFIGS, Config, run_config
 
-VOCAB = 5
-LENGTH = 3
-NUM_SEQUENCES = 20_000
-
-
-@dataclass(frozen=True)
-class Config:
-    name: str
-    gamma: int
-    params: SamplingParams
-    drafts: str = "two"  # two | deterministic | same | disjoint
-    rows_per_call: int | None = None  # B; None = every sequence in one call
-    num_sequences: int = NUM_SEQUENCES
-
-
-def _grid() -> list[Config]:
-    configs = []
-    for gamma in (1, 2, 4, 7):
-        for temperature in (0.5, 1.0, 1.7):
-            configs.append(Config(f"two-g{gamma}-T{temperature}", gamma, SamplingParams(temperature)))
-    for gamma in (2, 4):
-        configs.append(Config(f"topk3-g{gamma}", gamma, SamplingParams(1.0, top_k=3)))
-        configs.append(Config(f"topp0.8-g{gamma}", gamma, SamplingParams(1.3, top_p=0.8)))
-        configs.append(Config(f"topk4-topp0.9-g{gamma}", gamma, SamplingParams(0.7, top_k=4, top_p=0.9)))
-    configs.append(Config("two-g3-T1.2", 3, SamplingParams(1.2)))
-    configs += [
-        Config("deterministic-g1-T1", 1, SamplingParams(1.0), drafts="deterministic"),
-        Config("deterministic-g3-T0.5", 3, SamplingParams(0.5), drafts="deterministic"),
-        Config("deterministic-g4-T1.7-topp", 4, SamplingParams(1.7, top_p=0.9), drafts="deterministic"),
-        Config("deterministic-g2-T1-topk", 2, SamplingParams(1.0, top_k=3), drafts="deterministic"),
-        Config("deterministic-g7-T0.7", 7, SamplingParams(0.7), drafts="deterministic"),
-        Config("same-g1-T1", 1, SamplingParams(1.0), drafts="same"),
-        Config("same-g4-T1.7", 4, SamplingParams(1.7), drafts="same"),
-        Config("same-g2-T0.5-topk-topp", 2, SamplingParams(0.5, top_k=4, top_p=0.9), drafts="same"),
-        Config("disjoint-g1-T1.7", 1, SamplingParams(1.7), drafts="disjoint"),
-        Config("disjoint-g2-T1", 2, SamplingParams(1.0), drafts="disjoint"),
-        Config("disjoint-g4-T0.5-topk", 4, SamplingParams(0.5, top_k=3), drafts="disjoint"),
-        Config("B1-g2-T1", 2, SamplingParams(1.0), rows_per_call=1, num_sequences=2_000),
-        Config("B3-g4-T0.7-topp", 4, SamplingParams(0.7, top_p=0.9), rows_per_call=3, num_sequences=4_500),
-        Config("B8-g7-T1.7", 7, SamplingParams(1.7), rows_per_call=8, num_sequences=8_000),
-    ]
-    return configs
-
-
-CONFIGS = _grid()
-TRITON_CONFIGS = [replace(c, num_sequences=10_000) for c in CONFIGS if c.rows_per_call is None]
 BACKENDS = ("torch", "triton")
 TRITON_DEVICE = "cuda" if torch.cuda.is_available() else None  # compiled on a GPU, else the interpreter
-NEGATIVE_CONFIGS = {
-    # the bug, and the configurations on which it must be caught
-    "post_rejection_leak": ("two-g2-T1.0", "two-g4-T0.5"),
-    "bonus_from_residual": ("two-g1-T1.0", "two-g2-T1.7"),
-    "accept_reuses_draft_noise": ("two-g1-T1.0", "two-g4-T1.7"),
-    "residual_reuses_draft_noise": ("two-g2-T1.0", "two-g2-T0.5"),
-    "temperature_after_log_softmax": ("two-g2-T0.5", "two-g2-T1.7"),
-}
-NUM_TESTS = len(CONFIGS) + len(TRITON_CONFIGS) + sum(len(v) for v in NEGATIVE_CONFIGS.values()) + 1
-ALPHA_EACH = 0.01 / NUM_TESTS
-
-
-def models(config: Config) -> tuple[ex.ToyModel, list[ex.ToyModel]]:
-    if config.drafts == "disjoint":
-        target = ex.make_toy(VOCAB, 11, support=[2, 3, 4])
-        return target, [ex.make_toy(VOCAB, 12, support=[0, 1]), ex.make_toy(VOCAB, 13, support=[0, 1, 2])]
-    target = ex.make_toy(VOCAB, 1)
-    if config.drafts == "same":
-        return target, [target]
-    if config.drafts == "deterministic":
-        return target, [ex.make_toy(VOCAB, 2, deterministic=True), ex.make_toy(VOCAB, 3, deterministic=True)]
-    return target, [ex.make_toy(VOCAB, 2), ex.make_toy(VOCAB, 3, scale=0.8)]
-
-
-def run_config(config: Config, verifier, seed: int = 0, selector=ex.round_robin_selector) -> ex.FitResult:
-    target, drafts = models(config)
-    exact = ex.exact_sequence_probs(target, config.params, LENGTH)
-    sequences = ex.sample_sequences(
-        target, drafts, config.params, config.gamma, config.num_sequences, LENGTH, seed,
-        verifier=verifier, rows_per_call=config.rows_per_call, selector=selector,
-    )
-    return ex.chi_square_test(sequences, exact, VOCAB)
 
 
 def test_grid_is_large_enough():
@@ -142,22 +62,13 @@ def test_every_bug_has_a_control():
 
 # --- The paper's gate: γ = 1, draft = target, KS over 10,000 first tokens at α = 0.01 ---------
 
-PAPER_PARAMS = SamplingParams(1.0)
-
-
-def paper_gate(verifier) -> ex.FitResult:
-    target = ex.make_toy(VOCAB, 1)
-    first = ex.sample_sequences(target, [target], PAPER_PARAMS, 1, 10_000, 1, seed=3, verifier=verifier)[:, 0]
-    return ex.ks_first_token_test(first, ex.marginal_first_token(target, PAPER_PARAMS))
-
-
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_paper_gate_passes(backend: str):
-    result = paper_gate(ex.library_verifier(backend, TRITON_DEVICE if backend == "triton" else None))
+    result = ex.paper_gate(ex.library_verifier(backend, TRITON_DEVICE if backend == "triton" else None))
     assert result.passes(0.01), result
 
 
 @pytest.mark.parametrize("bug", sorted(ex.NEGATIVE_CONTROLS))
 def test_paper_gate_is_blind_to_the_bugs(bug: str):
     """Documents why the paper's own test is not enough: every buggy verifier passes it."""
-    assert paper_gate(ex.NEGATIVE_CONTROLS[bug]).passes(0.01)
+    assert ex.paper_gate(ex.NEGATIVE_CONTROLS[bug]).passes(0.01)
