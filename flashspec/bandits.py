@@ -23,6 +23,7 @@ long-running engine can checkpoint its policy.
 """
 from __future__ import annotations
 
+import abc
 import math
 import operator
 from typing import Any, ClassVar
@@ -72,7 +73,7 @@ def _check_positive(value: float, name: str) -> float:
     return value
 
 
-class Policy:
+class Policy(abc.ABC):
     """Base class: validation, batching, request boundaries and state for every policy."""
 
     name: ClassVar[str] = "policy"
@@ -269,8 +270,9 @@ class Policy:
     def _reset_state(self) -> None:
         return None
 
+    @abc.abstractmethod
     def _select(self, context: Any) -> np.ndarray:
-        raise NotImplementedError
+        """The arm of each row, [rows] ints: what makes one policy differ from another."""
 
     def _learn_played(self, arms: np.ndarray, successes: np.ndarray, trials: np.ndarray) -> None:
         return None
