@@ -405,10 +405,8 @@ class SlidingWindowUCB(_UCBIndex):
         self.buffer_trials *= scale
 
 
-class DiscountedUCB(_UCBIndex):
-    """D-UCB (Kocsis & Szepesvári 2006; Garivier & Moulines 2011): statistics decay by `discount` per step."""
-
-    name = "d-ucb"
+class _Discounted:
+    """Mixin: per-arm statistics decay by `discount` before each new observation."""
 
     def __init__(self, n_arms: int, *, discount: float = 0.99, **kwargs: Any) -> None:
         self.discount = _check_unit_interval(discount, "discount")
@@ -421,6 +419,12 @@ class DiscountedUCB(_UCBIndex):
         self.successes *= self.discount
         self.trials *= self.discount
         super()._observe(successes, trials)
+
+
+class DiscountedUCB(_Discounted, _UCBIndex):
+    """D-UCB (Kocsis & Szepesvári 2006; Garivier & Moulines 2011): statistics decay by `discount` per step."""
+
+    name = "d-ucb"
 
 
 class ThompsonSampling(_CountPolicy):
@@ -451,22 +455,10 @@ class ThompsonSampling(_CountPolicy):
         return np.argmax(self.rng.beta(alpha, beta), axis=1)
 
 
-class DiscountedThompsonSampling(ThompsonSampling):
+class DiscountedThompsonSampling(_Discounted, ThompsonSampling):
     """Discounted Thompson sampling (Raj & Kalyani 2017): counts decay by `discount` per step."""
 
     name = "d-ts"
-
-    def __init__(self, n_arms: int, *, discount: float = 0.99, **kwargs: Any) -> None:
-        self.discount = _check_unit_interval(discount, "discount")
-        super().__init__(n_arms, **kwargs)
-
-    def _params(self) -> dict[str, Any]:
-        return {**super()._params(), "discount": self.discount}
-
-    def _observe(self, successes: np.ndarray, trials: np.ndarray) -> None:
-        self.successes *= self.discount
-        self.trials *= self.discount
-        super()._observe(successes, trials)
 
 
 class EXP3(Policy):
