@@ -15,6 +15,7 @@ import itertools
 import json
 import platform
 import sys
+import zlib
 from dataclasses import dataclass, replace
 from typing import Callable, Protocol, Sequence
 
@@ -453,15 +454,20 @@ def grid_models(config: Config) -> tuple[ToyModel, list[ToyModel]]:
 
 
 def run_config(config: Config, verifier: Verifier, seed: int = 0, selector: Selector = round_robin_selector) -> FitResult:
-    """Sample the configuration's sequences through `verifier` and χ²-test them against enumeration."""
+    """Sample the configuration's sequences through `verifier` and χ²-test them against enumeration.
+
+    The sampling seed mixes in the configuration's name, so configurations that share models
+    (e.g. γ = 4 and γ = 7, identical on the first L = 3 tokens under one seed) give independent
+    samples and the Bonferroni family is a family of independent tests.
+    """
     target, drafts = grid_models(config)
     exact = exact_sequence_probs(target, config.params, LENGTH)
     sequences = sample_sequences(
-        target, drafts, config.params, config.gamma, config.num_sequences, LENGTH, seed,
+        target, drafts, config.params, config.gamma, config.num_sequences, LENGTH,
+        rng.derive_seed(seed, zlib.crc32(config.name.encode())),
         verifier=verifier, rows_per_call=config.rows_per_call, selector=selector,
     )
     return chi_square_test(sequences, exact, VOCAB)
-
 
 
 # ----------------------------------------------------------------------------------------------
