@@ -607,11 +607,18 @@ NEGATIVE_CONTROLS: dict[str, Verifier] = {
 # Report: the suite's statistics as a results file
 
 
-def paper_gate(verifier: Verifier) -> FitResult:
-    """The paper's own test: γ = 1, draft = target, KS over 10,000 first tokens."""
-    params = SamplingParams(1.0)
-    target = make_toy(VOCAB, 1)
-    first = sample_sequences(target, [target], params, 1, 10_000, 1, seed=3, verifier=verifier)[:, 0]
+def paper_gate(
+    verifier: Verifier,
+    target: ToyModel | None = None,
+    params: SamplingParams | None = None,
+    num_samples: int = 10_000,
+    seed: int = 3,
+) -> FitResult:
+    """The paper's own test: γ = 1, draft = target, KS over `num_samples` first tokens
+    (default target: the grid's toy model; default params: T = 1)."""
+    params = SamplingParams(1.0) if params is None else params
+    target = make_toy(VOCAB, 1) if target is None else target
+    first = sample_sequences(target, [target], params, 1, num_samples, 1, seed=seed, verifier=verifier)[:, 0]
     return ks_first_token_test(first, marginal_first_token(target, params))
 
 

@@ -107,16 +107,10 @@ record("(implicit) any draft-selection rule keeps exactness",
 # joint law with $\gamma=3$ and a draft that differs from the target, fail at once.
 
 # %%
-def paper_gate(verifier) -> exactness.FitResult:
-    """The paper's test: γ = 1, draft = target, KS over 10,000 first tokens."""
-    first = exactness.sample_sequences(toy_target, [toy_target], params, 1, 10_000, 1, seed=3, verifier=verifier)[:, 0]
-    return exactness.ks_first_token_test(first, exactness.marginal_first_token(toy_target, params))
-
-
 gate_rows = {}
 for bug in ("post_rejection_leak", "bonus_from_residual"):
     verifier = exactness.NEGATIVE_CONTROLS[bug]
-    gate = paper_gate(verifier)
+    gate = exactness.paper_gate(verifier, toy_target, params)  # the paper's test: γ = 1, draft = target, KS
     samples = exactness.sample_sequences(toy_target, toy_drafts[:1], params, gamma=3, num_sequences=30_000, length=3,
                                          seed=41, verifier=verifier)
     fit = exactness.chi_square_test(samples, exact_law, 4)
