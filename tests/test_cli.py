@@ -5,18 +5,7 @@ import json
 import sys
 import types
 
-import pytest
-import torch
-
 from flashspec import cli, models
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 def test_generate_default_needs_no_download(capsys, tmp_path):

@@ -11,19 +11,11 @@ import torch
 
 import flashspec as fs
 from flashspec import models
-from flashspec.drafters import DraftContext, ModelDrafter, PromptLookupDrafter, Proposal, lookup_ngram
+from flashspec.drafters import DraftContext, PromptLookupDrafter, Proposal, lookup_ngram
 from flashspec.engine import SpeculativeDecoder
 from flashspec.stats import GenerationStats, StepRecord, percentile
 
 VOCAB = 16
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.fixture(scope="module")

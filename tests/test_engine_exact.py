@@ -33,15 +33,6 @@ ROWS_PER_CALL = 256
 CALLS = 64
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models run fastest on one thread (and two threads thrash on a shared 2-core machine)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def pool():
     """Target, a near-copy draft (accepts often: multi-token steps and bonus tokens), and an
