@@ -88,8 +88,8 @@ def _wall_us(fn: Callable[[], object], calls: int) -> float:
     return statistics.median(samples)
 
 
-def _graph_us(fn: Callable[[], object]) -> float:
-    """Median device time of one CUDA-graph replay of fn (launch gaps removed)."""
+def _capture_graph(fn: Callable[[], object], calls: int = 1) -> "torch.cuda.CUDAGraph":
+    """`calls` back-to-back calls of fn captured in one CUDA graph (after a side-stream warm-up), replayed once."""
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -98,28 +98,23 @@ def _graph_us(fn: Callable[[], object]) -> float:
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        fn()
+        for _ in range(calls):
+            fn()
     graph.replay()
     torch.cuda.synchronize()
-    return _do_bench_us(graph.replay)
+    return graph
+
+
+def _graph_us(fn: Callable[[], object]) -> float:
+    """Median device time of one CUDA-graph replay of fn (launch gaps removed)."""
+    return _do_bench_us(_capture_graph(fn).replay)
 
 
 def _graph_warm_us(fn: Callable[[], object], steps: int = 20) -> float:
     """Device time per call when `steps` calls replay back to back from one CUDA graph, with no
     L2 flush: the steady state of a decode loop, whose logits were just written (and for
     small B still sit in the 60 MB L2)."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(steps):
-            fn()
-    graph.replay()
-    torch.cuda.synchronize()
+    graph = _capture_graph(fn, steps)
     times = []
     for _ in range(20):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
