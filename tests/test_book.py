@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import pkgutil
 import re
 import subprocess
@@ -132,3 +133,58 @@ def test_build_settings_make_a_failing_cell_fail_the_build() -> None:
     excluded = config["exclude_patterns"]
     assert "notebooks/*.ipynb" in excluded and "_build" in excluded, "generated notebooks must not become pages"
     assert "book/references.bib" in config["bibtex_bibfiles"]
+
+
+def _load_tool(path: Path, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_colab_notebooks_match_the_chapters() -> None:
+    """colab/*.ipynb (what the Colab buttons open) is regenerated whenever a chapter changes."""
+    tool = _load_tool(ROOT / "tools" / "colab_notebooks.py", "colab_notebooks")
+    assert tool.stale_notebooks() == [], "colab/ is stale: run `python tools/colab_notebooks.py`"
+    for path in sorted((ROOT / "colab").glob("*.ipynb")):
+        notebook = jupytext.read(path)
+        outputs = [cell for cell in notebook.cells if cell.cell_type == "code" and cell.get("outputs")]
+        assert not outputs, f"{path.name} carries outputs; Colab copies must be output-free"
+
+
+def test_colab_check_catches_a_stale_notebook(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tool = _load_tool(ROOT / "tools" / "colab_notebooks.py", "colab_notebooks_stale")
+    source = tmp_path / "notebooks" / "01_demo.py"
+    source.parent.mkdir()
+    source.write_text("# %% [markdown]\n# # Demo\n\n# %%\nimport flashspec\n")
+    monkeypatch.setattr(tool, "SOURCES", source.parent)
+    monkeypatch.setattr(tool, "COLAB", tmp_path / "colab")
+    assert tool.stale_notebooks() == ["01_demo.ipynb: missing"]
+    tool.write_all()
+    assert tool.stale_notebooks() == []
+    source.write_text(source.read_text() + "print(1)\n")
+    assert tool.stale_notebooks() == ["01_demo.ipynb: differs from notebooks/01_demo.py"]
+    assert tool.main(["--check"]) == 1
+
+
+def test_colab_button_is_rewritten_to_the_committed_notebook() -> None:
+    extension = _load_tool(ROOT / "book" / "_ext" / "colab_links.py", "colab_links")
+    theme_url = "https://colab.research.google.com/github/flashspec/flashspec/blob/main/notebooks/05_domain_shift.ipynb"
+    context = {"header_buttons": [{"buttons": [{"text": "Colab", "url": theme_url},
+                                               {"text": "Binder", "url": "https://mybinder.org/x"}]}]}
+    extension.rewrite_colab_links(None, "notebooks/05_domain_shift", "page.html", context, None)
+    buttons = context["header_buttons"][0]["buttons"]
+    assert buttons[0]["url"] == ("https://colab.research.google.com/github/flashspec/flashspec/blob/main/"
+                                 "colab/05_domain_shift.ipynb")
+    assert (ROOT / "colab" / "05_domain_shift.ipynb").exists()
+    assert buttons[1]["url"] == "https://mybinder.org/x"
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert config["sphinx"]["local_extensions"] == {"colab_links": "book/_ext"}
+
+
+def test_intro_has_a_colab_badge_per_chapter() -> None:
+    intro = (ROOT / "book" / "intro.md").read_text()
+    linked = set(re.findall(r"colab\.research\.google\.com/github/flashspec/flashspec/blob/main/colab/(\w+)\.ipynb", intro))
+    chapters = {path.stem for path in NOTEBOOKS}
+    assert linked == chapters, f"intro badges {sorted(linked)} != chapters {sorted(chapters)}"
+    assert all((ROOT / "colab" / f"{stem}.ipynb").exists() for stem in linked)
