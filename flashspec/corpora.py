@@ -4,8 +4,9 @@ The model zoo needs real text in distinct domains, and no machine the project ru
 datasets.  Everything here comes from the running Python interpreter and the installed PyTorch wheel
 (a hard dependency), so a fresh machine with no internet and no apt packages can build it:
 
-- ``python``: source code of the interpreter's standard library (tests, idlelib and site-packages
-  excluded).  Licence: PSF-2.0.
+- ``python``: source code of the interpreter's standard library (tests, idlelib, the generated codec
+  tables of ``encodings`` and site-packages excluded), docstrings removed: they are English prose and belong to the ``prose`` domain, which uses
+  them.  Licence: PSF-2.0.
 - ``prose``: English technical prose -- the interpreter's documentation topics (``pydoc_data.topics``),
   then docstrings of the standard library, then docstrings of PyTorch's Python modules, with doctest
   lines removed.  Licences: PSF-2.0 (Python docs and stdlib), BSD-3-Clause (PyTorch).
@@ -99,7 +100,10 @@ def stdlib_dir() -> str:
 def _stdlib_files() -> list[str]:
     """Relative paths of stdlib .py files, tests/idlelib/site-packages excluded, in hash order."""
     root = stdlib_dir()
-    skipped = {"test", "tests", "idle_test", "idlelib", "site-packages", "dist-packages", "__pycache__"}
+    # encodings/: ~100 generated codec tables that are the same file up to the table (near-duplicates would
+    # leak from train into held-out)
+    skipped = {"test", "tests", "idle_test", "idlelib", "site-packages", "dist-packages", "__pycache__",
+               "encodings"}
     found = []
     for folder, subfolders, files in os.walk(root):
         subfolders[:] = sorted(d for d in subfolders if d not in skipped and not d.startswith("test"))
@@ -117,11 +121,34 @@ def _read_text(path: str) -> str | None:
         return None
 
 
+def strip_docstrings(text: str) -> str:
+    """Python source without its module, class and function docstrings (a body that was only a docstring
+    becomes ``pass``), so the code domain holds code and the prose domain holds the prose."""
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return text
+    lines = text.splitlines(keepends=True)
+    replaced: dict[int, str] = {}
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) or not node.body:
+            continue
+        first = node.body[0]
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            start, end = first.lineno - 1, first.end_lineno or first.lineno
+            for index in range(start, end):
+                replaced[index] = ""
+            if len(node.body) == 1 and not isinstance(node, ast.Module):
+                replaced[start] = " " * first.col_offset + "pass\n"
+    return "".join(replaced.get(index, line) for index, line in enumerate(lines))
+
+
 def python_documents() -> Iterator[Document]:
-    """Standard-library modules, one document per file."""
+    """Standard-library modules without docstrings, one document per file."""
     root = stdlib_dir()
     for relpath in _stdlib_files():
         text = _read_text(os.path.join(root, relpath))
+        text = strip_docstrings(text) if text else text
         if text and text.strip():
             yield Document("python", "stdlib:" + relpath, "stdlib:" + relpath, text[:MAX_DOCUMENT_CHARS])
 
