@@ -36,7 +36,8 @@ def colab_notebook(source: Path) -> nbformat.NotebookNode:
     notebook.metadata["colab"] = {"name": source.stem + ".ipynb", "provenance": []}
     if source.stem in GPU_CHAPTERS:
         notebook.metadata["accelerator"] = "GPU"
-    for cell in notebook.cells:
+    for index, cell in enumerate(notebook.cells):
+        cell.id = f"{source.stem}-{index}"  # stable ids: regenerating an unchanged chapter changes nothing
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
     return notebook
