@@ -12,7 +12,7 @@ rates, so the zoo trains its own family from the offline corpora of `flashspec.c
 Why fine-tuned and not trained from scratch: with the text these machines have (about a million tokens
 per domain), a specialist trained from scratch for the generalist's budget sees its domain for several
 epochs and ends up *no better* than the equal-size generalist on it, which learns from three times as
-much text (measured on both sizes: margins from -0.07 to +0.09 in Σ min(p, q), see chapter 05).  A
+much text (measured on both sizes: margins from -0.12 to +0.09 in Σ min(p, q), results/zoo_design/).  A
 specialist that starts from the generalist keeps what transfers and spends its fine-tuning steps on its
 domain, which is the comparison that matters to a server choosing drafts: is a domain fine-tune worth
 serving next to the base draft?
@@ -124,8 +124,8 @@ SIZES: dict[str, ZooConfig] = {
         tokenizer_chars_per_domain=250_000,
         target=ModelSpec(hidden_size=96, num_layers=3, num_heads=3, intermediate_size=256, tie_embeddings=False),
         draft=ModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=96, tie_embeddings=True),
-        target_steps=1500, draft_steps=600, specialist_steps=400, batch_size=12, draft_batch_size=12,
-        target_lr=4e-3, draft_lr=8e-3, specialist_lr=4e-3,
+        target_steps=1500, draft_steps=600, specialist_steps=1000, batch_size=12, draft_batch_size=12,
+        target_lr=4e-3, draft_lr=8e-3, specialist_lr=8e-3,
         num_prompts=24, prompt_tokens=32, eval_tokens=8192,
     ),
     # Vocabulary of Llama-2/TinyLlama; ~2.5 minutes on one H200 (bf16 autocast), corpus assembly included.

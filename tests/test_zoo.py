@@ -100,22 +100,17 @@ def test_models_load_through_flashspec_load_model(cpu_zoo: zoo.Zoo) -> None:
 
 
 def test_cpu_zoo_drafts_specialise(cpu_zoo: zoo.Zoo) -> None:
-    """Each specialist beats every other specialist on its own domain by >= 0.05 (exact Σ min(p, q), T = 1,
-    held-out text), and on each domain's held-out text the lowest perplexity among specialists is its own.
-
-    The issue's >= 0.10 target against *every* draft, generalist included, is measured and reported in
-    results/zoo_cpu_acceptance.json rather than asserted: at the cpu budget the 200-step generalist's quality
-    swings between builds (corpus variants moved it by up to 0.2), so that comparison is not robust across
-    platforms, while specialist-vs-specialist separation is."""
+    """The issue's target on the cpu zoo: each specialist's acceptance on its own domain beats every other
+    draft's, generalist included, by >= 0.10 (exact Σ min(p, q), T = 1, held-out text), and each specialist
+    has the lowest held-out perplexity of all drafts on its domain."""
     context = cpu_zoo.manifest["config"]["context"]
-    specialists = {d: cpu_zoo.drafts[d] for d in cpu_zoo.domains}
-    acceptance = {name: {d: zoo.expected_acceptance(cpu_zoo.target, draft, cpu_zoo.heldout[d], context, 2048)
-                         for d in cpu_zoo.domains} for name, draft in specialists.items()}
-    margins = zoo.specialisation_margins(acceptance, cpu_zoo.domains, required=0.05)
+    acceptance = {name: {d: zoo.expected_acceptance(cpu_zoo.target, draft, cpu_zoo.heldout[d], context, 4096)
+                         for d in cpu_zoo.domains} for name, draft in cpu_zoo.drafts.items()}
+    margins = zoo.specialisation_margins(acceptance, cpu_zoo.domains, required=0.10)
     assert margins["passed"], margins
     for domain in cpu_zoo.domains:
         perplexities = {name: zoo.perplexity(draft, cpu_zoo.heldout[domain], context, 1024)
-                        for name, draft in specialists.items()}
+                        for name, draft in cpu_zoo.drafts.items()}
         assert min(perplexities, key=perplexities.get) == domain, perplexities
 
 
