@@ -5,8 +5,8 @@ datasets.  Everything here comes from the running Python interpreter and the ins
 (a hard dependency), so a fresh machine with no internet and no apt packages can build it:
 
 - ``python``: source code of the interpreter's standard library (tests, idlelib, the generated codec
-  tables of ``encodings`` and site-packages excluded), docstrings removed: they are English prose and belong to the ``prose`` domain, which uses
-  them.  Licence: PSF-2.0.
+  tables of ``encodings`` and site-packages excluded), docstrings removed: they are English prose and
+  the ``prose`` domain uses them.  Licence: PSF-2.0.
 - ``prose``: English technical prose -- the interpreter's documentation topics (``pydoc_data.topics``),
   then docstrings of the standard library, then docstrings of PyTorch's Python modules, with doctest
   lines removed.  Licences: PSF-2.0 (Python docs and stdlib), BSD-3-Clause (PyTorch).

@@ -6,6 +6,8 @@ miss); determinism and cache tests use the seconds-long "micro" config in a temp
 """
 from __future__ import annotations
 
+import ast
+
 import json
 from pathlib import Path
 
@@ -44,6 +46,18 @@ def test_corpora_are_deterministic_split_and_licensed(micro_corpora: dict[str, c
     assert ">>>" not in micro_corpora["prose"].train_text
     with pytest.raises(ValueError, match="domain"):
         corpora.assemble_domain("poetry", 1000)
+
+
+def test_strip_docstrings_keeps_code_and_drops_prose() -> None:
+    source = ('"""Module doc."""\nimport os\n\n\nclass A:\n    """Class doc,\n    two lines."""\n\n'
+              '    def f(self):\n        """Only a docstring."""\n\n    def g(self):\n        \'\'\'Doc.\'\'\'\n'
+              '        return os.sep  # kept\n')
+    stripped = corpora.strip_docstrings(source)
+    assert "doc" not in stripped.lower() and "two lines" not in stripped
+    assert "import os" in stripped and "return os.sep  # kept" in stripped
+    assert "        pass\n" in stripped  # f's body was only its docstring
+    ast.parse(stripped)
+    assert corpora.strip_docstrings("def broken(:\n") == "def broken(:\n"  # unparsable text is left alone
 
 
 def test_micro_build_is_deterministic(tmp_path: Path, micro_corpora: dict[str, corpora.DomainCorpus]) -> None:
