@@ -204,3 +204,32 @@ def summarise(runs: dict[str, Any]) -> dict[str, Any]:
         "tokens_per_s": ratios("tokens_per_s"), "tokens_per_step": ratios("tokens_per_step"),
         "targets": {"bandit_vs_oracle_min": 0.95, "bandit_vs_best_fixed_min": 1.15},
     }
+
+
+def switches_per_step(run: dict[str, Any]) -> float:
+    """Fraction of steps that use a different draft than the step before it in the same request.
+
+    Each such switch makes the new draft first run its lagging KV cache over the tokens it missed.
+    """
+    arms = np.asarray(run["arm_trace"])
+    requests = np.asarray(run["request_of_step"])
+    if arms.size < 2:
+        return 0.0
+    switched = (arms[1:] != arms[:-1]) & (requests[1:] == requests[:-1])
+    return float(switched.sum() / arms.size)
+
+
+def switching_cost(record: dict[str, Any]) -> dict[str, float]:
+    """Least-squares fit ms/step = base_ms + per_switch_ms * switches/step over every contestant of every
+    workload in a switching record: what one draft switch costs on the machine that ran it."""
+    rates, step_ms = [], []
+    for block in record["results"].values():
+        for run in block["runs"].values():
+            rates.append(switches_per_step(run))
+            step_ms.append(1000.0 * run["seconds"] / run["steps"])
+    x, y = np.asarray(rates), np.asarray(step_ms)
+    if x.size < 3 or np.ptp(x) == 0:
+        raise ValueError("switching_cost needs contestants with different switching rates")
+    per_switch, base = np.polyfit(x, y, 1)
+    return {"base_ms": float(base), "per_switch_ms": float(per_switch),
+            "correlation": float(np.corrcoef(x, y)[0, 1]), "contestants": int(x.size)}

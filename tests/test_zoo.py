@@ -171,3 +171,20 @@ def test_report_writes_files(micro_cache: Path, tmp_path: Path) -> None:
     assert record["git_sha"] is None or len(record["git_sha"]) == 40
     runs = record["results"]["blocks"]["runs"]
     assert {"oracle", "thompson", "thompson+reset", "fixed:general"} <= set(runs)
+
+
+def test_switch_rate_and_cost_fit() -> None:
+    run = {"arm_trace": [0, 1, 1, 2, 2, 0], "request_of_step": [0, 0, 0, 1, 1, 1]}
+    assert switching.switches_per_step(run) == pytest.approx(2 / 6)  # 0->1 and 2->0; 1->2 is a new request
+
+    def contestant(arms: list[int], ms_per_step: float) -> dict:
+        return {"arm_trace": arms, "request_of_step": [0] * len(arms), "steps": len(arms),
+                "seconds": ms_per_step * len(arms) / 1000}
+
+    runs = {"fixed": contestant([0] * 10, 30.0), "half": contestant([0, 1] * 5, 30.0 + 20.0 * 0.9),
+            "some": contestant([0, 0, 1, 1, 1, 1, 1, 1, 1, 1], 30.0 + 20.0 * 0.1)}
+    fit = switching.switching_cost({"results": {"blocks": {"runs": runs}}})
+    assert fit["base_ms"] == pytest.approx(30.0) and fit["per_switch_ms"] == pytest.approx(20.0)
+    with pytest.raises(ValueError, match="different switching rates"):
+        switching.switching_cost({"results": {"blocks": {"runs": {"a": runs["fixed"], "b": runs["fixed"],
+                                                                  "c": runs["fixed"]}}}})
