@@ -203,7 +203,9 @@ def _stats_kernel(
         tl.store(part_max_ptr + out_target, best, mask=row_ok)
         tl.store(part_idx_ptr + out_target, best_idx, mask=row_ok)
     else:
-        has_draft_row = position < gamma
+        # A [BLOCK_B] mask, not a scalar: Triton 3.9's interpreter stores `tensor & scalar-compare`
+        # as int32, which its loads and stores reject ("mask has unsupported dtype").
+        has_draft_row = (rows * 0 + position) < gamma
         draft_row = (rows64 * gamma + position) * vocab
         p_max = tl.full([BLOCK_B], float("-inf"), tl.float32)
         p_sum = tl.zeros([BLOCK_B], tl.float32)
@@ -217,7 +219,7 @@ def _stats_kernel(
             if HAS_DRAFT:
                 y = tl.load(
                     draft_ptr + draft_row[:, None] + cols[None, :],
-                    mask=mask & has_draft_row,
+                    mask=mask & has_draft_row[:, None],
                     other=float("-inf"),
                 )
                 q_max, q_sum = _online_lse(q_max, q_sum, _scale(y.to(tl.float32), scale, SCALE_MODE))
