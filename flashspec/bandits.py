@@ -219,6 +219,11 @@ class Policy(abc.ABC):
         self.t = 0
         self._reset_state()
 
+    def reseed(self, seed: int | np.random.Generator | np.random.SeedSequence | None) -> None:
+        """Restart the random generator from `seed`; what was learned is kept. The engine calls it
+        with a seed derived from `generate(seed=...)`, so one seed fixes the policy's draws too."""
+        self.rng = _make_generator(seed)
+
     # ----------------------------------------------------------------- state as plain data
     def _params(self) -> dict[str, Any]:
         return {"request_decay": self.request_decay}

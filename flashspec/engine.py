@@ -46,6 +46,10 @@ from flashspec.stats import GenerationStats, StepRecord
 from flashspec.verify import verify
 
 DRAFT_KEY_TAG = 0x0D4AF7  # separates draft keys from the verifier's key derive_seed(seed, step)
+POLICY_SEED_TAG = 0x9011C7  # the policy's generator restarts from derive_seed(seed, POLICY_SEED_TAG)
+# A step drafts at most this many tokens. Acceptance decays geometrically with the position, so a
+# longer speculation only allocates memory; the bound stops absurd values before they allocate.
+MAX_GAMMA = 256
 Selector = Callable[[list[Proposal], list[torch.Tensor]], int]
 
 
@@ -103,8 +107,9 @@ class SpeculativeDecoder:
         drafts: HF causal LMs sharing the target's tokenizer and/or Drafter objects
             (e.g. `PromptLookupDrafter()`); each is one arm of the bandit.
         policy: a name for `flashspec.bandits.make_policy` or a policy object (select/update/reset).
-        gamma: drafted tokens per step (γ >= 1).
-        policy_kwargs: extra arguments for `make_policy` (e.g. seed).
+        gamma: drafted tokens per step (1 <= γ <= 256; a step never drafts past the token budget).
+        policy_kwargs: extra arguments for `make_policy` (e.g. window, discount). Its random
+            generator is restarted by every `generate` call from that call's `seed`.
         backend: verify backend, "auto" | "torch" | "triton".
         selector: FOR TESTS ONLY -- a hook `selector(proposals, target_log_probs) -> arm` that sees
             every arm's CURRENT proposal and the target's warped log-probs of it before choosing.
@@ -122,8 +127,10 @@ class SpeculativeDecoder:
         backend: str = "auto",
         selector: Selector | None = None,
     ) -> None:
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or gamma < 1:
-            raise ValueError(f"gamma must be an int >= 1 (drafted tokens per step), got {gamma!r}")
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
+            raise ValueError(
+                f"gamma must be an int in [1, {MAX_GAMMA}] (drafted tokens per step; 2-8 is typical), got {gamma!r}"
+            )
         if not hasattr(target, "config") or not callable(target):
             raise ValueError(f"target must be a Hugging Face causal LM, got {type(target).__name__}")
         if isinstance(drafts, (torch.nn.Module, str)) or not isinstance(drafts, Sequence) or len(drafts) == 0:
@@ -162,9 +169,14 @@ class SpeculativeDecoder:
     ) -> GenerationResult:
         """Generate up to `max_new_tokens` (an int, or one int per row) after left-padded prompts.
 
-        `seed` fixes every draw (same seed -> same output); `eos_token_id` defaults to the target's
-        (`ignore_eos=True` turns stopping off); `timing=True` synchronises the device around each
-        step so step latencies are device-accurate.
+        `seed` fixes every draw of the run: the drafts' and the verifier's sampling and the policy's
+        own randomness (its generator restarts from a seed derived from `seed`), so a fresh decoder
+        given the same inputs and seed returns the same output. A reused decoder keeps what its
+        policy learned (arm statistics) from earlier calls, so its choices -- and with them the
+        output -- may differ from a fresh decoder's; call `decoder.policy.reset()` to forget them.
+        `eos_token_id` defaults to the target's (`ignore_eos=True` turns stopping off);
+        `timing=True` synchronises the device around each step so step latencies are device-accurate.
+        Raises FloatingPointError when a model returns NaN or +inf logits (or a row of -inf).
         """
         sampling = SamplingParams() if sampling is None else sampling
         if not isinstance(sampling, SamplingParams):
@@ -186,9 +198,16 @@ class SpeculativeDecoder:
                     f"prompt length {prompt_length} + max_new_tokens {max(budgets)} exceeds the target's "
                     f"{max_positions} positions; lower max_new_tokens to at most {max_positions - prompt_length}"
                 )
-        stop_ids = set() if ignore_eos else models.as_id_set(
-            models.special_token_ids(self.target)["eos_token_id"] if eos_token_id is None else eos_token_id
+        for index, drafter in enumerate(self.drafts):
+            check_draft_positions(drafter, index, prompt_length + max(budgets))
+        vocab = models.vocab_size_of(self.target)
+        stop_ids = set() if ignore_eos else check_token_ids(
+            "eos_token_id",
+            models.special_token_ids(self.target)["eos_token_id"] if eos_token_id is None else eos_token_id,
+            vocab,
         )
+        if pad_token_id is not None:
+            check_token_ids("pad_token_id", pad_token_id, vocab)
         pad_id = resolve_pad(pad_token_id, self.target, stop_ids)
         stats = GenerationStats(
             arm_names=self.arm_names, batch_size=batch, prompt_length=prompt_length, synchronized_timing=timing
@@ -198,6 +217,9 @@ class SpeculativeDecoder:
 
         state = RowState.start(input_ids.to(device), mask.to(device), budgets, self.gamma, pad_id)
         cache = models.new_cache(self.target)
+        reseed = getattr(self.policy, "reseed", None)
+        if callable(reseed):
+            reseed(rng.derive_seed(seed, POLICY_SEED_TAG))
         on_request_start = getattr(self.policy, "on_request_start", None)
         if callable(on_request_start):
             on_request_start()  # a request boundary: policies may re-prior (request_decay)
@@ -227,9 +249,12 @@ class SpeculativeDecoder:
                 target_logits, proposal.logits, proposal.tokens, sampling,
                 generator=step_seed, backend=self.backend, validate=False,
             )
-            # The one host sync of the step: cache rollback needs the accepted lengths as host ints.
-            host = torch.cat([out.tokens, out.num_accepted.view(-1, 1)], dim=1).cpu().tolist()
-            num_accepted = [row[-1] for row in host]
+            # The one host sync of the step: cache rollback needs the accepted lengths as host ints;
+            # the non-finite flag rides along, so checking the models' logits costs no extra sync.
+            flags = nonfinite_rows(target_logits, proposal.logits)
+            host = torch.cat([out.tokens, out.num_accepted.view(-1, 1), flags.view(-1, 1)], dim=1).cpu().tolist()
+            check_finite([row[-1] for row in host], active_rows, step, self.arm_names[arm])
+            num_accepted = [row[-2] for row in host]
             kept = [0] * batch
             for row in active_rows:
                 kept[row] = min(num_accepted[row] + 1, remaining[row])
@@ -344,13 +369,15 @@ class RowState:
         cls, input_ids: torch.Tensor, mask: torch.Tensor, budgets: list[int], gamma: int, pad_id: int
     ) -> "RowState":
         batch, prompt_length = input_ids.shape
+        gamma = max(1, min(gamma, max(budgets)))  # a step never drafts past the largest budget
         capacity = prompt_length + max(budgets) + gamma + 1
         tokens = torch.full((batch, capacity), pad_id, dtype=torch.long, device=input_ids.device)
         tokens[:, :prompt_length] = input_ids
         real = torch.ones((batch, capacity), dtype=torch.bool, device=input_ids.device)
         real[:, :prompt_length] = mask
-        # Each step adds at most γ+1 columns and every active row gains >= 1 token, so steps <= max budget.
-        column_capacity = prompt_length + (gamma + 1) * max(max(budgets), 1)
+        # Columns grow by the largest kept count per step; start with room for one row's whole run
+        # and let `open_columns` grow the mask when rows take turns at long accepts.
+        column_capacity = prompt_length + max(budgets) + gamma + 1
         target_mask = torch.zeros((batch, column_capacity), dtype=torch.long, device=input_ids.device)
         target_mask[:, :prompt_length] = mask.long()
         return cls(tokens, real, (~mask).sum(dim=1), [prompt_length] * batch, target_mask, prompt_length - 1)
@@ -373,7 +400,13 @@ class RowState:
         return first.view(-1, 1) + torch.arange(count, device=self.tokens.device).view(1, -1)
 
     def open_columns(self, count: int) -> None:
-        self.target_mask[:, self.columns : self.columns + count] = 1
+        needed = self.columns + count
+        if needed > self.target_mask.shape[1]:  # double: amortised O(1) per column
+            grown = torch.zeros((self.target_mask.shape[0], max(needed, 2 * self.target_mask.shape[1])),
+                                dtype=self.target_mask.dtype, device=self.target_mask.device)
+            grown[:, : self.target_mask.shape[1]] = self.target_mask
+            self.target_mask = grown
+        self.target_mask[:, self.columns : needed] = 1
 
     def append(self, verified: torch.Tensor, kept: list[int], cache: Any) -> None:
         """Append `kept[r]` tokens of `verified[r]` to row r; the target cache keeps, per row, the
@@ -409,6 +442,52 @@ class RowState:
         )
 
 
+def nonfinite_rows(target_logits: torch.Tensor, draft_logits: torch.Tensor | None) -> torch.Tensor:
+    """[B] int64 on the device: 1 where a row's target or draft logits hold NaN or +inf, or a
+    position whose logits are all -inf (no distribution to sample from). One max per position:
+    the max propagates NaN and +inf and is -inf only for an all -inf position."""
+    bad = ~torch.isfinite(target_logits.amax(dim=-1)).all(dim=-1)
+    if draft_logits is not None:
+        bad = bad | ~torch.isfinite(draft_logits.amax(dim=-1)).all(dim=-1)
+    return bad.long()
+
+
+def check_finite(flags: list[int], active_rows: list[int], step: int, arm_name: str) -> None:
+    """Raise when an active row's logits were flagged by `nonfinite_rows`: a model that returns NaN
+    would otherwise make the verifier emit arbitrary tokens."""
+    bad = [row for row in active_rows if flags[row]]
+    if bad:
+        raise FloatingPointError(
+            f"non-finite logits (NaN, +inf or an all -inf row) at step {step}, rows {bad}, from the target or "
+            f"the draft {arm_name!r}; check the model's weights and dtype (fp16 overflow is a common cause; "
+            "try dtype=torch.bfloat16 or float32)"
+        )
+
+
+def check_token_ids(name: str, value: Any, vocab_size: int) -> set[int]:
+    """`value` (an id or a list of ids) as a set, each in [0, vocab_size); ValueError otherwise."""
+    try:
+        ids = models.as_id_set(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be a token id or a list of ids, got {value!r}") from None
+    outside = sorted(token for token in ids if not 0 <= token < vocab_size)
+    if outside:
+        raise ValueError(f"{name} {outside} lies outside the target's vocabulary [0, {vocab_size}); pass valid ids")
+    return ids
+
+
+def check_draft_positions(drafter: Any, index: int, needed: int) -> None:
+    """A model draft must hold every position the run can reach (prompt + max_new_tokens: a step's
+    γ is clamped so that no model sees a position past the budget)."""
+    model = getattr(drafter, "model", None)
+    limit = models.max_positions_of(model) if model is not None else None
+    if limit is not None and needed > limit:
+        raise ValueError(
+            f"drafts[{index}] ({drafter.name}) holds {limit} positions but this run can reach {needed} "
+            "(prompt + max_new_tokens); lower max_new_tokens or pick a draft with more positions"
+        )
+
+
 def draft_context(context: DraftContext, seed: int, step: int, arm: int) -> DraftContext:
     """The context for arm `arm`: its own key derived from (seed, step, arm), so drafts never share
     noise with each other, and drafts sample on rng.STREAM_DRAFT, never the verifier's streams."""
@@ -421,12 +500,16 @@ def generate(
     drafts: Sequence[Any] | None = None,
     policy: Any = "thompson",
     gamma: int = 4,
+    policy_kwargs: dict[str, Any] | None = None,
+    backend: str = "auto",
     **generate_kwargs: Any,
 ) -> GenerationResult:
-    """One call: build a SpeculativeDecoder (default pool: prompt lookup only) and generate."""
+    """One call: build a SpeculativeDecoder (default pool: prompt lookup only) and generate.
+    `generate_kwargs` go to `SpeculativeDecoder.generate` (seed, max_new_tokens, sampling, ...)."""
     from flashspec.drafters import PromptLookupDrafter
 
-    decoder = SpeculativeDecoder(target, drafts if drafts is not None else [PromptLookupDrafter()], policy, gamma)
+    decoder = SpeculativeDecoder(target, drafts if drafts is not None else [PromptLookupDrafter()], policy, gamma,
+                                 policy_kwargs=policy_kwargs, backend=backend)
     return decoder.generate(input_ids, **generate_kwargs)
 
 

@@ -14,6 +14,9 @@ import torch
 from flashspec import rng
 
 NEG_INF = float("-inf")
+# Below this, logits / T lose their meaning in float32 (huge values, overflow to inf for large
+# logits) and every row collapses onto one token; temperature 0 is the greedy limit.
+MIN_TEMPERATURE = 1e-4
 
 
 @dataclass(frozen=True)
@@ -27,8 +30,17 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.temperature, bool) or not isinstance(self.temperature, (int, float)):
             raise ValueError(f"temperature must be a number >= 0, got {self.temperature!r}")
-        if not math.isfinite(self.temperature) or self.temperature < 0:
+        try:
+            temperature = float(self.temperature)
+        except OverflowError:  # an int too large for a float
+            raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {self.temperature}") from None
+        if not math.isfinite(temperature) or temperature < 0:
             raise ValueError(f"temperature must be finite and >= 0 (0 = greedy), got {self.temperature}")
+        if 0 < temperature < MIN_TEMPERATURE:
+            raise ValueError(
+                f"temperature {self.temperature} is below {MIN_TEMPERATURE}: logits / T overflow float32 and every "
+                "row collapses onto one token; use temperature=0 for greedy decoding"
+            )
         if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
             raise ValueError(f"top_k must be an int >= 0 (0 turns it off), got {self.top_k!r}")
         if isinstance(self.top_p, bool) or not isinstance(self.top_p, (int, float)):

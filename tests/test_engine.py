@@ -385,3 +385,103 @@ def test_plot_generation_trace(tmp_path, target, draft):
     arm_axis = figure.axes[0]
     assert [label.get_text() for label in arm_axis.get_yticklabels()] == result.stats.arm_names
     assert len(arm_axis.collections[0].get_offsets()) == len(result.stats.steps)
+
+
+# ----------------------------------------------------------------------------------------- seeds and faults
+
+
+@pytest.mark.parametrize("policy", ["thompson", "exp3", "discounted-thompson", "ucb1"])
+def test_seed_fixes_the_policy_of_a_fresh_decoder(target, draft, policy):
+    """Fresh decoders built the same way and given one seed make the same choices and tokens, for
+    policies with their own randomness too (their generator restarts from the run's seed)."""
+    twin = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3, seed=5,
+                             max_positions=64)
+    prompt = torch.tensor([[1, 2, 3, 1, 2]] * 2)
+    kwargs = dict(max_new_tokens=16, sampling=fs.SamplingParams(1.0), ignore_eos=True, seed=7)
+    runs = [SpeculativeDecoder(target, [draft, twin, PromptLookupDrafter()], policy=policy, gamma=2).generate(
+        prompt, **kwargs) for _ in range(3)]
+    arms = [[step.arm for step in run.stats.steps] for run in runs]
+    assert all(torch.equal(runs[0].sequences, run.sequences) for run in runs[1:])
+    assert arms[0] == arms[1] == arms[2]
+    other = SpeculativeDecoder(target, [draft, twin, PromptLookupDrafter()], policy=policy, gamma=2).generate(
+        prompt, **{**kwargs, "seed": 8})
+    assert not torch.equal(runs[0].sequences, other.sequences)
+
+
+def test_one_call_generate_takes_policy_kwargs_and_is_deterministic(target, draft):
+    prompt = torch.tensor([[1, 2, 3]])
+    kwargs = dict(drafts=[draft, PromptLookupDrafter()], policy="sliding-window-ucb", policy_kwargs={"window": 8},
+                  max_new_tokens=12, sampling=fs.SamplingParams(1.0), ignore_eos=True, seed=3)
+    first, second = fs.generate(target, prompt, **kwargs), fs.generate(target, prompt, **kwargs)
+    assert torch.equal(first.sequences, second.sequences)
+
+
+def test_nan_logits_raise_instead_of_emitting_garbage(target, draft):
+    broken = copy.deepcopy(target)
+    with torch.no_grad():
+        broken.lm_head.weight[3, 0] = float("nan")
+    prompt = torch.tensor([[1, 2, 3]])
+    for sampling in (fs.SamplingParams(0.0), fs.SamplingParams(1.0)):
+        with pytest.raises(FloatingPointError, match="non-finite logits"):
+            SpeculativeDecoder(broken, [draft], policy="fixed").generate(prompt, max_new_tokens=8, sampling=sampling)
+    broken_draft = copy.deepcopy(draft)
+    with torch.no_grad():
+        broken_draft.lm_head.weight[1, 0] = float("inf")
+    with pytest.raises(FloatingPointError, match="draft"):
+        SpeculativeDecoder(target, [broken_draft], policy="fixed").generate(prompt, max_new_tokens=8)
+
+
+def test_minus_inf_logits_are_allowed_when_a_row_keeps_support(target, draft):
+    """Models may mask tokens with -inf; only a position with no finite logit is an error."""
+    from flashspec.engine import nonfinite_rows
+
+    logits = torch.zeros(2, 3, 5)
+    logits[0, :, 1] = float("-inf")
+    assert nonfinite_rows(logits, None).tolist() == [0, 0]
+    logits[1, 2, :] = float("-inf")
+    assert nonfinite_rows(logits, None).tolist() == [0, 1]
+    logits[0, 0, 4] = float("nan")
+    assert nonfinite_rows(logits, logits[:, :2]).tolist() == [1, 1]
+
+
+def test_absurd_gamma_is_rejected_before_allocating(target, draft):
+    with pytest.raises(ValueError, match=r"gamma must be an int in \[1, 256\]"):
+        SpeculativeDecoder(target, [draft], gamma=100_000_000)
+    decoder = SpeculativeDecoder(target, [draft], policy="fixed", gamma=256)
+    result = decoder.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=5, ignore_eos=True)
+    assert result.sequences.shape == (1, 8)
+
+
+def test_target_mask_grows_when_rows_take_turns_at_long_accepts():
+    """Columns grow by the largest kept count per step, which can exceed any one row's budget."""
+    from flashspec.engine import RowState
+
+    state = RowState.start(torch.tensor([[1, 2], [3, 4]]), torch.ones(2, 2, dtype=torch.bool), [4, 4], 3, 0)
+    start = state.target_mask.shape[1]
+    for _ in range(4):
+        state.open_columns(4)
+        state.columns += 4
+    assert state.target_mask.shape[1] >= state.columns > start
+
+
+def test_token_id_arguments_are_range_checked(target, draft):
+    decoder = SpeculativeDecoder(target, [draft])
+    prompt = torch.tensor([[1, 2, 3]])
+    with pytest.raises(ValueError, match=r"pad_token_id \[16\] lies outside"):
+        decoder.generate(prompt, max_new_tokens=4, pad_token_id=VOCAB)
+    with pytest.raises(ValueError, match=r"eos_token_id \[-1\] lies outside"):
+        decoder.generate(prompt, max_new_tokens=4, eos_token_id=-1)
+    with pytest.raises(ValueError, match=r"eos_token_id \[99\] lies outside"):
+        decoder.generate(prompt, max_new_tokens=4, eos_token_id=[2, 99])
+
+
+def test_draft_with_too_few_positions_is_rejected(target):
+    short = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, seed=2, max_positions=16)
+    with pytest.raises(ValueError, match=r"drafts\[0\].*holds 16 positions but this run can reach 23"):
+        SpeculativeDecoder(target, [short]).generate(torch.tensor([[1, 2, 3]]), max_new_tokens=20)
+
+
+@pytest.mark.parametrize("temperature", [1e-45, 1e-5, 10**400])
+def test_absurd_temperatures_are_rejected(temperature):
+    with pytest.raises(ValueError, match="temperature"):
+        fs.SamplingParams(temperature=temperature)
