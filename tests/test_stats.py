@@ -1,0 +1,105 @@
+"""The acceptance measures and the rules that call a measured difference (flashspec.stats)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from flashspec import rewards
+from flashspec.stats import (
+    ACCEPTANCE,
+    GenerationStats,
+    StepRecord,
+    acceptance_rate,
+    compare_runs,
+    mean_and_standard_error,
+    paired_difference,
+    per_request_tokens_per_step,
+    token_acceptance_from_counts,
+    token_acceptance_from_tokens_per_step,
+    tokens_per_step_from_token_acceptance,
+)
+
+
+def test_both_acceptance_measures_are_defined_once_and_reported() -> None:
+    assert set(ACCEPTANCE) == {"acceptance_rate", "token_acceptance"}
+    stats = GenerationStats(arm_names=["a"], batch_size=2, prompt_length=3)
+    stats.record(StepRecord(step=0, arm=0, gamma=4, num_accepted=[4, 2], kept=[5, 3], latency_s=0.01))
+    stats.record(StepRecord(step=1, arm=0, gamma=4, num_accepted=[0, 1], kept=[1, 2], latency_s=0.03))
+    summary = stats.summary()
+    assert summary["acceptance_rate"] == pytest.approx(7 / 16)
+    assert summary["mean_acceptance"] == summary["acceptance_rate"]  # the old name still reads
+    assert summary["token_acceptance"] == pytest.approx(7 / (7 + 3))  # three row-steps ended in a rejection
+    assert summary["per_arm"]["a"]["token_acceptance"] == summary["token_acceptance"]
+    assert summary["mean_step_latency_s"] == pytest.approx(0.02)
+    table = stats.format_table()
+    assert "acceptance rate (accepted/drafted)" in table and "token acceptance α (per token)" in table
+
+
+def test_tokens_per_step_identities() -> None:
+    # accepted / drafted gives tokens per step linearly; the per-token α through the geometric sum
+    assert 1 + 4 * acceptance_rate(3, 4) == 4.0
+    for alpha in (0.0, 0.3, 0.58, 0.75, 0.99):
+        assert tokens_per_step_from_token_acceptance(alpha, 4) == pytest.approx(rewards.expected_tokens_per_step(alpha, 4))
+        assert token_acceptance_from_tokens_per_step(tokens_per_step_from_token_acceptance(alpha, 4), 4) == \
+            pytest.approx(alpha, abs=1e-9)
+    assert 0.57 < token_acceptance_from_tokens_per_step(1 + 4 * 0.303, 4) < 0.59
+    assert math.isnan(token_acceptance_from_tokens_per_step(0.977, 4))  # fewer than one token a step fits no α
+    assert math.isnan(token_acceptance_from_tokens_per_step(5.5, 4))
+    assert math.isnan(acceptance_rate(0, 0)) and math.isnan(token_acceptance_from_counts(0, 0))
+
+
+def test_compare_runs_decides_only_outside_the_spread() -> None:
+    faster = compare_runs([2.0, 2.1, 2.2], [1.0, 1.1, 1.2])
+    assert faster.verdict == "reproduced" and faster.low == pytest.approx(2.0 / 1.2)
+    assert faster.chance == pytest.approx(0.1)
+    slower = compare_runs([1.0, 1.1, 1.2], [2.0, 2.1, 2.2])
+    assert slower.verdict == "not reproduced" and slower.high < 1
+    overlap = compare_runs([1.9, 2.8, 2.0], [2.1, 2.3, 2.4])
+    assert overlap.verdict == "inconclusive" and overlap.low < 1 < overlap.high
+
+
+def test_compare_runs_needs_repeats_on_both_sides() -> None:
+    assert compare_runs([15.8], [2.1, 2.2, 2.4]).verdict == "inconclusive"  # one run: no spread
+    two_each = compare_runs([2.0, 2.1], [1.0, 1.1])  # separated, but 2 / C(4, 2) = 1/3 by chance
+    assert two_each.verdict == "inconclusive" and two_each.chance == pytest.approx(1 / 3)
+    with pytest.raises(ValueError):
+        compare_runs([], [1.0])
+    with pytest.raises(ValueError):
+        compare_runs([0.0, 1.0], [1.0, 1.0])
+
+
+def test_a_decided_control_makes_every_comparison_inconclusive() -> None:
+    """The committed H200 bench at B = 8: two cells did identical work, yet their repeats separate."""
+    plain = [1.93, 2.77, 2.05]
+    single_draft = [9.69, 5.56, 4.38]
+    same_work = [2.10, 2.26, 2.36]
+    control = compare_runs(single_draft, same_work)
+    assert control.verdict != "inconclusive"
+    alone = compare_runs(plain, single_draft)
+    assert alone.verdict == "not reproduced"
+    judged = compare_runs(plain, single_draft, control=control)
+    assert judged.verdict == "inconclusive" and "identical work" in judged.reason
+    assert (judged.ratio, judged.low, judged.high) == (alone.ratio, alone.low, alone.high)
+    quiet = compare_runs([2.0, 2.1, 2.2], [2.05, 2.15, 2.12])
+    assert compare_runs([2.0, 2.1, 2.2], [1.0, 1.1, 1.2], control=quiet).verdict == "reproduced"
+
+
+def test_paired_difference_and_standard_error() -> None:
+    mean, error = mean_and_standard_error([1.0, 2.0, 3.0, 4.0])
+    assert mean == 2.5 and error == pytest.approx(math.sqrt(5 / 3) / 2)
+    assert math.isnan(mean_and_standard_error([1.0])[1])
+    clear = paired_difference([2.0, 2.1, 2.2, 2.3], [1.0, 1.0, 1.1, 1.2])
+    assert clear.verdict == "reproduced" and clear.n == 4
+    assert paired_difference([1.0, 1.0, 1.1, 1.2], [2.0, 2.1, 2.2, 2.3]).verdict == "not reproduced"
+    noisy = paired_difference([1.0, 2.0, 1.0, 2.2], [1.5, 1.4, 1.6, 1.5])
+    assert noisy.verdict == "inconclusive" and abs(noisy.mean) <= 2 * noisy.standard_error
+    assert paired_difference([1.0], [0.0]).verdict == "inconclusive"
+    with pytest.raises(ValueError):
+        paired_difference([1.0, 2.0], [1.0])
+
+
+def test_per_request_tokens_per_step() -> None:
+    assert per_request_tokens_per_step([0, 0, 1, 1, 1, 1, 2], 8, 3) == [4.0, 2.0, 8.0]
+    with pytest.raises(ValueError):
+        per_request_tokens_per_step([0, 0], 8, 2)
