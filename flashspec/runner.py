@@ -1,0 +1,326 @@
+"""A static-KV-cache forward for Llama-family Hugging Face models that CUDA graphs can capture.
+
+`LlamaRunner` calls the model's own modules (embeddings, norms, q/k/v/o projections, MLP, final
+norm, head) so weights are shared, not copied, and tied embeddings or biases need nothing special.
+RoPE cos/sin come from the model's own `rotary_emb`, evaluated once for every position into a
+table, so every RoPE variant HF implements (llama3, linear, yarn, `attention_scaling`) is HF's.
+Only the KV cache and attention belong to the runner.
+
+Cache layout: slot == position. Row r's token at position t lives in cache slot t, so padding never
+enters the cache, a query at position t sees exactly the slots s <= t, and rejected speculative
+slots need no rollback: the next step writes the same positions again before reading them.
+Nothing in `forward` turns a device value into a host int, so it replays inside a CUDA graph.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
+# RoPE types whose frequencies depend on the current sequence length: exact only while the cache
+# stays inside the length they were built for.
+LENGTH_DEPENDENT_ROPE = ("dynamic", "longrope")
+BUCKET_GRANULE = 256
+MIN_BUCKET = 16
+
+
+# ------------------------------------------------------------------------------------------ support
+
+
+def _rope_type(config: Any) -> str:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    return str(params.get("rope_type", params.get("type", "default")))
+
+
+def unsupported_reason(model: torch.nn.Module, max_len: int | None = None) -> str | None:
+    """Why `LlamaRunner` cannot run `model` (with a cache of `max_len` positions), or None."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        return f"model_type {model_type!r} is not one of {SUPPORTED_MODEL_TYPES}"
+    body = getattr(model, "model", None)
+    for owner, names in ((body, ("embed_tokens", "layers", "norm", "rotary_emb")), (model, ("lm_head",))):
+        missing = [name for name in names if not hasattr(owner, name)]
+        if missing:
+            return f"the model has no {', '.join(missing)} (expected a *ForCausalLM with .model.{names[0]})"
+    layer = body.layers[0]
+    attn = getattr(layer, "self_attn", None)
+    wanted = ("q_proj", "k_proj", "v_proj", "o_proj")
+    if attn is None or not all(hasattr(attn, name) for name in wanted) or not all(
+        hasattr(layer, name) for name in ("input_layernorm", "post_attention_layernorm", "mlp")
+    ):
+        return "decoder layers do not have the Llama layout (self_attn.q/k/v/o_proj, input/post norms, mlp)"
+    if hasattr(attn, "q_norm") or hasattr(attn, "k_norm"):
+        return "attention has q_norm/k_norm (Qwen3-style), which the runner does not apply"
+    if config.num_attention_heads % config.num_key_value_heads:
+        return "num_attention_heads is not a multiple of num_key_value_heads"
+    window = getattr(config, "sliding_window", None)
+    layer_types = set(getattr(config, "layer_types", None) or ["full_attention"])
+    if window is not None and (max_len is None or max_len > window):
+        if model_type == "mistral" or "sliding_attention" in layer_types:
+            return (f"sliding-window attention (window {window}) is not implemented; it is exact only when "
+                    f"max_len <= {window} (max_len={max_len})")
+    if layer_types - {"full_attention", "sliding_attention"}:
+        return f"layer types {sorted(layer_types)} are not supported"
+    rope = _rope_type(config)
+    if any(kind in rope for kind in LENGTH_DEPENDENT_ROPE):
+        params = getattr(config, "rope_parameters", None) or {}
+        limit = min(config.max_position_embeddings,
+                    params.get("original_max_position_embeddings") or config.max_position_embeddings)
+        if max_len is None or max_len + 1 > limit:
+            return (f"rope_type {rope!r} changes its frequencies with the sequence length; exact only for "
+                    f"max_len < {limit} (max_len={max_len})")
+    return None
+
+
+def supports(model: torch.nn.Module, max_len: int | None = None) -> bool:
+    """True when `LlamaRunner(model, ..., max_len)` reproduces the model's forward exactly."""
+    return unsupported_reason(model, max_len) is None
+
+
+def check_supported(model: torch.nn.Module, max_len: int | None = None) -> None:
+    reason = unsupported_reason(model, max_len)
+    if reason is not None:
+        raise ValueError(f"LlamaRunner cannot run {type(model).__name__}: {reason}")
+
+
+def bucket_for(length: int, max_len: int, granule: int = BUCKET_GRANULE) -> int:
+    """The attention length for `length` filled slots: a power of two (at least MIN_BUCKET) up to
+    `granule`, then a multiple of `granule`, capped at `max_len`. Few distinct values (one CUDA graph
+    each) while attention reads at most about twice the filled part."""
+    if length > max_len:
+        raise ValueError(f"length {length} exceeds the cache's max_len {max_len}")
+    if length <= granule:
+        bucket = max(MIN_BUCKET, 1 << max(0, length - 1).bit_length())
+    else:
+        bucket = -(-length // granule) * granule
+    return min(bucket, max_len)
+
+
+# -------------------------------------------------------------------------------------------- cache
+
+
+class StaticCache:
+    """Preallocated K/V per layer, each [batch, n_kv_heads, max_len + 1, head_dim].
+
+    Slot `max_len` is scratch: graph warm-ups write there, so capturing never touches real slots.
+    """
+
+    def __init__(self, num_layers: int, batch: int, num_kv_heads: int, max_len: int, head_dim: int,
+                 dtype: torch.dtype, device: torch.device) -> None:
+        shape = (batch, num_kv_heads, max_len + 1, head_dim)
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.max_len = max_len
+
+    def write(self, layer: int, rows: torch.Tensor, positions: torch.Tensor, k: torch.Tensor,
+              v: torch.Tensor) -> None:
+        """Store k, v [B, q, n_kv_heads, head_dim] at slots `positions` [B, q] of `rows` [B, 1].
+        Advanced-index assignment (index_put_): no host sync, so graph-safe."""
+        self.k[layer][rows, :, positions] = k
+        self.v[layer][rows, :, positions] = v
+
+    def read(self, layer: int, batch: int, bucket: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Views of slots [0, bucket) of the first `batch` rows: [batch, n_kv_heads, bucket, head_dim]."""
+        return self.k[layer][:batch, :, :bucket], self.v[layer][:batch, :, :bucket]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+# -------------------------------------------------------------------------------------------- model
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF's RoPE (x * cos + rotate_half(x) * sin) on x [B, q, heads, head_dim], cos/sin [B, q, 1, head_dim]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """Grouped-query attention of q [B, T, Hq, D] over k, v [B, Hkv, S, D] -> [B, T, Hq * D].
+
+    Query head h reads KV head h // G (G = Hq / Hkv, HF's repeat_kv order). The G query heads of one
+    KV head are folded into the query length ([B, Hkv, G*T, D]), so SDPA sees plain multi-head
+    attention with a mask: no repeated K/V in memory and any SDPA backend that takes a mask.
+    `mask` [B, 1, G*T, S] is True where a key is visible.
+    """
+    batch, length, q_heads, head_dim = q.shape
+    kv_heads = k.shape[1]
+    groups = q_heads // kv_heads
+    folded = q.view(batch, length, kv_heads, groups, head_dim).permute(0, 2, 3, 1, 4)
+    folded = folded.reshape(batch, kv_heads, groups * length, head_dim)          # [B, Hkv, G*T, D]
+    out = F.scaled_dot_product_attention(folded, k, v, attn_mask=mask, scale=scale)
+    out = out.view(batch, kv_heads, groups, length, head_dim).permute(0, 3, 1, 2, 4)  # [B, T, Hkv, G, D]
+    return out.reshape(batch, length, q_heads * head_dim)
+
+
+class LlamaRunner:
+    """Static-cache forward of a Llama-family HF causal LM (llama, qwen2, mistral within its window).
+
+    Args:
+        model: a `LlamaForCausalLM`-like model in eval mode; its modules are called, never copied.
+        max_batch: rows of the cache; a forward may use the first B <= max_batch rows.
+        max_len: positions per row (prompt + max_new_tokens + γ + 1 slack); positions must be < max_len.
+        logits_dtype: dtype of the returned logits; None keeps the head's (the model dtype, as HF).
+    """
+
+    def __init__(self, model: torch.nn.Module, max_batch: int, max_len: int,
+                 logits_dtype: torch.dtype | None = None) -> None:
+        check_supported(model, max_len)
+        config = model.config
+        body = model.model
+        self.model = model
+        self.embed_tokens = body.embed_tokens
+        self.layers = list(body.layers[: config.num_hidden_layers])
+        self.norm = body.norm
+        self.lm_head = model.lm_head
+        self.max_batch = max_batch
+        self.max_len = max_len
+        self.logits_dtype = logits_dtype
+        attn = self.layers[0].self_attn
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = int(getattr(attn, "head_dim", None) or config.hidden_size // self.num_heads)
+        self.scale = float(getattr(attn, "scaling", self.head_dim ** -0.5))
+        weight = self.embed_tokens.weight
+        self.device, self.dtype = weight.device, weight.dtype
+        self.cache = StaticCache(len(self.layers), max_batch, self.num_kv_heads, max_len, self.head_dim,
+                                 self.dtype, self.device)
+        self.cos, self.sin = self._rope_table(body.rotary_emb, max_len + 1)  # [max_len + 1, head_dim]
+        self.slots = torch.arange(max_len + 1, device=self.device)             # [max_len + 1]
+        self.rows = torch.arange(max_batch, device=self.device)                # [max_batch]
+        self.scratch_position = max_len
+        self._graphs: dict[tuple[int, int, int, bool], GraphedStep] = {}
+
+    @torch.no_grad()
+    def _rope_table(self, rotary_emb: torch.nn.Module, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos/sin for positions 0..length-1 from the model's own rotary embedding (model dtype)."""
+        probe = torch.zeros(1, dtype=self.dtype, device=self.device)
+        positions = torch.arange(length, device=self.device)[None]
+        cos, sin = rotary_emb(probe, positions)
+        if cos.shape[-1] != self.head_dim:
+            raise ValueError(f"rotary embedding covers {cos.shape[-1]} of {self.head_dim} head dims "
+                             "(partial RoPE is not supported)")
+        return cos[0].contiguous(), sin[0].contiguous()
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, bucket: int,
+                logits_index: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of `tokens` [B, q] at `positions` [B, q] (each row's own), after writing their K/V.
+
+        Each query attends to cache slots [0, bucket) that are <= its position; `bucket` is a host
+        int >= 1 + the largest position in the call (see `bucket_for`). `logits_index` [B, k] (device
+        ints in [0, q)) computes the head only at those columns (e.g. each row's last prompt token).
+        Returns logits [B, q or k, V] in `logits_dtype` (default: the model dtype).
+        """
+        batch, length = tokens.shape
+        groups = self.num_heads // self.num_kv_heads
+        x = self.embed_tokens(tokens)                                   # [B, q, hidden]
+        cos = self.cos[positions].unsqueeze(2)                          # [B, q, 1, D]
+        sin = self.sin[positions].unsqueeze(2)
+        visible = self.slots[:bucket] <= positions.unsqueeze(-1)        # [B, q, S]
+        mask = visible.unsqueeze(1).expand(batch, groups, length, bucket).reshape(batch, 1, groups * length, bucket)
+        rows = self.rows[:batch, None]                                  # [B, 1]
+        for index, layer in enumerate(self.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            q = rotate(attn.q_proj(h).view(batch, length, self.num_heads, self.head_dim), cos, sin)
+            k = rotate(attn.k_proj(h).view(batch, length, self.num_kv_heads, self.head_dim), cos, sin)
+            v = attn.v_proj(h).view(batch, length, self.num_kv_heads, self.head_dim)
+            self.cache.write(index, rows, positions, k, v)
+            keys, values = self.cache.read(index, batch, bucket)
+            x = x + attn.o_proj(attend(q, keys, values, mask, self.scale))
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        if logits_index is not None:
+            x = x.gather(1, logits_index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [B, k, hidden]
+        logits = self.lm_head(self.norm(x))                             # [B, q or k, V]
+        return logits if self.logits_dtype is None else logits.to(self.logits_dtype)
+
+    __call__ = forward
+
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Fill the cache from left-padded prompts [B, T]; return (last-token logits [B, V], lengths [B]).
+
+        Each row is rotated so its real tokens sit at positions 0..len-1 (slot == position); its pad
+        tokens land at positions >= len, where the row's next tokens overwrite them before any query
+        can see them. One host sync checks that `attention_mask` is left padding (once per request).
+        """
+        batch, width = input_ids.shape
+        if batch > self.max_batch or width > self.max_len:
+            raise ValueError(f"prompts [{batch}, {width}] exceed the cache [{self.max_batch}, {self.max_len}]")
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        mask = attention_mask.to(self.device).bool()
+        lengths = mask.sum(1)                                           # [B]
+        columns = torch.arange(width, device=self.device)
+        pads = width - lengths
+        if not torch.equal(mask, columns >= pads[:, None]) or bool((lengths == 0).any()):
+            raise ValueError("attention_mask must be left padding with at least one real token per row")
+        source = (columns + pads[:, None]) % width                      # [B, T]: real tokens first
+        tokens = input_ids.to(self.device).gather(1, source)
+        positions = columns.expand(batch, width)
+        logits = self.forward(tokens, positions, bucket_for(width, self.max_len), (lengths - 1)[:, None])
+        return logits[:, 0], lengths
+
+    def graphed(self, batch: int, length: int, bucket: int, compile: bool = False) -> GraphedStep:
+        """The memoised `GraphedStep` for (batch, q=length, bucket)."""
+        key = (batch, length, bucket, compile)
+        if key not in self._graphs:
+            self._graphs[key] = GraphedStep(self, batch, length, bucket, compile=compile)
+        return self._graphs[key]
+
+
+# ------------------------------------------------------------------------------------------- graphs
+
+
+class GraphedStep:
+    """`runner.forward` for a fixed (batch, q, bucket), captured as one CUDA graph.
+
+    Holds static `tokens` / `positions` [batch, q] and the output `logits` [batch, q, V]; calling it
+    copies the inputs in and replays. The returned tensor is the static output, overwritten by the
+    next replay. Off CUDA it runs the forward eagerly. `compile=True` first wraps the forward in
+    torch.compile(mode="max-autotune-no-cudagraphs", fullgraph=True): minutes per shape.
+    Warm-up runs write only the cache's scratch slot, so capturing mid-generation is safe.
+    """
+
+    def __init__(self, runner: LlamaRunner, batch: int, length: int, bucket: int, compile: bool = False,
+                 warmup: int = 3) -> None:
+        self.runner, self.bucket = runner, bucket
+        self.tokens = torch.zeros(batch, length, dtype=torch.long, device=runner.device)
+        self.positions = torch.full((batch, length), runner.scratch_position, dtype=torch.long,
+                                    device=runner.device)
+        self.fn = runner.forward
+        if compile:
+            self.fn = torch.compile(runner.forward, mode="max-autotune-no-cudagraphs", fullgraph=True)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.logits: torch.Tensor | None = None
+        if runner.device.type == "cuda":
+            self.graph, self.logits = capture(lambda: self.fn(self.tokens, self.positions, bucket), warmup)
+
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        self.tokens.copy_(tokens)
+        self.positions.copy_(positions)
+        if self.graph is None:
+            return self.fn(self.tokens, self.positions, self.bucket)
+        self.graph.replay()
+        return self.logits
+
+
+def capture(fn: Any, warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, Any]:
+    """Warm `fn` up on a side stream (lazy init, cuBLAS workspaces, autotuning), then capture it.
+    Returns the graph and `fn`'s output, which each replay rewrites."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+    return graph, out

@@ -1,0 +1,230 @@
+"""LlamaRunner: static-cache logits equal HF's eager forward on each row's compact sequence, through
+left-padded prefill, decode, verify steps and rolled-back speculative slots; greedy decoding equals
+`generate`; the bucket does not change the result; unsupported models fail clearly."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from flashspec import models
+from flashspec.runner import GraphedStep, LlamaRunner, bucket_for, check_supported, supports
+
+VOCAB = 48
+MAX_LEN = 40
+TOL = 1e-5
+
+
+def _seeded(build, seed: int = 0) -> torch.nn.Module:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build().eval()
+
+
+def llama(rope: dict | None = None, tied: bool = False, kv_heads: int | None = 2, **overrides) -> torch.nn.Module:
+    config = models.llama_config(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=kv_heads,
+                                 intermediate_size=64, max_positions=64, initializer_range=0.3, **overrides)
+    if rope is not None:
+        config.rope_parameters = {"rope_theta": 10000.0, **rope}
+    config.tie_word_embeddings = tied
+    return models.model_from_config(config, seed=3)
+
+
+def qwen2() -> torch.nn.Module:
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, intermediate_size=64, max_position_embeddings=64,
+                         initializer_range=0.3, tie_word_embeddings=False)
+    return _seeded(lambda: Qwen2ForCausalLM(config))
+
+
+def mistral(window: int | None = 4096) -> torch.nn.Module:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    config = MistralConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=1, intermediate_size=64, max_position_embeddings=64,
+                           initializer_range=0.3, sliding_window=window)
+    return _seeded(lambda: MistralForCausalLM(config))
+
+
+BUILDERS = {
+    "gqa": lambda: llama(),
+    "mha-tied": lambda: llama(tied=True, kv_heads=None),
+    "llama3-rope": lambda: llama({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
+    "linear-rope": lambda: llama({"rope_type": "linear", "factor": 2.0}),
+    "dynamic-rope": lambda: llama({"rope_type": "dynamic", "factor": 2.0}),
+    "yarn-rope": lambda: llama({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16}),
+    "qwen2-bias": qwen2,
+    "mistral": mistral,
+}
+
+
+@pytest.fixture(scope="module", params=list(BUILDERS))
+def model(request):
+    return BUILDERS[request.param]()
+
+
+def hf_logits(model: torch.nn.Module, sequence: list[int]) -> torch.Tensor:
+    """HF eager logits [len, V] of one compact (unpadded) sequence."""
+    with torch.no_grad():
+        return model(input_ids=torch.tensor([sequence])).logits[0]
+
+
+def left_pad(rows: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for r, row in enumerate(rows):
+        ids[r, width - len(row):] = torch.tensor(row)
+        mask[r, width - len(row):] = 1
+    return ids, mask
+
+
+def random_rows(lengths: list[int], seed: int) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, VOCAB, (n,), generator=generator).tolist() for n in lengths]
+
+
+def max_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.float() - b.float()).abs().max())
+
+
+# ------------------------------------------------------------------------------------------ logits
+
+
+def test_configurations_build_what_they_claim():
+    tied = BUILDERS["mha-tied"]()
+    assert tied.lm_head.weight is tied.model.embed_tokens.weight
+    assert BUILDERS["llama3-rope"]().config.rope_parameters["rope_type"] == "llama3"
+    assert BUILDERS["yarn-rope"]().model.rotary_emb.attention_scaling != 1.0
+    assert BUILDERS["qwen2-bias"]().model.layers[0].self_attn.q_proj.bias is not None
+    gqa = BUILDERS["gqa"]().config
+    assert gqa.num_key_value_heads < gqa.num_attention_heads
+
+
+def test_prefill_decode_verify_and_rollback_match_hf(model):
+    """Rows of different lengths; q=1 decode steps and q=4 verify steps that keep only part of what
+    they wrote (the rest is stale until overwritten). Every step's logits equal HF on each row's
+    compact sequence."""
+    rows = random_rows([5, 9, 2], seed=1)
+    runner = LlamaRunner(model, max_batch=3, max_len=MAX_LEN)
+    input_ids, mask = left_pad(rows)
+    logits, lengths = runner.prefill(input_ids, mask)
+    assert lengths.tolist() == [5, 9, 2]
+    for r, row in enumerate(rows):
+        assert max_error(logits[r], hf_logits(model, row)[-1]) <= TOL
+    generator = torch.Generator().manual_seed(2)
+    schedule = [(1, [1, 1, 1]), (1, [1, 1, 1]), (4, [1, 3, 4]), (4, [2, 4, 1]), (1, [1, 1, 1]), (4, [4, 4, 4])]
+    for q, keep in schedule:
+        new = torch.randint(3, VOCAB, (3, q), generator=generator)
+        starts = torch.tensor([len(row) for row in rows])
+        positions = starts[:, None] + torch.arange(q)                  # [B, q]
+        out = runner.forward(new, positions, bucket_for(int(positions.max()) + 1, MAX_LEN))
+        assert out.shape == (3, q, VOCAB)
+        for r, row in enumerate(rows):
+            expected = hf_logits(model, row + new[r].tolist())[-q:]
+            assert max_error(out[r], expected) <= TOL, (q, keep, r)
+            row.extend(new[r, : keep[r]].tolist())
+
+
+def test_bucket_does_not_change_logits():
+    model = BUILDERS["gqa"]()
+    runner = LlamaRunner(model, max_batch=2, max_len=MAX_LEN)
+    rows = random_rows([3, 7], seed=4)
+    _, lengths = runner.prefill(*left_pad(rows))
+    tokens = torch.randint(3, VOCAB, (2, 4), generator=torch.Generator().manual_seed(5))
+    positions = lengths[:, None] + torch.arange(4)
+    smallest = bucket_for(int(positions.max()) + 1, MAX_LEN)
+    results = [runner.forward(tokens, positions, bucket) for bucket in (smallest, 24, 32, MAX_LEN)]
+    assert smallest == 16
+    for other in results[1:]:
+        assert max_error(results[0], other) <= 1e-6
+
+
+def test_logits_index_and_dtype():
+    model = BUILDERS["gqa"]()
+    runner = LlamaRunner(model, max_batch=2, max_len=MAX_LEN, logits_dtype=torch.float64)
+    tokens = torch.randint(3, VOCAB, (2, 6), generator=torch.Generator().manual_seed(6))
+    positions = torch.arange(6).expand(2, 6)
+    full = runner.forward(tokens, positions, 16)
+    picked = runner.forward(tokens, positions, 16, logits_index=torch.tensor([[5], [2]]))
+    assert full.dtype == picked.dtype == torch.float64
+    assert torch.allclose(picked[:, 0], torch.stack([full[0, 5], full[1, 2]]))
+
+
+def test_fewer_rows_than_the_cache():
+    model = BUILDERS["gqa"]()
+    runner = LlamaRunner(model, max_batch=4, max_len=MAX_LEN)
+    row = random_rows([6], seed=7)[0]
+    logits, _ = runner.prefill(torch.tensor([row]))
+    assert max_error(logits[0], hf_logits(model, row)[-1]) <= TOL
+
+
+def test_graphed_step_equals_forward_off_cuda():
+    model = BUILDERS["gqa"]()
+    runner = LlamaRunner(model, max_batch=2, max_len=MAX_LEN)
+    rows = random_rows([4, 6], seed=8)
+    _, lengths = runner.prefill(*left_pad(rows))
+    step = runner.graphed(2, 3, 16)
+    assert isinstance(step, GraphedStep) and runner.graphed(2, 3, 16) is step
+    tokens = torch.randint(3, VOCAB, (2, 3), generator=torch.Generator().manual_seed(9))
+    positions = lengths[:, None] + torch.arange(3)
+    out = step(tokens, positions)
+    for r, row in enumerate(rows):
+        assert max_error(out[r], hf_logits(model, row + tokens[r].tolist())[-3:]) <= TOL
+
+
+# ------------------------------------------------------------------------------------------ greedy
+
+
+def test_greedy_loop_equals_generate():
+    model = BUILDERS["gqa"]()
+    rows = random_rows([5, 8, 3], seed=10)
+    new_tokens = 12
+    runner = LlamaRunner(model, max_batch=3, max_len=MAX_LEN)
+    logits, lengths = runner.prefill(*left_pad(rows))
+    token = logits.argmax(-1)                                          # [B]
+    generated = [token]
+    for step in range(new_tokens - 1):
+        positions = (lengths + step)[:, None]                          # [B, 1]
+        bucket = bucket_for(int(lengths.max()) + step + 1, MAX_LEN)
+        token = runner.forward(token[:, None], positions, bucket)[:, -1].argmax(-1)
+        generated.append(token)
+    ours = torch.stack(generated, 1)
+    for r, row in enumerate(rows):
+        prompt = torch.tensor([row])
+        reference = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                                   do_sample=False, eos_token_id=None, pad_token_id=0)
+        assert ours[r].tolist() == reference[0, len(row):].tolist()
+
+
+# ---------------------------------------------------------------------------------- buckets, errors
+
+
+def test_bucket_for():
+    assert [bucket_for(n, 2048) for n in (1, 16, 17, 100, 256, 257, 700, 2048)] == [16, 16, 32, 128, 256, 512, 768, 2048]
+    assert bucket_for(18, 20) == 20
+    with pytest.raises(ValueError, match="exceeds"):
+        bucket_for(21, 20)
+
+
+def test_unsupported_models_raise_clear_errors():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    gpt2 = GPT2LMHeadModel(GPT2Config(vocab_size=VOCAB, n_embd=16, n_layer=1, n_head=2, n_positions=32))
+    assert not supports(gpt2)
+    with pytest.raises(ValueError, match="model_type 'gpt2'"):
+        LlamaRunner(gpt2, 1, 16)
+    with pytest.raises(ValueError, match="sliding-window"):
+        LlamaRunner(mistral(window=8), 1, MAX_LEN)
+    assert supports(mistral(window=8), max_len=8)
+    with pytest.raises(ValueError, match="dynamic"):
+        check_supported(llama({"rope_type": "dynamic", "factor": 2.0}), max_len=100)
+
+
+def test_prefill_rejects_right_padding():
+    runner = LlamaRunner(BUILDERS["gqa"](), max_batch=2, max_len=MAX_LEN)
+    ids = torch.tensor([[5, 6, 0], [7, 8, 9]])
+    with pytest.raises(ValueError, match="left padding"):
+        runner.prefill(ids, torch.tensor([[1, 1, 0], [1, 1, 1]]))
