@@ -105,11 +105,18 @@ def fmix32(h: torch.Tensor) -> torch.Tensor:
     return h ^ (h >> 16)
 
 
-def base_hash(key: Key, stream: int, row: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    """Per-(row, position) hash; `row` and `position` broadcast against each other."""
+def base_hash(key: Key | torch.Tensor, stream: int, row: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+    """Per-(row, position) hash; `row` and `position` broadcast against each other.
+
+    `key` is a Key (host ints) or an int64 tensor [2] = (lo, hi) on the device: a device key lets
+    a captured CUDA graph draw fresh uniforms on every replay (see `step_key`)."""
     device = row.device
-    h = fmix32(torch.tensor(key.lo ^ SALT, dtype=torch.int64, device=device))
-    h = fmix32(h ^ key.hi)
+    if isinstance(key, Key):
+        h = fmix32(torch.tensor(key.lo ^ SALT, dtype=torch.int64, device=device))
+        h = fmix32(h ^ key.hi)
+    else:
+        h = fmix32((key[0] ^ SALT) & MASK32)
+        h = fmix32(h ^ key[1])
     h = fmix32(h ^ stream)
     h = fmix32(h ^ (row.to(torch.int64) & MASK32))
     return fmix32(h ^ (position.to(torch.int64) & MASK32))
@@ -122,10 +129,36 @@ def uniform_from_base(base: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
 
 
 def uniforms(
-    key: Key, stream: int, rows: int, positions: int, width: int, device: torch.device | str = "cpu"
+    key: Key | torch.Tensor, stream: int, rows: int, positions: int, width: int, device: torch.device | str = "cpu"
 ) -> torch.Tensor:
     """Uniforms of shape [rows, positions, width] for one stream (index = last axis)."""
     row = torch.arange(rows, device=device).view(rows, 1, 1)
     position = torch.arange(positions, device=device).view(1, positions, 1)
     index = torch.arange(width, device=device).view(1, 1, width)
     return uniform_from_base(base_hash(key, stream, row, position), index)
+
+
+STEP_SALT = 0x5BD1E995
+
+
+def step_key(seed_key: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """The key of decode step `step` as an int64 tensor [2]: (lo, fmix32(hi ^ fmix32(step + salt))).
+
+    Pure device arithmetic on `seed_key` [2] and `step` [1], so a CUDA graph that holds the step
+    counter in a device buffer and advances it draws new uniforms on each replay (a key passed as a
+    launch argument would be frozen into the graph). Distinct steps give distinct keys: fmix32 is a
+    bijection. `step_key_host` is the same function on host ints."""
+    hi = fmix32((seed_key[1] ^ fmix32((step.reshape(()) + STEP_SALT) & MASK32)) & MASK32)
+    return torch.stack([seed_key[0] & MASK32, hi])
+
+
+def step_key_host(seed: Key, step: int) -> Key:
+    """`step_key` on a host Key and int step (tests and eager paths use it)."""
+    as_tensor = torch.tensor([seed.lo, seed.hi], dtype=torch.int64)
+    lo, hi = step_key(as_tensor, torch.tensor([step], dtype=torch.int64)).tolist()
+    return Key(lo=lo, hi=hi)
+
+
+def key_tensor(key: Key, device: torch.device | str = "cpu") -> torch.Tensor:
+    """A Key as the int64 tensor [2] (lo, hi) that `base_hash` and `step_key` take."""
+    return torch.tensor([key.lo, key.hi], dtype=torch.int64, device=device)

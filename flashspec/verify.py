@@ -181,9 +181,10 @@ def verify_reference(
     draft_logits: torch.Tensor | None,
     draft_tokens: torch.Tensor,
     params: SamplingParams,
-    key: rng.Key,
+    key: rng.Key | torch.Tensor,
 ) -> VerifyOutput:
-    """Vectorised PyTorch verification: the ground truth for every other backend."""
+    """Vectorised PyTorch verification: the ground truth for every other backend. `key` may be a
+    device tensor [2] (see `rng.step_key`): then nothing here leaves the device (graph-safe)."""
     batch, gamma = draft_tokens.shape
     vocab = target_logits.shape[2]
     device = target_logits.device

@@ -263,14 +263,15 @@ def _sample_kernel(
     num_stat_splits,  # S1
     num_splits,  # S2
     scale,  # T or float32(1/T), as for _stats_kernel
-    accept_prefix,  # krng.stream_prefix(key, STREAM_ACCEPT) as int32
-    sample_prefix,  # krng.stream_prefix(key, STREAM_SAMPLE) as int32
+    accept_prefix,  # krng.stream_prefix(key, STREAM_ACCEPT) as int32, or (PREFIX_IN_MEMORY) a pointer to it
+    sample_prefix,  # krng.stream_prefix(key, STREAM_SAMPLE) as int32, or (PREFIX_IN_MEMORY) a pointer to it
     CHUNK: tl.constexpr,  # V-elements per sampling split, a multiple of BLOCK_V
     SCALE_MODE: tl.constexpr,
     HAS_DRAFT: tl.constexpr,
     GREEDY: tl.constexpr,
     SPLIT: tl.constexpr,  # S2 > 1: chunk winners meet through the ticket counter
     PRECISE: tl.constexpr,  # libdevice log/exp/log1p (GPU); numpy's in the interpreter
+    PREFIX_IN_MEMORY: tl.constexpr,  # the prefixes live in device memory (a captured graph's key changes per replay)
     BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr,  # power of two >= γ+1
     BLOCK_S: tl.constexpr,  # power of two >= S1
@@ -279,6 +280,9 @@ def _sample_kernel(
 ):
     pid_b = tl.program_id(0)
     split = tl.program_id(1)
+    if PREFIX_IN_MEMORY:
+        accept_prefix = tl.load(accept_prefix)
+        sample_prefix = tl.load(sample_prefix)
     rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = rows < batch
     rows64 = rows.to(tl.int64)
@@ -547,6 +551,14 @@ def _prefixes(key: rng.Key) -> tuple[int, int]:
             krng.as_int32(krng.stream_prefix(key, rng.STREAM_SAMPLE)))
 
 
+def _device_prefixes(key: torch.Tensor) -> torch.Tensor:
+    """int32 [2]: the accept and sample stream prefixes of a device key (lo, hi), in torch ops --
+    `krng.stream_prefix` without leaving the device."""
+    h = rng.fmix32(rng.fmix32((key[0] ^ rng.SALT) & rng.MASK32) ^ key[1])
+    prefixes = torch.stack([rng.fmix32(h ^ rng.STREAM_ACCEPT), rng.fmix32(h ^ rng.STREAM_SAMPLE)])
+    return torch.where(prefixes >= 2**31, prefixes - 2**32, prefixes).to(torch.int32)
+
+
 class _Launcher:
     """Launch a jit kernel; after its first launch per specialisation, call the compiled binary
     directly. Triton's own per-call path (argument binding, cache key built from a string of
@@ -637,7 +649,7 @@ def verify_triton(
     draft_logits: torch.Tensor | None,
     draft_tokens: torch.Tensor,
     params: SamplingParams,
-    key: rng.Key,
+    key: rng.Key | torch.Tensor,
     *,
     block_b: int | None = None,
     block_v: int | None = None,
@@ -658,13 +670,17 @@ def prepare_verify(
     draft_logits: torch.Tensor | None,
     draft_tokens: torch.Tensor,
     params: SamplingParams,
-    key: rng.Key,
+    key: rng.Key | torch.Tensor,
     *,
     block_b: int | None = None,
     block_v: int | None = None,
     num_splits: int | None = None,
 ) -> PreparedVerify:
-    """Allocate outputs and work buffers and bind both launches (see `verify_triton`)."""
+    """Allocate outputs and work buffers and bind both launches (see `verify_triton`).
+
+    `key` is a host Key (its stream prefixes become launch arguments) or a device int64 tensor [2]
+    (lo, hi): then the prefixes are computed on the device into a buffer the kernel reads, so a
+    captured graph whose key buffer changes between replays draws new uniforms each time."""
     device = target_logits.device
     if device.type != "cuda" and not interpreting():
         raise ValueError(
@@ -710,7 +726,12 @@ def prepare_verify(
     counter = _ticket_counter(device, row_blocks) if split else ints
     out_tokens = torch.empty((batch, gamma + 1), dtype=torch.int64, device=device)
     out_accepted = torch.empty(batch, dtype=torch.int64, device=device)
-    accept_prefix, sample_prefix = _prefixes(key)
+    prefix_in_memory = isinstance(key, torch.Tensor)
+    if prefix_in_memory:
+        prefixes = _device_prefixes(key)
+        accept_prefix, sample_prefix = prefixes[0:1], prefixes[1:2]
+    else:
+        accept_prefix, sample_prefix = _prefixes(key)
 
     stats_args = (target, draft, part_max, part_sum, part_idx,
                   batch, gamma, vocab, plan.stats_splits, scale)
@@ -722,7 +743,7 @@ def prepare_verify(
                    batch, gamma, vocab, plan.stats_splits, plan.sample_splits, scale,
                    accept_prefix, sample_prefix)
     sample_meta = dict(CHUNK=plan.sample_chunk, SCALE_MODE=scale_mode, HAS_DRAFT=has_draft, GREEDY=greedy,
-                       SPLIT=split, PRECISE=not interpreting(),
+                       SPLIT=split, PRECISE=not interpreting(), PREFIX_IN_MEMORY=prefix_in_memory,
                        BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_S=plan.block_s, BLOCK_S2=plan.block_s2,
                        BLOCK_V=plan.sample_block_v, num_warps=plan.sample_warps, **_COMPILE_OPTIONS)
     return PreparedVerify(
