@@ -1,16 +1,19 @@
-"""Engine benchmark (issue 4 item 10): FlashSpec vs Hugging Face assisted generation vs plain
-autoregressive decoding, same models, same sampling, side by side in one run.
+"""Engine benchmark: FlashSpec vs Hugging Face assisted generation vs plain autoregressive decoding,
+same models, same sampling, side by side in one run.
 
 Models are built from config with random weights (no download): a TinyLlama-1.1B-shaped target
 (hidden 2048, 22 layers, 32 heads, 4 KV heads, V = 32000) and a llama-68m-shaped draft (hidden 768,
-2 layers, 12 heads), bf16. For each batch size: tokens/s (median of timed runs, device-synchronised),
-acceptance α and p50 step latency (from one instrumented run), and the ratios.
+2 layers, 12 heads), bf16. For each batch size and method: one untimed warm-up run (its time is
+recorded), then `repeats` timed runs, each instrumented; every number of a cell -- tokens/s, steps,
+tokens per step, acceptance, step latencies -- comes from the timed run with the median wall time
+(all runs are kept under "runs"), and each FlashSpec speed-up is judged by `stats.compare_runs`.
 
     flashspec bench engine                       # the H200 run: B in {1, 8}, γ = 4, 128 new tokens
     flashspec bench engine --tiny --device cpu   # smoke test in seconds (tiny models)
 
 HF assisted generation only supports batch size 1 (transformers raises otherwise); at B > 1 the JSON
-records that error and, as `hf_assisted_sequential`, the B prompts run one after another.
+records that error and, as `hf_assisted_sequential`, the B prompts served one after another: its
+tokens/s is all B rows' tokens over the whole loop's wall time, and its steps advance one row each.
 """
 from __future__ import annotations
 
@@ -18,17 +21,17 @@ import argparse
 import json
 import platform
 import re
-import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from flashspec import models, provenance
+from flashspec import models, provenance, stats
 from flashspec.drafters import PromptLookupDrafter
 from flashspec.engine import SpeculativeDecoder
 from flashspec.sampling import SamplingParams
@@ -129,7 +132,7 @@ def measure_cell(
     params: SamplingParams, gamma: int, max_new_tokens: int, repeats: int, device: torch.device, seed: int,
     verify_backend: str = "auto",
 ) -> dict[str, Any]:
-    """Warm up, time `repeats` runs, then one instrumented run for α and per-step latency."""
+    """Warm up once, then time `repeats` instrumented runs; the cell reports its median run (`cell_from_runs`)."""
     input_ids = prompts[:batch]
     new_tokens = batch * max_new_tokens
     if method in ("flashspec", "flashspec_pool"):
@@ -137,20 +140,19 @@ def measure_cell(
         decoder = SpeculativeDecoder(target, pool, policy="thompson", gamma=gamma, policy_kwargs={"seed": seed},
                                      backend=verify_backend)
 
-        def run(timing: bool = False, call: int = 0) -> Any:
+        def run(call: int) -> Any:
+            # timing=False: no extra syncs; each step already waits for the device once, so the host
+            # clock between steps is close to the device's step time
             return decoder.generate(input_ids, max_new_tokens=max_new_tokens, sampling=params,
-                                    seed=seed + call, ignore_eos=True, timing=timing)
+                                    seed=seed + call, ignore_eos=True, timing=False)
 
-        run(call=10_000)
-        times = [timed(lambda: run(call=call), device) for call in range(repeats)]
-        summary = run(timing=True, call=repeats).stats.summary()
-        return {
-            "tokens_per_s": new_tokens / statistics.median(times), "times_s": times,
-            "alpha": summary["mean_acceptance"], "p50_step_latency_ms": summary["p50_step_latency_s"] * 1e3,
-            "p99_step_latency_ms": summary["p99_step_latency_s"] * 1e3, "steps": summary["steps"],
-            "tokens_per_step": summary["mean_tokens_per_step"],
-            "kv_cache_fill": summary["kv_cache_fill"], "per_arm": summary["per_arm"],
-        }
+        warmup_s = timed(lambda: run(10_000), device)
+        runs = []
+        for call in range(repeats):
+            done: list[Any] = []
+            wall_s = timed(lambda: done.append(run(call)), device)
+            runs.append(engine_run(done[0].stats.summary(), wall_s, new_tokens, gamma))
+        return cell_from_runs(runs, warmup_s, rows_per_step=batch)
 
     kwargs = hf_kwargs(params, max_new_tokens)
     if method == "hf_assisted":
@@ -168,18 +170,66 @@ def measure_cell(
     def run_hf() -> Any:
         return target.generate(input_ids, **kwargs)
 
-    run_hf()
-    times = [timed(run_hf, device) for _ in range(repeats)]
+    warmup_s = timed(run_hf, device)
+    runs = [hf_run(target, run_hf, device, new_tokens, max_new_tokens, gamma if method == "hf_assisted" else None)
+            for _ in range(repeats)]
+    return cell_from_runs(runs, warmup_s, rows_per_step=batch)
+
+
+def engine_run(summary: dict[str, Any], wall_s: float, new_tokens: int, gamma: int) -> dict[str, Any]:
+    """One timed FlashSpec run, every number from the engine's own step records of that run."""
+    decode_s = summary["mean_step_latency_s"] * summary["steps"]
+    return {
+        "time_s": wall_s, "tokens_per_s": new_tokens / wall_s, "steps": summary["steps"],
+        "tokens_per_step": summary["mean_tokens_per_step"],
+        "acceptance_rate": summary["acceptance_rate"], "token_acceptance": summary["token_acceptance"],
+        "p50_step_latency_ms": summary["p50_step_latency_s"] * 1e3,
+        "p99_step_latency_ms": summary["p99_step_latency_s"] * 1e3,
+        "mean_step_latency_ms": summary["mean_step_latency_s"] * 1e3, "decode_fraction": decode_s / wall_s,
+        "kv_cache_fill": summary["kv_cache_fill"], "per_arm": summary["per_arm"],
+    }
+
+
+def hf_run(target: torch.nn.Module, run: Callable[[], Any], device: torch.device, new_tokens: int,
+           tokens_per_row: int, gamma: int | None) -> dict[str, Any]:
+    """One timed Hugging Face run; steps are the target's forwards (counted and stamped in the same run).
+
+    `tokens_per_row` / steps is the tokens per step of one row; with `gamma` (assisted generation),
+    acceptance_rate = (tokens per step - 1) / γ and token_acceptance solves the geometric model."""
     clock = ForwardClock(target, device)
-    run_hf()
-    synchronize(device)
-    steps = clock.close(time.perf_counter())
-    cell = {"tokens_per_s": new_tokens / statistics.median(times), "times_s": times,
-            "p50_step_latency_ms": statistics.median(steps) * 1e3, "steps": len(steps),
-            "tokens_per_step": max_new_tokens / len(steps)}
-    if method == "hf_assisted":
-        cell["alpha"] = (max_new_tokens / len(steps) - 1) / gamma
-        cell["alpha_note"] = "estimated from the target forward count: (new tokens / steps - 1) / gamma"
+    wall_s = timed(run, device)
+    latencies = sorted(clock.close(time.perf_counter()))
+    tokens_per_step = tokens_per_row / len(latencies)
+    out = {
+        "time_s": wall_s, "tokens_per_s": new_tokens / wall_s, "steps": len(latencies),
+        "tokens_per_step": tokens_per_step,
+        "p50_step_latency_ms": stats.percentile(latencies, 50) * 1e3,
+        "p99_step_latency_ms": stats.percentile(latencies, 99) * 1e3,
+        "mean_step_latency_ms": sum(latencies) / len(latencies) * 1e3, "decode_fraction": sum(latencies) / wall_s,
+    }
+    if gamma is not None:
+        out["acceptance_rate"] = (tokens_per_step - 1) / gamma
+        out["token_acceptance"] = stats.token_acceptance_from_tokens_per_step(tokens_per_step, gamma)
+        out["acceptance_note"] = "from the target's forward count: tokens per step = 1 + γ · acceptance_rate"
+    return out
+
+
+def cell_from_runs(runs: list[dict[str, Any]], warmup_s: float, rows_per_step: int) -> dict[str, Any]:
+    """A cell's numbers, all from its median-time run (the lower median for an even count), plus every run.
+
+    `rows_per_step` is how many rows one step advances (B for batched decoding, 1 for rows served one at
+    a time): tokens/s x mean step latency / rows_per_step = tokens per step x decode_fraction."""
+    order = sorted(range(len(runs)), key=lambda index: runs[index]["time_s"])
+    median = order[(len(runs) - 1) // 2]
+    cell = dict(runs[median])
+    cell.pop("time_s")
+    cell.update({
+        "times_s": [run["time_s"] for run in runs], "warmup_time_s": warmup_s, "median_run": median,
+        "rows_per_step": rows_per_step, "runs": runs,
+        "reported_from": "every number is from the timed run with the median wall time (index median_run of runs)",
+    })
+    if "acceptance_rate" in cell:
+        cell["alpha"] = cell["acceptance_rate"]  # the old name of acceptance_rate, for older readers
     return cell
 
 
@@ -198,20 +248,20 @@ def measure_sequential_assisted(
     target: torch.nn.Module, input_ids: torch.Tensor, kwargs: dict[str, Any], repeats: int,
     device: torch.device, gamma: int, max_new_tokens: int,
 ) -> dict[str, Any]:
-    """HF assisted generation over B prompts one at a time (what it can do for a batch)."""
+    """HF assisted generation over B prompts one at a time (what it can do for a batch).
+
+    tokens/s is all B rows' tokens over the loop's wall time; a step advances one row, so tokens per
+    step is B x max_new_tokens over all the loop's target forwards."""
+    rows = input_ids.shape[0]
+
     def run_all() -> None:
-        for row in range(input_ids.shape[0]):
+        for row in range(rows):
             target.generate(input_ids[row : row + 1], **kwargs)
 
-    times = [timed(run_all, device) for _ in range(max(1, min(repeats, 1)))]
-    clock = ForwardClock(target, device)
-    target.generate(input_ids[:1], **kwargs)
-    synchronize(device)
-    steps = clock.close(time.perf_counter())
-    return {"tokens_per_s": input_ids.shape[0] * max_new_tokens / statistics.median(times), "times_s": times,
-            "p50_step_latency_ms": statistics.median(steps) * 1e3, "steps_row0": len(steps),
-            "alpha": (max_new_tokens / len(steps) - 1) / gamma,
-            "alpha_note": "row 0, estimated from the target forward count"}
+    warmup_s = timed(lambda: target.generate(input_ids[:1], **kwargs), device)
+    runs = [hf_run(target, run_all, device, rows * max_new_tokens, rows * max_new_tokens, gamma)
+            for _ in range(repeats)]
+    return cell_from_runs(runs, warmup_s, rows_per_step=1)
 
 
 def metadata(argv: list[str], git_sha: str | None, device: torch.device) -> dict[str, Any]:
@@ -261,6 +311,41 @@ def ratios(cells: dict[str, Any]) -> dict[str, float]:
     return found
 
 
+CONTROL = "flashspec_pool/flashspec"
+
+
+def cell_of(cells: dict[str, Any], name: str) -> dict[str, Any]:
+    """A method's cell (for HF assisted at B > 1, its one-row-at-a-time measurement)."""
+    cell = cells.get(name) or {}
+    return cell.get("hf_assisted_sequential", cell)
+
+
+def same_work(cells: dict[str, Any]) -> bool:
+    """True when flashspec_pool never chose prompt lookup, in the runs that record their choices: then it
+    ran flashspec's draft and target forwards again (with one idle drafter more), i.e. the same work."""
+    pool = cell_of(cells, "flashspec_pool")
+    records = [run["per_arm"] for run in pool.get("runs", [])] or [pool.get("per_arm")]
+    return "flashspec" in cells and all(
+        per_arm and per_arm.get("prompt-lookup", {}).get("selections", 1) == 0 for per_arm in records)
+
+
+def comparisons(cells: dict[str, Any]) -> dict[str, stats.Comparison]:
+    """Each FlashSpec speed-up over each baseline judged by `stats.compare_runs` on the cells' timed runs.
+
+    When flashspec_pool did flashspec's work (`same_work`), that pair is measured as well (key CONTROL):
+    it can only differ by run-to-run error, so it is the control of every other comparison of the batch."""
+    times = {name: cell_of(cells, name).get("times_s") for name in cells}
+    found: dict[str, stats.Comparison] = {}
+    control = None
+    if same_work(cells) and times.get("flashspec") and times.get("flashspec_pool"):
+        control = found[CONTROL] = stats.compare_runs(times["flashspec"], times["flashspec_pool"])
+    for ours in ("flashspec", "flashspec_pool"):
+        for base in ("plain", "hf_assisted"):
+            if times.get(ours) and times.get(base):
+                found[f"{ours}/{base}"] = stats.compare_runs(times[base], times[ours], control=control)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
@@ -290,8 +375,11 @@ def main(argv: list[str] | None = None) -> int:
             cells[method] = measure_cell(method, batch, target, draft, prompts, params, args.gamma,
                                          max_new_tokens, repeats, device, args.seed, args.verify_backend)
             print(f"B={batch} {method}: {summarise(cells[method])}", file=sys.stderr)
-        record["results"][f"B={batch}"] = {"cells": cells, "ratios": ratios(cells)}
-        print(f"B={batch} ratios: {record['results'][f'B={batch}']['ratios']}", file=sys.stderr)
+        judged = {name: asdict(comparison) for name, comparison in comparisons(cells).items()}
+        record["results"][f"B={batch}"] = {"cells": cells, "ratios": ratios(cells), "comparisons": judged}
+        for name, comparison in judged.items():
+            print(f"B={batch} {name}: {comparison['ratio']:.2f}x, {comparison['verdict']} ({comparison['reason']})",
+                  file=sys.stderr)
     out = Path(args.out) if args.out else Path("results") / f"bench_engine_{slug(record['hardware'], args.tiny)}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(record, indent=2, default=float) + "\n")
@@ -301,9 +389,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def summarise(cell: dict[str, Any]) -> str:
     cell = cell.get("hf_assisted_sequential", cell)
-    parts = [f"{cell['tokens_per_s']:.1f} tok/s", f"p50 step {cell['p50_step_latency_ms']:.2f} ms"]
-    if cell.get("alpha") is not None:
-        parts.append(f"alpha {cell['alpha']:.3f}")
+    parts = [f"{cell['tokens_per_s']:.1f} tok/s", f"{cell['tokens_per_step']:.2f} tokens/step",
+             f"p50 step {cell['p50_step_latency_ms']:.2f} ms"]
+    if cell.get("acceptance_rate") is not None:
+        parts.append(f"acceptance rate {cell['acceptance_rate']:.3f}, token acceptance {cell['token_acceptance']:.3f}")
     return ", ".join(parts)
 
 

@@ -356,7 +356,8 @@ def plot_generation_trace(stats: Any, path: str | Path | None = None, window: in
     summary = data.get("summary", {})
     if summary:
         bottom.set_title(
-            f"B={summary.get('batch_size')}, mean α={summary.get('mean_acceptance') or float('nan'):.3f}, "
+            f"B={summary.get('batch_size')}, acceptance rate "
+            f"{summary.get('acceptance_rate', summary.get('mean_acceptance')) or float('nan'):.3f}, "
             f"{summary.get('generated_tokens')} tokens in {summary.get('steps')} steps",
             fontsize=9, loc="left",
         )
@@ -368,7 +369,7 @@ __all__ += ["plot_generation_trace"]
 
 def plot_engine_benchmark(record: dict[str, Any], path: str | Path | None = None) -> Figure:
     """Tokens/s of each method per batch size, side by side, from a `flashspec bench engine` record; each bar is
-    labelled with its mean acceptance α (where the method has one) and p50 step latency."""
+    labelled with its acceptance rate (accepted / drafted, where the method has one) and p50 step latency."""
     results = record["results"]
     batches = list(results)
     methods = list(dict.fromkeys(method for batch in batches for method in results[batch]["cells"]))
@@ -385,8 +386,9 @@ def plot_engine_benchmark(record: dict[str, Any], path: str | Path | None = None
             x = position + (index - (len(methods) - 1) / 2) * width
             ax.bar(x, cell["tokens_per_s"], width, color=f"C{index}", hatch="//" if sequential else None,
                    label=method if position == 0 else None)
-            alpha = f"α {cell['alpha']:.2f}\n" if cell.get("alpha") is not None else ""
-            ax.text(x, cell["tokens_per_s"], f"{alpha}{cell['p50_step_latency_ms']:.1f} ms",
+            rate = cell.get("acceptance_rate", cell.get("alpha"))  # "alpha": its name in older records
+            label = f"acc. {rate:.2f}\n" if rate is not None else ""
+            ax.text(x, cell["tokens_per_s"], f"{label}{cell['p50_step_latency_ms']:.1f} ms",
                     ha="center", va="bottom", fontsize=6)
     ax.set_xticks(range(len(batches)), batches)
     ax.set_ylabel("tokens/s (all rows)")

@@ -103,3 +103,37 @@ def test_per_request_tokens_per_step() -> None:
     assert per_request_tokens_per_step([0, 0, 1, 1, 1, 1, 2], 8, 3) == [4.0, 2.0, 8.0]
     with pytest.raises(ValueError):
         per_request_tokens_per_step([0, 0], 8, 2)
+
+
+def test_bench_cell_reports_every_number_from_its_median_run() -> None:
+    from flashspec.bench_engine import cell_from_runs
+
+    runs = [{"time_s": t, "tokens_per_s": 128 / t, "steps": s, "tokens_per_step": 128 / s, "acceptance_rate": r,
+             "token_acceptance": 0.5, "p50_step_latency_ms": 1000 * t / s}
+            for t, s, r in ((3.0, 60, 0.28), (2.0, 58, 0.30), (2.5, 59, 0.29))]
+    cell = cell_from_runs(runs, warmup_s=9.0, rows_per_step=1)
+    assert cell["median_run"] == 2 and cell["times_s"] == [3.0, 2.0, 2.5] and cell["warmup_time_s"] == 9.0
+    assert (cell["tokens_per_s"], cell["steps"], cell["acceptance_rate"]) == (128 / 2.5, 59, 0.29)
+    assert cell["alpha"] == cell["acceptance_rate"] and "time_s" not in cell
+    # the paper's identity holds inside one run: tokens/s x step time = tokens per step
+    assert cell["tokens_per_s"] * cell["p50_step_latency_ms"] / 1e3 == pytest.approx(cell["tokens_per_step"])
+
+
+def test_bench_comparisons_use_the_identical_work_control() -> None:
+    """The committed H200 file's B = 8 block, reduced to what `comparisons` reads."""
+    from flashspec.bench_engine import CONTROL, comparisons, same_work
+
+    idle = {"draft0": {"selections": 62}, "prompt-lookup": {"selections": 0}}
+    cells = {
+        "plain": {"times_s": [1.93, 2.77, 2.05]},
+        "hf_assisted": {"unsupported": "B > 1", "hf_assisted_sequential": {"times_s": [15.8]}},
+        "flashspec": {"times_s": [9.69, 5.56, 4.38], "per_arm": {"draft0": {"selections": 62}}},
+        "flashspec_pool": {"times_s": [2.10, 2.26, 2.36], "per_arm": idle},
+    }
+    assert same_work(cells)
+    judged = comparisons(cells)
+    assert judged[CONTROL].verdict != "inconclusive"
+    assert {judged[name].verdict for name in judged if name != CONTROL} == {"inconclusive"}
+    cells["flashspec_pool"]["per_arm"] = {**idle, "prompt-lookup": {"selections": 3}}
+    assert not same_work(cells) and CONTROL not in comparisons(cells)
+    assert comparisons(cells)["flashspec/plain"].verdict == "not reproduced"
