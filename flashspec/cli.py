@@ -9,14 +9,21 @@
     flashspec bandits ...        -> flashspec.simulate.main(argv)
 
 `generate` streams the text of the first prompt as it is accepted, with a progress bar on stderr
-and the summary table at the end.
+and the summary table at the end. Bad input (an option out of range, an unusable --device, a
+checkpoint that will not load, an unwritable --json path) ends with one line on stderr,
+`flashspec generate: error: ...`, and exit status 2, before anything is generated.
 """
 from __future__ import annotations
 
 import argparse
 import importlib
+import math
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
 from typing import Any
 
 DISPATCH = {
@@ -98,9 +105,175 @@ def generate_parser() -> argparse.ArgumentParser:
 
 
 def generate_command(argv: list[str]) -> int:
+    """Parse, check every option, load the models, then stream; bad input exits 2 before any output."""
     args = generate_parser().parse_args(argv)
+    try:
+        check_options(args)
+        run = prepare_run(args)
+    except ValueError as error:
+        return report_error(error)
+
     import torch
 
+    streamer = TextStreamer(run.tokenizer, total=run.max_new_tokens, progress=not args.no_progress)
+    sys.stdout.write(args.prompt)
+    sys.stdout.flush()
+    try:
+        with torch.no_grad():
+            result = run.decoder.generate(
+                run.input_ids, max_new_tokens=run.max_new_tokens, sampling=run.sampling, seed=args.seed,
+                on_step=streamer,
+            )
+    except ValueError as error:
+        sys.stdout.write("\n")
+        return report_error(error)
+    except KeyboardInterrupt:
+        sys.stdout.write("\n")
+        print("flashspec generate: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        streamer.close()
+    sys.stdout.write("\n")
+    print(result.stats.format_table(), file=sys.stderr)
+    if args.json:
+        try:
+            result.stats.to_json(args.json)
+        except OSError as error:  # the path was writable when checked; the table above still has the summary
+            return report_error(f"--json {args.json}: could not write the statistics ({error.strerror})")
+        print(f"per-step statistics written to {args.json}", file=sys.stderr)
+    return 0
+
+
+def report_error(error: BaseException | str) -> int:
+    """Print `error` the way argparse prints its own (one line on stderr) and return exit code 2."""
+    print(f"flashspec generate: error: {error}", file=sys.stderr)
+    return 2
+
+
+# --- Option checks: each raises ValueError naming the option and the fix, before anything loads. ---
+
+# Drafted tokens per step: acceptance decays with each position, so tokens drafted past a few dozen
+# are almost never kept, while the verify tensors ([batch, gamma + 1, vocab]) keep growing.
+MAX_GAMMA = 64
+MAX_SEED = 2**64 - 1  # the engine keys its draws on 64 bits, so larger seeds would repeat smaller ones
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Every check that needs no model: numbers, device, dtype, model names, the --json path."""
+    check_numbers(args)
+    check_dtype(args.dtype)
+    check_device(args.device)
+    if args.target is not None:
+        check_model_name("--target", args.target)
+    for name in args.draft:
+        check_model_name("--draft", name)
+    if args.json is not None:
+        check_output_path("--json", args.json)
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Range checks on the numeric options (argparse has already checked their types)."""
+    if args.max_new_tokens < 0:
+        raise ValueError(f"--max-new-tokens must be an int >= 0, got {args.max_new_tokens}")
+    if not 1 <= args.gamma <= MAX_GAMMA:
+        raise ValueError(f"--gamma must be an int in [1, {MAX_GAMMA}] (drafted tokens per step), got {args.gamma}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise ValueError(f"--temperature must be finite and >= 0 (0 = greedy), got {args.temperature}")
+    if args.top_k < 0:
+        raise ValueError(f"--top-k must be an int >= 0 (0 = off), got {args.top_k}")
+    if not 0 < args.top_p <= 1:  # also rejects nan
+        raise ValueError(f"--top-p must be in (0, 1] (1 = off), got {args.top_p}")
+    if not 0 <= args.seed <= MAX_SEED:
+        raise ValueError(f"--seed must be an int >= 0 (and below 2**64), got {args.seed}")
+
+
+def check_dtype(dtype: str) -> None:
+    """--dtype must name a dtype `models.load_model` understands."""
+    from flashspec import models
+
+    try:
+        models.resolve_dtype(dtype)
+    except ValueError:
+        raise ValueError(f"--dtype {dtype}: unknown dtype; use auto, bf16, fp16 or fp32") from None
+
+
+def check_device(device: str | None) -> None:
+    """--device must parse as a torch device that this machine and this torch build can use."""
+    if device is None:
+        return
+    import torch
+
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"--device {device}: not a device torch knows; use --device cpu or --device cuda") from None
+    if parsed.type == "cpu":
+        return
+    if parsed.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(
+                f"--device {device}: this torch has no CUDA (torch.cuda.is_available() is False); use --device cpu"
+            )
+        count = torch.cuda.device_count()
+        if parsed.index is not None and parsed.index >= count:
+            raise ValueError(f"--device {device}: only {count} CUDA device(s) visible; use cuda:0 to cuda:{count - 1}")
+        return
+    backend = torch.backends.mps if parsed.type == "mps" else getattr(torch, parsed.type, None)
+    available = getattr(backend, "is_available", None)
+    if not (callable(available) and available()):
+        raise ValueError(f"--device {device}: cannot run models on this machine; use --device cpu or --device cuda")
+
+
+def looks_like_local_path(name: str) -> bool:
+    """True for names that cannot be hub ids ("org/name" or "name"): absolute, relative or nested paths."""
+    return name.startswith(("/", ".", "~")) or name.count("/") > 1 or (os.sep != "/" and os.sep in name)
+
+
+def check_model_name(option: str, name: str) -> None:
+    """A model must be a folder (holding config.json and weights) or a hub id, never a file."""
+    path = Path(name)
+    if path.is_file():
+        raise ValueError(
+            f"{option} {name}: {option} must be a model folder or hub id, not a file; pass the folder {path.parent}"
+        )
+    if not path.is_dir() and looks_like_local_path(name):
+        raise ValueError(f"{option} {name}: no such folder; pass a model folder (with config.json) or a hub id")
+
+
+def check_output_path(option: str, name: str) -> None:
+    """The file must be creatable now, so a finished generation is not lost to a bad path."""
+    path = Path(name)
+    if path.is_dir():
+        raise ValueError(f"{option} {name}: is a folder; give a file path such as {path / 'stats.json'}")
+    folder = path.parent
+    if not folder.is_dir():
+        raise ValueError(f"{option} {name}: folder {folder} does not exist; create it or pick another path")
+    existed = path.exists()
+    try:  # open for append: the only test that holds for root, read-only mounts and /proc alike
+        with open(path, "a", encoding="utf-8"):
+            pass
+    except OSError as error:
+        raise ValueError(f"{option} {name}: cannot write there ({error.strerror}); pick another path") from None
+    if not existed:
+        path.unlink(missing_ok=True)
+
+
+# --- Loading and setup. ---
+
+
+@dataclass
+class Run:
+    """Everything `generate_command` needs once the options are checked and the models loaded."""
+
+    decoder: Any
+    tokenizer: Any
+    input_ids: Any
+    sampling: Any
+    max_new_tokens: int
+
+
+def prepare_run(args: argparse.Namespace) -> Run:
+    """Load the models and tokenizer, build the decoder and encode the prompt (ValueError on bad input)."""
     from flashspec import models
     from flashspec.drafters import PromptLookupDrafter
     from flashspec.engine import SpeculativeDecoder
@@ -108,57 +281,90 @@ def generate_command(argv: list[str]) -> int:
 
     try:
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-        if args.zoo is not None:
-            if args.target or args.draft:
-                raise ValueError("--zoo brings its own target and drafts; drop --target/--draft")
-            target, drafts, tokenizer = zoo_models(args.zoo, args.device)
-        elif args.target is None:
-            if args.draft:
-                raise ValueError("--draft needs --target (drafts must share the target's tokenizer)")
-            target, drafts, tokenizer = default_models(args.device)
-        else:
-            load = dict(dtype=args.dtype, quantization=args.quantization, device=args.device,
-                        trust_remote_code=args.trust_remote_code)
-            target = models.load_model(args.target, **load)
-            drafts = [models.load_model(path, **load) for path in args.draft]
-            tokenizer = models.load_tokenizer(args.target, trust_remote_code=args.trust_remote_code)
-            draft_tokenizers = [models.load_tokenizer(path, trust_remote_code=args.trust_remote_code) for path in args.draft]
-            for index, (draft, draft_tokenizer) in enumerate(zip(drafts, draft_tokenizers)):
-                models.check_compatible(target, draft, tokenizer, draft_tokenizer, draft_name=args.draft[index])
-        if args.prompt_lookup or not drafts:
-            drafts = [*drafts, PromptLookupDrafter()]
-        decoder = SpeculativeDecoder(target, drafts, policy=args.policy, gamma=args.gamma, policy_kwargs={"seed": args.seed})
-        input_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
-        if input_ids.shape[1] == 0:
-            raise ValueError("--prompt encodes to no tokens; give some text")
-        positions = models.max_positions_of(target)
-        max_new_tokens = args.max_new_tokens
-        if positions is not None and input_ids.shape[1] + max_new_tokens > positions:
-            max_new_tokens = max(0, positions - input_ids.shape[1])
-            print(f"flashspec: max-new-tokens lowered to {max_new_tokens} (the target has {positions} positions)", file=sys.stderr)
     except ValueError as error:
-        print(f"flashspec generate: {error}", file=sys.stderr)
-        return 2
+        raise ValueError(f"--temperature/--top-k/--top-p: {error}") from error
+    if args.zoo is not None:
+        if args.target or args.draft:
+            raise ValueError("--zoo brings its own target and drafts; drop --target/--draft")
+        target, drafts, tokenizer = zoo_models(args.zoo, args.device)
+    elif args.target is None:
+        if args.draft:
+            raise ValueError("--draft needs --target (drafts must share the target's tokenizer)")
+        target, drafts, tokenizer = default_models(args.device)
+    else:
+        target, drafts, tokenizer = checkpoint_models(args)
+    if args.prompt_lookup or not drafts:
+        drafts = [*drafts, PromptLookupDrafter()]
+    check_policy(args.policy, len(drafts), args.seed)
+    # The seed goes to the policy here and to every draw in `generate`, so one --seed fixes the run.
+    decoder = SpeculativeDecoder(
+        target, drafts, policy=args.policy, gamma=args.gamma, policy_kwargs={"seed": args.seed}
+    )
+    input_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
+    if input_ids.shape[1] == 0:
+        raise ValueError("--prompt encodes to no tokens; give some text")
+    max_new_tokens = args.max_new_tokens
+    positions = models.max_positions_of(target)
+    if positions is not None and input_ids.shape[1] > positions:
+        raise ValueError(
+            f"--prompt is {input_ids.shape[1]} tokens but the target has only {positions} positions; shorten it"
+        )
+    if positions is not None and input_ids.shape[1] + max_new_tokens > positions:
+        max_new_tokens = positions - input_ids.shape[1]
+        print(f"flashspec: max-new-tokens lowered to {max_new_tokens} (the target has {positions} positions)",
+              file=sys.stderr)
+    return Run(decoder, tokenizer, input_ids, sampling, max_new_tokens)
 
-    streamer = TextStreamer(tokenizer, total=max_new_tokens, progress=not args.no_progress)
-    sys.stdout.write(args.prompt)
-    sys.stdout.flush()
+
+def check_policy(name: str, n_arms: int, seed: int) -> None:
+    """Build the policy once, as the decoder will, so a bad --policy is reported under its option name."""
+    from flashspec.engine import resolve_policy
+
     try:
-        with torch.no_grad():
-            result = decoder.generate(
-                input_ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=args.seed, on_step=streamer
-            )
+        resolve_policy(name, n_arms, seed=seed)
     except ValueError as error:
-        print(f"\nflashspec generate: {error}", file=sys.stderr)
-        return 2
-    finally:
-        streamer.close()
-    sys.stdout.write("\n")
-    print(result.stats.format_table(), file=sys.stderr)
-    if args.json:
-        result.stats.to_json(args.json)
-        print(f"per-step statistics written to {args.json}", file=sys.stderr)
-    return 0
+        raise ValueError(f"--policy {name}: {error}") from error
+
+
+def checkpoint_models(args: argparse.Namespace) -> tuple[Any, list[Any], Any]:
+    """The --target and --draft checkpoints and the target's tokenizer, checked to share one vocabulary."""
+    from flashspec import models
+
+    trust = args.trust_remote_code
+    model = partial(models.load_model, dtype=args.dtype, quantization=args.quantization, device=args.device,
+                    trust_remote_code=trust)
+    tokenizer_of = partial(models.load_tokenizer, trust_remote_code=trust)
+    target = load_checkpoint("--target", args.target, partial(model, args.target))
+    drafts = [load_checkpoint("--draft", path, partial(model, path)) for path in args.draft]
+    tokenizer = load_checkpoint("--target", args.target, partial(tokenizer_of, args.target))
+    for draft, path in zip(drafts, args.draft):
+        draft_tokenizer = load_checkpoint("--draft", path, partial(tokenizer_of, path))
+        models.check_compatible(target, draft, tokenizer, draft_tokenizer, draft_name=f"--draft {path}")
+    return target, drafts, tokenizer
+
+
+def load_checkpoint(option: str, name: str, load: Callable[[], Any]) -> Any:
+    """Run `load` and turn any failure into a ValueError naming the option and the checkpoint.
+
+    Whatever goes wrong inside a load (a truncated safetensors file, a malformed config, a missing
+    tokenizer, a failed download) comes from the checkpoint the user named, so every exception
+    type is caught here; the message keeps the exception's type and text so a real bug stays visible.
+    """
+    try:
+        return load()
+    except ValueError as error:
+        raise ValueError(f"{option} {name}: {one_line(error)}") from error
+    except Exception as error:  # noqa: BLE001 -- any failure reading the checkpoint is bad input
+        raise ValueError(
+            f"{option} {name}: could not load it ({type(error).__name__}: {one_line(error)}); pass a folder "
+            "holding a complete, uncorrupted checkpoint (config.json, weights, tokenizer) or a hub id"
+        ) from error
+
+
+def one_line(error: BaseException, limit: int = 400) -> str:
+    """An exception's message on one line (library messages often span several), cut to `limit` characters."""
+    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class TextStreamer:

@@ -5,6 +5,8 @@ import json
 import sys
 import types
 
+import pytest
+
 from flashspec import cli, models
 
 
@@ -100,3 +102,132 @@ def test_generate_with_the_model_zoo(monkeypatch, capsys):
     assert code == 0, captured.err
     assert captured.out.startswith("ab") and "draft0" in captured.err
     assert cli.main(["generate", "--zoo", "cpu", "--target", "x", "--no-progress"]) == 2
+
+
+# --- Bad input ends in one `flashspec generate: error: ...` line and exit 2, before any output. ---
+
+BASE = ["generate", "--no-progress", "--device", "cpu", "--max-new-tokens", "4"]
+
+
+def save_tiny_checkpoint(folder) -> None:
+    """A tiny random Llama and the char tokenizer saved as a Hugging Face folder."""
+    tokenizer = models.char_tokenizer()
+    common = dict(vocab_size=len(tokenizer), max_positions=64, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    models.tiny_llama(hidden_size=16, num_heads=2, **common).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def run_failing(capsys, argv: list[str]) -> str:
+    """Run the CLI, expect exit 2 with nothing on stdout and one error line; return stderr."""
+    code = cli.main(argv)
+    captured = capsys.readouterr()
+    assert code == 2, captured.err
+    assert captured.out == ""
+    assert "Traceback" not in captured.err
+    assert "flashspec generate: error: " in captured.err
+    return captured.err
+
+
+def test_device_without_cuda_or_unknown_is_an_error(monkeypatch, capsys):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    err = run_failing(capsys, [*BASE, "--device", "cuda"])
+    assert "--device cuda" in err and "--device cpu" in err
+    err = run_failing(capsys, [*BASE, "--device", "nosuch"])
+    assert "--device nosuch" in err
+
+
+@pytest.mark.parametrize("role", ["--target", "--draft"])
+def test_corrupt_checkpoint_is_an_error_naming_the_option(tmp_path, capsys, role):
+    for name in ("target", "draft"):
+        save_tiny_checkpoint(tmp_path / name)
+    corrupt = tmp_path / role.lstrip("-") / "model.safetensors"
+    corrupt.write_bytes(b"\x12\x34 not a safetensors file" + corrupt.read_bytes()[:40])
+    err = run_failing(capsys, [*BASE, "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft")])
+    assert role in err and str(corrupt.parent) in err
+
+
+def test_model_option_given_a_file_is_an_error(tmp_path, capsys):
+    save_tiny_checkpoint(tmp_path / "target")
+    err = run_failing(capsys, [*BASE, "--target", str(tmp_path / "target" / "config.json")])
+    assert "--target" in err and "folder" in err and "not a file" in err
+    err = run_failing(capsys, [*BASE, "--target", str(tmp_path / "missing")])
+    assert "--target" in err and "no such folder" in err
+
+
+def test_unwritable_json_path_fails_before_generating(tmp_path, capsys):
+    err = run_failing(capsys, [*BASE, "--json", str(tmp_path / "nodir" / "stats.json")])
+    assert "--json" in err and "nodir" in err
+    err = run_failing(capsys, [*BASE, "--json", str(tmp_path)])
+    assert "--json" in err
+    probed = tmp_path / "stats.json"  # the writability probe leaves nothing behind when the run stops early
+    run_failing(capsys, [*BASE, "--json", str(probed), "--policy", "nope"])
+    assert not probed.exists()
+
+
+def test_negative_seed_is_a_seed_error(capsys):
+    err = run_failing(capsys, [*BASE, "--seed", "-1"])
+    assert "--seed must be an int >= 0" in err and "policy" not in err
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--max-new-tokens", "-5"), ("--gamma", "0"), ("--gamma", "100000"), ("--temperature", "-1"),
+    ("--temperature", "nan"), ("--temperature", "inf"), ("--top-k", "-1"), ("--top-p", "0"),
+    ("--top-p", "1.5"), ("--top-p", "nan"), ("--dtype", "bogus"),
+])
+def test_bad_numeric_options_fail_before_any_output(capsys, option, value):
+    err = run_failing(capsys, [*BASE, option, value])
+    assert option in err
+
+
+def test_library_value_errors_are_one_line_errors(monkeypatch, capsys):
+    """A ValueError from the library (here the zoo's cache check) is printed, not raised."""
+
+    class ZooCacheError(ValueError):
+        pass
+
+    def broken_zoo(size, device=None):
+        raise ZooCacheError("zoo cache at /x is corrupt; delete it")
+
+    fake = types.ModuleType("flashspec.zoo")
+    fake.load_zoo = broken_zoo
+    monkeypatch.setitem(sys.modules, "flashspec.zoo", fake)
+    monkeypatch.setattr("flashspec.zoo", fake, raising=False)
+    err = run_failing(capsys, [*BASE, "--zoo", "cpu"])
+    assert "flashspec generate: error: zoo cache at /x is corrupt; delete it" in err
+
+
+def test_seed_reaches_the_policy_and_the_draws(monkeypatch, capsys):
+    from flashspec import engine
+
+    seen = {}
+    real_init, real_generate = engine.SpeculativeDecoder.__init__, engine.SpeculativeDecoder.generate
+
+    def spy_init(self, *args, **kwargs):
+        seen["policy_kwargs"] = kwargs.get("policy_kwargs")
+        real_init(self, *args, **kwargs)
+
+    def spy_generate(self, *args, **kwargs):
+        seen["seed"] = kwargs.get("seed")
+        return real_generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(engine.SpeculativeDecoder, "__init__", spy_init)
+    monkeypatch.setattr(engine.SpeculativeDecoder, "generate", spy_generate)
+    outputs = []
+    for _ in range(2):
+        assert cli.main([*BASE, "--seed", "7", "--temperature", "1", "--max-new-tokens", "10"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert seen == {"policy_kwargs": {"seed": 7}, "seed": 7}
+    assert outputs[0] == outputs[1]
+
+
+def test_interrupt_ends_quietly(monkeypatch, capsys):
+    from flashspec import engine
+
+    def interrupted(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine.SpeculativeDecoder, "generate", interrupted)
+    assert cli.main(BASE) == 130
+    assert "interrupted" in capsys.readouterr().err
