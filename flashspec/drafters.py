@@ -175,7 +175,10 @@ class PromptLookupDrafter:
         return None
 
     def propose(self, context: DraftContext) -> Proposal:
-        tokens, valid = context.tokens, context.valid
+        return Proposal(tokens=self.propose_tokens(context.tokens, context.valid, context.gamma), logits=None)
+
+    def propose_tokens(self, tokens: torch.Tensor, valid: torch.Tensor, gamma: int) -> torch.Tensor:
+        """[B, γ] proposals from right-aligned rows `tokens` [B, S] (`valid` marks real tokens)."""
         batch, length = tokens.shape
         device = tokens.device
         start = torch.full((batch,), -1, dtype=torch.long, device=device)
@@ -187,9 +190,9 @@ class PromptLookupDrafter:
         has_match = start >= 0
         period = torch.where(has_match, length - start, torch.ones_like(start))
         first = torch.where(has_match, start, torch.full_like(start, length - 1))
-        offsets = torch.arange(context.gamma, device=device).view(1, -1)
+        offsets = torch.arange(gamma, device=device).view(1, -1)
         index = first.view(-1, 1) + offsets % period.view(-1, 1)
-        return Proposal(tokens=tokens.gather(1, index), logits=None)
+        return tokens.gather(1, index)
 
 
 def lookup_ngram(tokens: torch.Tensor, valid: torch.Tensor, ngram: int) -> torch.Tensor:

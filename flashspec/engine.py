@@ -332,17 +332,22 @@ class SpeculativeDecoder:
         return arm, proposals[arm]
 
     def _update_policy(self, arm: int, num_accepted: list[int], gamma: int) -> None:
-        """Reward from this step's acceptances (the past of the next step). Policies with
-        `update_step` (Thompson sampling) get the geometric conjugate update per row; others the
-        mean acceptance fraction in [0, 1]."""
-        if self.selector is not None or not num_accepted:
-            return
-        update_step = getattr(self.policy, "update_step", None)
-        if callable(update_step):
-            for accepted in num_accepted:
-                update_step(arm, accepted, gamma)
-        else:
-            self.policy.update(arm, sum(num_accepted) / (gamma * len(num_accepted)))
+        if self.selector is None:
+            update_policy(self.policy, arm, num_accepted, gamma)
+
+
+def update_policy(policy: Any, arm: int, num_accepted: list[int], gamma: int) -> None:
+    """Reward from one step's acceptances (the past of every later step). Policies with
+    `update_step` (Thompson sampling) get the geometric conjugate update per row; others the mean
+    acceptance fraction in [0, 1]."""
+    if not num_accepted:
+        return
+    update_step = getattr(policy, "update_step", None)
+    if callable(update_step):
+        for accepted in num_accepted:
+            update_step(arm, accepted, gamma)
+    else:
+        policy.update(arm, sum(num_accepted) / (gamma * len(num_accepted)))
 
 
 @dataclass

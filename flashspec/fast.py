@@ -1,0 +1,453 @@
+"""The fast path: the whole speculative step on the device, replayed from CUDA graphs.
+
+`FastSpeculativeDecoder` is `SpeculativeDecoder` for Llama-family models (`flashspec.runner`), with
+the host taken off the critical path:
+
+- Every model (target and model drafts) runs through a `LlamaRunner`: a static KV cache with
+  slot == position, so a rejected draft slot needs no rollback -- the next step writes it again.
+- One step is pure device work on preallocated buffers: every model draft re-reads the last γ+1
+  tokens (a "window" forward that keeps all drafts' caches in sync, so switching drafts costs
+  nothing extra), the chosen draft samples γ tokens, the target scores them in one (γ+1)-token
+  forward, `verify` accepts and samples, and the commit appends each row's tokens, cut by its budget
+  and EOS. The step's key comes from a step counter in a device buffer (`rng.step_key`), advanced
+  inside the step, so a replay draws fresh uniforms.
+- On CUDA, each (arm, attention bucket) step is captured once as a CUDA graph and replayed.
+- The host only picks the arm and launches. It reads step t's outcome (accepted counts, finished
+  rows) through a pinned-memory copy and an event `lag` steps later, so the GPU always has queued
+  work. The policy therefore sees step t only from step t + lag on: the choice at every step is a
+  function of the past, which is all Theorem 1 asks, so the output stays exactly the target's.
+
+Randomness: the same counter-based hash as the eager engine, on a different key schedule
+(`rng.step_key`), so a fast run is not token-for-token the eager run with the same seed; each is
+exact and fixed by its seed. Greedy output equals the target's greedy decoding.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from flashspec import models, rng, runner
+from flashspec.drafters import PromptLookupDrafter
+from flashspec.engine import (GenerationResult, StepEvent, check_budgets, check_draft_positions, check_prompt,
+                              check_token_ids, resolve_pad, resolve_policy, update_policy, POLICY_SEED_TAG,
+                              MAX_GAMMA)
+from flashspec.sampling import SamplingParams, sample_from_logits
+from flashspec.stats import GenerationStats, StepRecord
+from flashspec.verify import verify_reference
+
+DRAFT_STREAM_BASE = rng.STREAM_DRAFT + 16  # arm a samples on stream DRAFT_STREAM_BASE + 16·a
+
+
+@dataclass
+class _Buffers:
+    """Device state of one generation; every step reads and writes these in place (fixed addresses,
+    so captured graphs stay valid across requests of the same shape)."""
+
+    seq: torch.Tensor        # [B, capacity] long: each row's tokens, position t in column t
+    lengths: torch.Tensor    # [B] long: tokens per row (the last one is pending: not yet in the target cache)
+    remaining: torch.Tensor  # [B] long: tokens each row may still append
+    done: torch.Tensor       # [B] bool: row finished (budget or EOS)
+    step: torch.Tensor       # [1] long: steps taken, the RNG counter
+    seed_key: torch.Tensor   # [2] long: the request's key (lo, hi)
+    frozen: torch.Tensor     # [1] bool: warm-up runs (graph capture) commit nothing and keep the counter
+    stop_ids: torch.Tensor   # [S] long: EOS ids (S may be 0)
+    outcome: torch.Tensor    # [B, γ+3] long out: this step's verified tokens, accepted drafts, appended count
+
+
+class FastSpeculativeDecoder:
+    """Exact speculative decoding with static caches and CUDA graphs (see the module docstring).
+
+    Args:
+        target: a Llama-family HF causal LM (`flashspec.runner.supports`).
+        drafts: Llama-family HF causal LMs sharing the target's tokenizer and/or `PromptLookupDrafter`s.
+        policy, policy_kwargs: as for `SpeculativeDecoder`.
+        gamma: drafted tokens per step (fixed: it is part of the captured graphs).
+        graphs: capture CUDA graphs (default: when the target is on CUDA).
+        lag: steps between a step's launch and the host reading its outcome (>= 1).
+        backend: verify backend on CUDA, "triton" (default when available) or "torch".
+    """
+
+    def __init__(self, target: torch.nn.Module, drafts: Sequence[Any], policy: Any = "thompson", gamma: int = 4,
+                 policy_kwargs: dict[str, Any] | None = None, graphs: bool | None = None, lag: int = 2,
+                 backend: str = "auto") -> None:
+        if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
+            raise ValueError(f"gamma must be an int in [1, {MAX_GAMMA}] (drafted tokens per step), got {gamma!r}")
+        if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
+            raise ValueError(f"lag must be an int >= 1 (steps before the host reads an outcome), got {lag!r}")
+        if backend not in ("auto", "torch", "triton"):
+            raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+        runner.check_supported(target)
+        if isinstance(drafts, (torch.nn.Module, str)) or not isinstance(drafts, Sequence) or len(drafts) == 0:
+            raise ValueError("drafts must be a non-empty list of draft models and/or PromptLookupDrafter objects")
+        self.target = target
+        self.drafts: list[Any] = []
+        for index, draft in enumerate(drafts):
+            if isinstance(draft, PromptLookupDrafter):
+                self.drafts.append(draft)
+                continue
+            if not isinstance(draft, torch.nn.Module):
+                raise ValueError(f"drafts[{index}] must be a Llama-family HF model or a PromptLookupDrafter, "
+                                 f"got {type(draft).__name__} (the eager SpeculativeDecoder takes any Drafter)")
+            reason = runner.unsupported_reason(draft)
+            if reason is not None:
+                raise ValueError(f"drafts[{index}] cannot run on the fast path: {reason}")
+            models.check_compatible(target, draft, draft_name=f"drafts[{index}]")
+            self.drafts.append(draft)
+        self.gamma = gamma
+        self.lag = lag
+        self.graphs = graphs
+        self.backend = backend
+        self.policy = resolve_policy(policy, len(self.drafts), **(policy_kwargs or {}))
+        self._session: _Session | None = None
+
+    @property
+    def arm_names(self) -> list[str]:
+        names = []
+        for index, draft in enumerate(self.drafts):
+            if isinstance(draft, PromptLookupDrafter):
+                names.append(draft.name)
+            else:
+                path = str(getattr(draft.config, "_name_or_path", "") or "").rstrip("/")
+                names.append(f"draft{index}:{path.rsplit('/', 1)[-1]}" if path else f"draft{index}")
+        return names
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.target.parameters()).device
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 max_new_tokens: int | Sequence[int] = 64, sampling: SamplingParams | None = None, seed: int = 0,
+                 eos_token_id: int | Sequence[int] | None = None, ignore_eos: bool = False,
+                 pad_token_id: int | None = None, on_step: Callable[[StepEvent], None] | None = None,
+                 ) -> GenerationResult:
+        """Generate up to `max_new_tokens` after left-padded prompts; arguments as
+        `SpeculativeDecoder.generate`. `seed` fixes the run (sampling and the policy's draws); step
+        latencies in the stats are device times between consecutive step ends (CUDA) or host times."""
+        sampling = SamplingParams() if sampling is None else sampling
+        if not isinstance(sampling, SamplingParams):
+            raise ValueError(f"sampling must be a flashspec.SamplingParams, got {type(sampling).__name__}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed must be an int >= 0, got {seed!r}")
+        vocab = models.vocab_size_of(self.target)
+        input_ids, mask = check_prompt(input_ids, attention_mask, vocab)
+        batch, width = input_ids.shape
+        budgets = check_budgets(max_new_tokens, batch)
+        capacity = width + max(budgets) + self.gamma + 1
+        for name, model in [("target", self.target)] + [(f"drafts[{i}]", d) for i, d in enumerate(self.drafts)
+                                                         if not isinstance(d, PromptLookupDrafter)]:
+            limit = models.max_positions_of(model)
+            if limit is not None and width + max(budgets) > limit:
+                raise ValueError(f"prompt length {width} + max_new_tokens {max(budgets)} exceeds the {name}'s "
+                                 f"{limit} positions; lower max_new_tokens")
+        stop_ids = set() if ignore_eos else check_token_ids(
+            "eos_token_id",
+            models.special_token_ids(self.target)["eos_token_id"] if eos_token_id is None else eos_token_id, vocab)
+        if pad_token_id is not None:
+            check_token_ids("pad_token_id", pad_token_id, vocab)
+        pad_id = resolve_pad(pad_token_id, self.target, stop_ids)
+
+        device = self.device
+        use_graphs = device.type == "cuda" if self.graphs is None else bool(self.graphs)
+        if use_graphs and device.type != "cuda":
+            raise ValueError("graphs=True needs the target on a CUDA device")
+        key = (batch, capacity, sampling, tuple(sorted(stop_ids)), use_graphs)
+        if self._session is None or self._session.key != key:
+            self._session = _Session(self, key, batch, capacity, sampling, stop_ids, use_graphs)
+        session = self._session
+        reseed = getattr(self.policy, "reseed", None)
+        if callable(reseed):
+            reseed(rng.derive_seed(seed, POLICY_SEED_TAG))
+        on_request_start = getattr(self.policy, "on_request_start", None)
+        if callable(on_request_start):
+            on_request_start()
+        stats = GenerationStats(arm_names=self.arm_names, batch_size=batch, prompt_length=width,
+                                synchronized_timing=device.type == "cuda")
+        start = time.perf_counter()
+        lengths = session.prefill(input_ids.to(device), mask.to(device), budgets, seed, pad_id)
+        stats.prefill_s = time.perf_counter() - start
+        num_generated = session.run(self, budgets, lengths, stats, on_step)
+        stats.total_s = time.perf_counter() - start
+        stats.generated_tokens = sum(num_generated)
+        sequences = session.output(input_ids, mask, max(num_generated), pad_id)
+        return GenerationResult(sequences=sequences, num_generated=torch.tensor(num_generated, dtype=torch.long),
+                                stats=stats)
+
+
+class _Session:
+    """Runners, buffers and captured step graphs for one (batch, capacity, sampling, EOS, graphs) shape."""
+
+    def __init__(self, decoder: FastSpeculativeDecoder, key: tuple, batch: int, capacity: int,
+                 sampling: SamplingParams, stop_ids: set[int], use_graphs: bool) -> None:
+        self.key = key
+        self.gamma = decoder.gamma
+        self.sampling = sampling
+        self.use_graphs = use_graphs
+        self.capacity = capacity
+        device = decoder.device
+        self.device = device
+        self.target = runner.LlamaRunner(decoder.target, batch, capacity, logits_dtype=torch.float32)
+        self.drafts: list[runner.LlamaRunner | PromptLookupDrafter] = [
+            d if isinstance(d, PromptLookupDrafter) else runner.LlamaRunner(d, batch, capacity, torch.float32)
+            for d in decoder.drafts]
+        use_triton = decoder.backend == "triton" or (decoder.backend == "auto" and device.type == "cuda")
+        self.verify_triton = use_triton
+        zeros = lambda dtype, *shape: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
+        self.buffers = _Buffers(
+            seq=zeros(torch.long, batch, capacity), lengths=zeros(torch.long, batch),
+            remaining=zeros(torch.long, batch), done=zeros(torch.bool, batch), step=zeros(torch.long, 1),
+            seed_key=zeros(torch.long, 2), frozen=zeros(torch.bool, 1),
+            stop_ids=torch.tensor(sorted(stop_ids), dtype=torch.long, device=device),
+            outcome=zeros(torch.long, batch, decoder.gamma + 3))
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.batch = batch
+
+    # ------------------------------------------------------------------------------- request set-up
+    def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, budgets: list[int], seed: int,
+                pad_id: int) -> list[int]:
+        """Fill every cache with the prompts and the buffers with the request (one host read of the
+        prompt lengths, before the first step)."""
+        buffers = self.buffers
+        _, lengths = self.target.prefill(input_ids, mask)
+        for draft in self.drafts:
+            if isinstance(draft, runner.LlamaRunner):
+                draft.prefill(input_ids, mask)
+        width = input_ids.shape[1]
+        columns = torch.arange(width, device=self.device)
+        source = (columns + (width - lengths)[:, None]) % width  # real tokens first (slot == position)
+        buffers.seq.fill_(pad_id)
+        buffers.seq[:, :width] = torch.where(columns < lengths[:, None], input_ids.gather(1, source), pad_id)
+        buffers.lengths.copy_(lengths)
+        budget = torch.tensor(budgets, dtype=torch.long, device=self.device)
+        buffers.remaining.copy_(budget)
+        buffers.done.copy_(budget == 0)
+        buffers.step.zero_()
+        buffers.frozen.zero_()
+        key = rng.Key.from_seed(seed)
+        buffers.seed_key.copy_(torch.tensor([key.lo, key.hi], dtype=torch.long))
+        return lengths.tolist()
+
+    def output(self, input_ids: torch.Tensor, mask: torch.Tensor, generated: int, pad_id: int) -> torch.Tensor:
+        """[B, width + generated]: each prompt as given (left-padded), then the row's tokens, then pads."""
+        width = input_ids.shape[1]
+        lengths = self.buffers.lengths.cpu()
+        seq = self.buffers.seq.cpu()
+        pads = (~mask.cpu()).sum(1)
+        columns = torch.arange(width, width + generated)
+        source = columns[None] - pads[:, None]                              # compact index of each column
+        tail = seq.gather(1, source.clamp(max=self.capacity - 1))
+        tail = torch.where(source < lengths[:, None], tail, torch.full_like(tail, pad_id))
+        return torch.cat([input_ids.cpu(), tail], 1)
+
+    # ------------------------------------------------------------------------------- the step
+    def step(self, arm: int, bucket: int) -> None:
+        """One speculative step for `arm` with attention over `bucket` slots: device work only."""
+        b, gamma, params = self.buffers, self.gamma, self.sampling
+        offsets = torch.arange(gamma + 1, device=self.device)
+        key = rng.step_key(b.seed_key, b.step)
+        last = b.lengths - 1                                                   # [B] the pending token
+        window = (last[:, None] - gamma + offsets).clamp(min=0)                # [B, γ+1]
+        window_tokens = b.seq.gather(1, window)
+        at_end = torch.full((self.batch, 1), gamma, dtype=torch.long, device=self.device)
+        chosen = self.drafts[arm]
+        logits = None
+        for draft in self.drafts:  # every model draft re-reads the window: caches stay in sync
+            if isinstance(draft, runner.LlamaRunner):
+                out = draft.forward(window_tokens, window, bucket, at_end)
+                if draft is chosen:
+                    logits = out[:, 0]                                         # [B, V]
+        if isinstance(chosen, PromptLookupDrafter):
+            drafted, draft_logits = self._lookup(chosen, bucket), None
+        else:
+            tokens, all_logits = [], []
+            for index in range(gamma):
+                token, _ = sample_from_logits(logits, params, key, position=index,
+                                              stream=DRAFT_STREAM_BASE + 16 * arm)
+                tokens.append(token)
+                all_logits.append(logits)
+                if index < gamma - 1:
+                    logits = chosen.forward(token[:, None], (b.lengths + index)[:, None], bucket)[:, 0]
+            drafted, draft_logits = torch.stack(tokens, 1), torch.stack(all_logits, 1)
+        target_tokens = torch.cat([b.seq.gather(1, last[:, None]), drafted], 1)
+        target_logits = self.target.forward(target_tokens, last[:, None] + offsets, bucket)
+        if self.verify_triton:
+            from flashspec.kernels import verify_triton
+
+            out_tokens, num_accepted = verify_triton(target_logits, draft_logits, drafted, params, key)
+        else:
+            result = verify_reference(target_logits, draft_logits, drafted, params, key)
+            out_tokens, num_accepted = result.tokens, result.num_accepted
+        self._commit(out_tokens, num_accepted, offsets)
+
+    def _lookup(self, drafter: PromptLookupDrafter, width: int) -> torch.Tensor:
+        """Prompt lookup over each row's last `width` tokens, right-aligned as the drafter reads them."""
+        b = self.buffers
+        index = torch.arange(width, device=self.device)[None] - (width - b.lengths)[:, None]
+        valid = index >= 0
+        tokens = b.seq.gather(1, index.clamp(min=0, max=self.capacity - 1))
+        return drafter.propose_tokens(tokens, valid, self.gamma)
+
+    def _commit(self, out_tokens: torch.Tensor, num_accepted: torch.Tensor, offsets: torch.Tensor) -> None:
+        """Append each row's accepted tokens and its emitted token, cut by its budget and its first EOS."""
+        b = self.buffers
+        width = offsets.shape[0]
+        emitted = offsets[None] <= num_accepted[:, None]                     # [B, γ+1]
+        is_stop = (out_tokens[..., None] == b.stop_ids).any(-1) & emitted
+        first_stop = torch.where(is_stop.any(1), is_stop.long().argmax(1), torch.full_like(num_accepted, width))
+        budget_cut = torch.minimum(num_accepted + 1, b.remaining)
+        hit_stop = first_stop < budget_cut
+        kept = torch.where(hit_stop, first_stop + 1, budget_cut)
+        kept = torch.where(b.done | b.frozen, torch.zeros_like(kept), kept)
+        index = b.lengths[:, None] + offsets[None]                           # < capacity by construction
+        b.seq.scatter_(1, index, torch.where(offsets[None] < kept[:, None], out_tokens.clamp(min=0),
+                                             b.seq.gather(1, index)))
+        b.lengths.add_(kept)
+        b.remaining.sub_(kept)
+        b.done.logical_or_(hit_stop & ~b.frozen).logical_or_(b.remaining == 0)
+        b.step.add_((~b.frozen).long())
+        b.outcome.copy_(torch.cat([out_tokens, num_accepted[:, None], kept[:, None]], 1))
+
+    def launch(self, arm: int, bucket: int) -> None:
+        """Run one step: replay its graph (captured on first use) or run it eagerly."""
+        if not self.use_graphs:
+            self.step(arm, bucket)
+            return
+        graph = self.graphs.get((arm, bucket))
+        if graph is None:
+            graph = self._capture(arm, bucket)
+            self.graphs[(arm, bucket)] = graph
+        graph.replay()
+
+    def _capture(self, arm: int, bucket: int) -> torch.cuda.CUDAGraph:
+        """Capture the step for (arm, bucket). Warm-up runs are frozen: they rewrite cache slots the
+        next real step writes again, and commit nothing."""
+        b = self.buffers
+        b.frozen.fill_(True)
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(2):
+                self.step(arm, bucket)
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            self.step(arm, bucket)
+        b.frozen.fill_(False)
+        return graph
+
+    # ------------------------------------------------------------------------------- the host loop
+    def run(self, decoder: FastSpeculativeDecoder, budgets: list[int], lengths: list[int],
+            stats: GenerationStats, on_step: Callable[[StepEvent], None] | None) -> list[int]:
+        """Launch steps until every row is done; read each step's outcome `lag` steps later."""
+        b, gamma, lag = self.buffers, self.gamma, decoder.lag
+        cuda = self.device.type == "cuda"
+        width = max(lengths)
+        slots = lag + 1
+        pinned = torch.zeros((slots, self.batch, gamma + 3), dtype=torch.long, pin_memory=cuda)
+        done_host = torch.zeros((slots, self.batch), dtype=torch.bool, pin_memory=cuda)
+        events = [torch.cuda.Event(enable_timing=True) if cuda else None for _ in range(slots)]
+        last_end = torch.cuda.Event(enable_timing=True) if cuda else None
+        if cuda:
+            last_end.record()
+        issued: list[tuple[int, int, float]] = []  # (step, arm, host launch time)
+        num_generated = [0] * self.batch
+        active = [budget > 0 for budget in budgets]
+        known_max = width  # the longest row as of the last step read
+        read = 0
+
+        def consume() -> bool:
+            """Read the oldest unread step's outcome; True when every row is done."""
+            nonlocal read, known_max, last_end
+            step, arm, launched = issued[read]
+            slot = step % slots
+            if cuda:
+                events[slot].synchronize()
+                latency = last_end.elapsed_time(events[slot]) / 1e3
+                last_end = events[slot]
+            else:
+                latency = time.perf_counter() - launched
+            outcome = pinned[slot].tolist()
+            accepted, kept = [row[-2] for row in outcome], [row[-1] for row in outcome]
+            rows = [row for row in range(self.batch) if active[row]]
+            update_policy(decoder.policy, arm, [accepted[row] for row in rows], gamma)
+            if rows:
+                stats.record(StepRecord(step=step, arm=arm, gamma=gamma,
+                                        num_accepted=[accepted[row] for row in rows],
+                                        kept=[kept[row] for row in rows], latency_s=latency))
+            for row in range(self.batch):
+                num_generated[row] += kept[row]
+                active[row] = not bool(done_host[slot, row])
+            known_max = max(length + count for length, count in zip(lengths, num_generated))
+            if on_step is not None and rows:
+                on_step(StepEvent(step=step, arm=arm, new_tokens=[outcome[row][: kept[row]] for row in range(self.batch)],
+                                  num_generated=list(num_generated)))
+            read += 1
+            return not any(active)
+
+        finished = not any(active)
+        step = 0
+        while not finished:
+            if step - read >= lag:
+                finished = consume()
+                if finished:
+                    break
+            unread = step - read
+            bound = min(known_max + unread * (gamma + 1), self.capacity - gamma - 1)
+            bucket = runner.bucket_for(bound + gamma, self.capacity)
+            arm = int(decoder.policy.select())
+            if not 0 <= arm < len(self.drafts):
+                raise ValueError(f"policy returned arm {arm}, but there are {len(self.drafts)} drafts")
+            launched = time.perf_counter()
+            self.launch(arm, bucket)
+            slot = step % slots
+            pinned[slot].copy_(b.outcome, non_blocking=True)
+            done_host[slot].copy_(b.done, non_blocking=True)
+            if cuda:
+                events[slot].record()
+            issued.append((step, arm, launched))
+            step += 1
+        while read < len(issued):  # drain: steps launched after the last row finished append nothing
+            consume()
+        return num_generated
+
+
+def fast_supported(target: torch.nn.Module, drafts: Sequence[Any]) -> str | None:
+    """Why the fast path cannot run this pool (None when it can)."""
+    reason = runner.unsupported_reason(target)
+    if reason is not None:
+        return f"target: {reason}"
+    for index, draft in enumerate(drafts):
+        if isinstance(draft, PromptLookupDrafter):
+            continue
+        if not isinstance(draft, torch.nn.Module):
+            return f"drafts[{index}] is a custom Drafter"
+        reason = runner.unsupported_reason(draft)
+        if reason is not None:
+            return f"drafts[{index}]: {reason}"
+    return None
+
+
+_WARNED: set[str] = set()
+
+
+def make_decoder(target: torch.nn.Module, drafts: Sequence[Any], fast: bool | str = "auto", **kwargs: Any) -> Any:
+    """A FastSpeculativeDecoder when `fast` is True, or "auto" and the models are supported; else the eager
+    `SpeculativeDecoder`, saying once why."""
+    from flashspec.engine import SpeculativeDecoder
+
+    if fast not in (True, False, "auto"):
+        raise ValueError(f"fast must be True, False or 'auto', got {fast!r}")
+    reason = fast_supported(target, drafts) if fast else "fast=False"
+    if reason is None:
+        return FastSpeculativeDecoder(target, drafts, **kwargs)
+    if fast is True:
+        raise ValueError(f"the fast path cannot run these models ({reason}); pass fast='auto' to fall back")
+    if fast == "auto" and reason not in _WARNED:
+        _WARNED.add(reason)
+        warnings.warn(f"flashspec: fast path unavailable ({reason}); using the eager engine", stacklevel=2)
+    eager_kwargs = {k: v for k, v in kwargs.items() if k not in ("graphs", "lag")}
+    return SpeculativeDecoder(target, drafts, **eager_kwargs)

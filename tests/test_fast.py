@@ -1,0 +1,138 @@
+"""The fast path (static caches, device-held step state, lagged host reads) is exact: greedy equals
+the target's own greedy `generate`, and the joint law of the first tokens matches exact enumeration
+with two model drafts and prompt lookup under a bandit that switches. On CPU the steps run eagerly;
+the same step code is what CUDA graphs capture on a GPU."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import flashspec as fs
+from flashspec import models
+from flashspec.drafters import PromptLookupDrafter
+from flashspec.fast import FastSpeculativeDecoder, make_decoder
+
+from test_engine_exact import (LENGTH, PROMPT, ROWS_PER_CALL, SETTINGS, VOCAB, exact_continuations, fit_p_values,
+                               passes)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    target = models.tiny_llama(vocab_size=VOCAB, hidden_size=16, num_layers=1, initializer_range=0.3, seed=1)
+    near = copy.deepcopy(target)
+    noise = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in near.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=noise) * 0.003 * 0.3)
+    far = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2)
+    return target, near, far
+
+
+def variant(name: str) -> torch.nn.Module:
+    """A GQA Llama, a tied-embedding model or a llama3-RoPE model (what the fast runner must match)."""
+    config = models.llama_config(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                                 max_positions=64, initializer_range=0.3)
+    if name == "tied":
+        config.tie_word_embeddings = True
+    if name == "llama3":
+        config.rope_parameters = {"rope_theta": 10000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+                                  "high_freq_factor": 4.0, "original_max_position_embeddings": 16}
+    torch.manual_seed(3)
+    from transformers import LlamaForCausalLM
+
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.mark.parametrize("name", ["gqa", "tied", "llama3"])
+def test_greedy_equals_target_greedy_generate(name):
+    target = variant(name)
+    draft = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2)
+    prompts = torch.tensor([[0, 0, 5, 6, 7], [0, 3, 7, 3, 9], [1, 4, 4, 4, 4]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+    decoder = FastSpeculativeDecoder(target, [draft, PromptLookupDrafter()], policy="exp3", gamma=3)
+    result = decoder.generate(prompts, attention_mask=mask, max_new_tokens=20, sampling=fs.SamplingParams(0.0))
+    expected = target.generate(prompts, attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=2,
+                               pad_token_id=2)
+    assert torch.equal(result.sequences, expected)
+
+
+def test_greedy_with_eos_and_budgets_per_row(pool):
+    target, near, far = pool
+    prompts = torch.tensor([[0, 0, 5, 6, 7], [0, 3, 7, 3, 9], [1, 4, 4, 4, 4]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+    decoder = FastSpeculativeDecoder(target, [near, far, PromptLookupDrafter()], policy="ucb1", gamma=4)
+    result = decoder.generate(prompts, attention_mask=mask, max_new_tokens=14, sampling=fs.SamplingParams(0.0))
+    expected = target.generate(prompts, attention_mask=mask, max_new_tokens=14, do_sample=False, eos_token_id=2,
+                               pad_token_id=2)
+    assert torch.equal(result.sequences, expected)
+    budgets = decoder.generate(prompts, attention_mask=mask, max_new_tokens=[3, 0, 7], ignore_eos=True,
+                               sampling=fs.SamplingParams(0.0))
+    assert budgets.num_generated.tolist() == [3, 0, 7]
+
+
+def test_same_seed_same_output_on_fresh_and_reused_decoders(pool):
+    target, near, far = pool
+    prompt = PROMPT.expand(4, -1)
+    make = lambda: FastSpeculativeDecoder(target, [near, far, PromptLookupDrafter()], policy="thompson", gamma=3)  # noqa: E731
+    first = make().generate(prompt, max_new_tokens=12, seed=7, ignore_eos=True)
+    again = make().generate(prompt, max_new_tokens=12, seed=7, ignore_eos=True)
+    other = make().generate(prompt, max_new_tokens=12, seed=8, ignore_eos=True)
+    assert torch.equal(first.sequences, again.sequences)
+    assert [s.arm for s in first.stats.steps] == [s.arm for s in again.stats.steps]
+    assert not torch.equal(first.sequences, other.sequences)
+
+
+def test_on_step_events_rebuild_the_output(pool):
+    target, near, _ = pool
+    events = []
+    decoder = FastSpeculativeDecoder(target, [near], policy="fixed", gamma=3)
+    result = decoder.generate(PROMPT.expand(2, -1), max_new_tokens=10, ignore_eos=True, on_step=events.append)
+    for row in range(2):
+        tokens = [token for event in events for token in event.new_tokens[row]]
+        assert tokens == result.sequences[row, len(PROMPT):].tolist()
+
+
+def test_bad_inputs_and_fallback(pool):
+    target, near, _ = pool
+    with pytest.raises(ValueError, match="gamma"):
+        FastSpeculativeDecoder(target, [near], gamma=0)
+    with pytest.raises(ValueError, match="lag"):
+        FastSpeculativeDecoder(target, [near], lag=0)
+    with pytest.raises(ValueError, match="graphs=True needs"):
+        FastSpeculativeDecoder(target, [near], graphs=True).generate(PROMPT[None], max_new_tokens=2)
+
+    class Custom:
+        name = "custom"
+
+        def reset(self, batch_size): ...
+
+        def propose(self, context): ...
+
+        def rollback(self, num_valid): ...
+
+    with pytest.warns(UserWarning, match="fast path unavailable"):
+        decoder = make_decoder(target, [Custom()], fast="auto")
+    assert type(decoder).__name__ == "SpeculativeDecoder"
+    with pytest.raises(ValueError, match="cannot run these models"):
+        make_decoder(target, [Custom()], fast=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"T{p.temperature}-top_p{p.top_p}")
+def test_fast_output_matches_exact_target_distribution(pool, params):
+    target, near, far = pool
+    decoder = FastSpeculativeDecoder(target, [near, far, PromptLookupDrafter()], policy="exp3", gamma=3,
+                                     policy_kwargs={"seed": 0})
+    continuations, arms, kept = [], [], []
+    for call in range(64):
+        result = decoder.generate(PROMPT.expand(ROWS_PER_CALL, -1), max_new_tokens=LENGTH, sampling=params,
+                                  seed=1000 + call, ignore_eos=True)
+        continuations.append(result.sequences[:, -LENGTH:])
+        arms += [step.arm for step in result.stats.steps]
+        kept += [count for step in result.stats.steps for count in step.kept]
+    p_values = fit_p_values(torch.cat(continuations), exact_continuations(target, params))
+    assert passes(p_values), p_values
+    assert len(set(arms)) == 3, f"every arm must be played, trace {arms}"
+    assert max(kept) >= 2, "multi-token steps must occur for the test to cover them"
