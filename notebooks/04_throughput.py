@@ -18,8 +18,8 @@
 #
 # The FlashSpec paper {cite}`flashspec_paper` reports, for TinyLlama-1.1B-Chat on an NVIDIA T4 with $\gamma=4$,
 # **44.2 tokens/s**, a **22.1 ms** step and an acceptance rate **α = 0.75**. This chapter first checks whether those
-# three numbers can hold together — by arithmetic, no GPU needed — and then measures tokens/s, α and the p50 step
-# latency with `flashspec`'s engine: live when this notebook runs on a CUDA GPU with internet (Colab), from the
+# three numbers can hold together — by arithmetic, no GPU needed — and then measures tokens/s, the acceptance and
+# the step latency with `flashspec`'s engine: live when this notebook runs on a CUDA GPU with internet (Colab), from the
 # committed NVIDIA H200 results otherwise. Every number below is either computed in a cell or loaded from
 # `results/`, and the output says which.
 
@@ -58,42 +58,51 @@ print(f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
 # %% [markdown]
 # ## The paper's three numbers cannot all describe one run
 #
-# Tokens per second times seconds per step is tokens per step. And with per-token acceptance rate α and $\gamma$
-# drafted tokens, a step emits the accepted prefix plus one token; if acceptances were independent with
-# probability α, the expected count is {cite}`leviathan2023fast`
+# Tokens per second times seconds per step is tokens per step, and every step emits at least one token. How many
+# more depends on the acceptance, and "acceptance rate α" names two different quantities. This book keeps them
+# apart under two names, each defined once in `flashspec.stats`:
 #
-# $$ \mathbb E[\text{tokens per step}] = \sum_{k=0}^{\gamma} \alpha^k = \frac{1-\alpha^{\gamma+1}}{1-\alpha}, $$
+# * the **acceptance rate** is accepted draft tokens over drafted tokens. A step that drafts $\gamma$ tokens and
+#   accepts $n$ of them emits $n+1$, so tokens per step $= 1 + \gamma \times$ acceptance rate, exactly;
+# * the **token acceptance** α is the per-token probability of the model in which each drafted token is accepted
+#   with probability α once the earlier ones were {cite}`leviathan2023fast`. Then $\Pr(n \ge j) = \alpha^j$ and
 #
-# not $\gamma\alpha + 1$ (that would count accepted drafts after a rejection, which are never emitted). The paper's
-# values below are its claims, quoted; everything else is computed from them.
+# $$ \mathbb E[\text{tokens per step}] = \sum_{k=0}^{\gamma} \alpha^k = \frac{1-\alpha^{\gamma+1}}{1-\alpha}. $$
+#
+# So $\gamma\alpha + 1$ is right when α is the acceptance rate and wrong when it is the token acceptance. The paper
+# does not say which it reports; the cell below works out both. The paper's values are its claims, quoted;
+# everything else is computed from them.
 
 # %%
+from flashspec import stats
+
 PAPER_T4 = {"tokens_per_s": 44.2, "step_latency_s": 22.1e-3, "alpha": 0.75, "gamma": 4}  # quoted from the paper
 
-
-from flashspec.rewards import expected_tokens_per_step  # (1 - α^(γ+1)) / (1 - α)
-
+for name, definition in stats.ACCEPTANCE.items():
+    print(f"{name}: {definition}")
+gamma, alpha = PAPER_T4["gamma"], PAPER_T4["alpha"]
 measured_per_step = PAPER_T4["tokens_per_s"] * PAPER_T4["step_latency_s"]
-implied_per_step = expected_tokens_per_step(PAPER_T4["alpha"], PAPER_T4["gamma"])
-naive_per_step = PAPER_T4["gamma"] * PAPER_T4["alpha"] + 1
-print(f"tokens/s x step latency     = {PAPER_T4['tokens_per_s']} x {PAPER_T4['step_latency_s'] * 1e3} ms "
+if_token_acceptance = stats.tokens_per_step_from_token_acceptance(alpha, gamma)
+if_acceptance_rate = 1 + gamma * alpha
+per_token_ms = 1e3 / PAPER_T4["tokens_per_s"]
+print(f"\ntokens/s x step latency = {PAPER_T4['tokens_per_s']} x {PAPER_T4['step_latency_s'] * 1e3} ms "
       f"= {measured_per_step:.3f} tokens per step")
-print(f"(1 - a^(g+1)) / (1 - a)     = {implied_per_step:.3f} tokens per step at a = {PAPER_T4['alpha']}, g = {PAPER_T4['gamma']}")
-print(f"g*a + 1 (the wrong formula) = {naive_per_step:.3f}")
-print(f"-> at {PAPER_T4['step_latency_s'] * 1e3} ms per step, a = {PAPER_T4['alpha']} would give "
-      f"{implied_per_step / PAPER_T4['step_latency_s']:.1f} tokens/s, not {PAPER_T4['tokens_per_s']}")
-print(f"-> at {PAPER_T4['tokens_per_s']} tokens/s, a = {PAPER_T4['alpha']} needs a mean step of "
-      f"{implied_per_step / PAPER_T4['tokens_per_s'] * 1e3:.1f} ms, "
-      f"{implied_per_step / measured_per_step:.2f}x the quoted {PAPER_T4['step_latency_s'] * 1e3} ms")
+print(f"α = {alpha} as token acceptance:  (1 - α^(γ+1)) / (1 - α) = {if_token_acceptance:.3f} tokens per step")
+print(f"α = {alpha} as acceptance rate:   1 + γα = {if_acceptance_rate:.3f} tokens per step")
+print(f"1 / tokens/s = {per_token_ms:.1f} ms per token; quoted step latency {PAPER_T4['step_latency_s'] * 1e3} ms "
+      f"({abs(per_token_ms / (PAPER_T4['step_latency_s'] * 1e3) - 1):.0%} apart)")
+display(Markdown(
+    f"Whichever α the paper meant, its throughput times its step latency is **{measured_per_step:.3f} tokens per "
+    f"step**, fewer than the one token every step emits, while α = {alpha} at γ = {gamma} means "
+    f"{if_token_acceptance:.2f} tokens per step (token acceptance) or {if_acceptance_rate:.2f} (acceptance rate). "
+    "So the three numbers cannot all describe one run with a per-step latency. One reading fits two of them: "
+    f"1 / {PAPER_T4['tokens_per_s']} tokens/s is {per_token_ms:.1f} ms per token, close to the quoted "
+    f"{PAPER_T4['step_latency_s'] * 1e3} ms, so the quoted latency may be the time per generated token rather than "
+    "per step; then throughput and latency agree with each other and say nothing about α. Other readings — a median "
+    "over a long-tailed step distribution, steps timed without synchronising the GPU, numbers taken from different "
+    "runs — cannot be excluded: the paper does not say how it measured."))
 
 # %% [markdown]
-# Every step emits at least one token, so tokens per step is at least 1, and with α = 0.75, γ = 4 it should be
-# about 3. The quoted throughput and latency multiply to *less than one* token per step. The three figures can only
-# be reconciled if the mean step took about three times the quoted step time (e.g. if 22.1 ms is a median over a
-# long-tailed distribution, or timed without synchronising the GPU), or if they come from different runs. Which one
-# the paper meant cannot be recovered from the paper; the measurements below report all three quantities from one
-# run each.
-#
 # ## Which measurement this run can make
 
 # %%
@@ -176,7 +185,8 @@ if LIVE:
     print(f"LIVE run on {torch.cuda.get_device_name()} (target NF4, drafts fp16):")
     print(f"  plain autoregressive: {plain_tokens_per_s:.1f} tokens/s")
     print(result.stats.format_table())
-    print(f"  tokens/s x p50 step latency = {summary['tokens_per_s'] * summary['p50_step_latency_s']:.2f} tokens, "
+    print(f"  tokens/s x mean step latency = {summary['tokens_per_s'] * summary['mean_step_latency_s']:.2f} tokens "
+          f"(all from this one run; short of tokens per step by the prefill's share of the time), "
           f"mean tokens per step = {summary['mean_tokens_per_step']:.2f}")
     print(tokenizer.decode(result.sequences[0, prompt.shape[1]:], skip_special_tokens=True))
 else:
@@ -188,46 +198,121 @@ else:
 # The engine's benchmark script runs, side by side in one process, FlashSpec, Hugging Face assisted generation
 # (`generate(assistant_model=...)` with a constant number of assistant tokens) and plain autoregressive decoding, on
 # a TinyLlama-1.1B-shaped target and a llama-68m-shaped draft with random weights (the H200 machine cannot download
-# weights), bf16, $\gamma=4$, $B\in\{1,8\}$. Random weights make α meaningless for quality but keep every cost
-# real; the arithmetic identity above is checked on each row.
+# weights), bf16, $\gamma=4$, $B\in\{1,8\}$. Random weights make the acceptance meaningless for quality but keep
+# every cost real. `flashspec_pool` adds prompt lookup to FlashSpec's pool. The table gives both acceptance
+# measures (the token acceptance solved from tokens per step where the file has no step outcomes) and repeats the
+# paper's arithmetic on every row: tokens/s × p50 step latency, divided by the rows one step advances. Hugging
+# Face assisted generation cannot batch (transformers raises at $B>1$), so at $B=8$ the script serves the 8 prompts
+# one after another: its tokens/s is all 8 rows' tokens over that loop's wall time — a server's throughput on 8
+# requests, comparable with the batched rows — and each of its steps advances one row.
 
 # %%
-from flashspec import plots
+from flashspec import bench_engine, plots
 
 engine_files = sorted(path for path in RESULTS.glob("*engine*h200*.json") if "tiny" not in path.name)
 if engine_files:
     engine_path = engine_files[-1]
     engine_record = json.loads(engine_path.read_text())
     hardware, versions = engine_record["hardware"], engine_record["versions"]
+    settings = engine_record["settings"]
     print(f"Committed: {engine_path.name}: {hardware.get('gpu')}, torch {versions['torch']}, transformers "
           f"{versions['transformers']}, git {engine_record['git_sha'][:8]}, {engine_record['date_utc']}")
-    print(f"{'batch':>6} {'method':>16} {'tokens/s':>9} {'α':>6} {'p50 step':>9} {'tok/step':>8} "
-          f"{'tok/s x p50 / B':>15}")
+    print(f"{'batch':>6} {'method':>28} {'tokens/s':>9} {'acc.rate':>8} {'tok.acc.':>8} {'p50 step':>9} "
+          f"{'tok/step':>8} {'rows/step':>9} {'tok/s x p50 / rows':>18}  timed runs (s)")
+    mixed_runs = []  # rows where the paper's arithmetic gives more tokens per step than the row measured
     for batch_label, block in engine_record["results"].items():
         batch = int(batch_label.split("=")[1])
-        for method, cell in block["cells"].items():
-            cell = cell.get("hf_assisted_sequential", cell)
+        for method, raw in block["cells"].items():
+            cell = bench_engine.cell_of(block["cells"], method)
             if "tokens_per_s" not in cell:
                 continue
-            alpha = f"{cell['alpha']:.3f}" if cell.get("alpha") is not None else "-"
-            identity = cell["tokens_per_s"] * cell["p50_step_latency_ms"] / 1e3 / batch
-            print(f"{batch_label:>6} {method:>16} {cell['tokens_per_s']:9.1f} {alpha:>6} "
-                  f"{cell['p50_step_latency_ms']:7.2f}ms {cell.get('tokens_per_step', float('nan')):8.2f} {identity:15.2f}")
-        print("       ratios: " + ", ".join(f"{name} {value:.2f}x" for name, value in block["ratios"].items()))
+            sequential = "hf_assisted_sequential" in raw
+            rows = cell.get("rows_per_step", 1 if sequential else batch)
+            # older files: a sequential cell counted the steps of row 0 only
+            per_step = cell.get("tokens_per_step") or settings["max_new_tokens"] / cell["steps_row0"]
+            rate = cell.get("acceptance_rate", cell.get("alpha"))  # "alpha" is the acceptance rate's old name
+            token_acc = cell.get("token_acceptance", stats.token_acceptance_from_tokens_per_step(per_step, gamma))
+            identity = cell["tokens_per_s"] * cell["p50_step_latency_ms"] / 1e3 / rows
+            if identity > per_step * 1.001:
+                mixed_runs.append((batch_label, method, identity, per_step))
+            print(f"{batch_label:>6} {method + (' (rows one at a time)' if sequential else ''):>28} {cell['tokens_per_s']:9.1f} "
+                  f"{'-' if rate is None else format(rate, '.3f'):>8} {'-' if rate is None else format(token_acc, '.3f'):>8} "
+                  f"{cell['p50_step_latency_ms']:7.2f}ms {per_step:8.2f} {rows:9d} {identity:18.2f}  "
+                  + " ".join(f"{t:.2f}" for t in cell["times_s"]))
     display(plots.plot_engine_benchmark(engine_record))
     display(Markdown(f"**Figure.** Decoding throughput on the {hardware.get('gpu')} ({engine_record['date_utc']}, git "
                      f"`{engine_record['git_sha'][:8]}`), random-weight TinyLlama-1.1B-shaped target and "
-                     f"llama-68m-shaped draft, bf16. Regenerate: `{engine_record['command']}`."))
+                     f"llama-68m-shaped draft, bf16; bars are labelled with the acceptance rate. Regenerate: "
+                     f"`{engine_record['command']}`."))
 else:
     print("The H200 engine benchmark is not committed yet (results/bench_engine_nvidia_h200.json from "
           "`flashspec bench engine` on the H200): this page shows no GPU throughput measurement.")
 
 # %% [markdown]
-# The last column repeats the paper's arithmetic on our own measurements: tokens/s × p50 step latency, per row. It
-# falls short of the measured tokens per step by the share of time spent outside decode steps (prefill, the first
-# draft forward) and by the gap between the median and the mean step — which is why a paper should report the
-# three quantities from one run, and why this book computes them instead of quoting them.
+# **Which run each number comes from.** Within one run, tokens/s × mean step time = tokens per step × the share of
+# the wall time spent in decode steps, so it can never exceed tokens per step; the p50 is close to the mean when
+# steps are regular. The cell below says how the committed file was measured and where the arithmetic breaks.
+
+# %%
+if engine_files:
+    one_run = all("runs" in bench_engine.cell_of(block["cells"], method)
+                  for block in engine_record["results"].values() for method in block["cells"])
+    if one_run:
+        text = ("Every number of a cell in this file comes from one timed run, the one with the median wall time "
+                "(all runs are kept in the file), so each row's arithmetic describes one run.")
+    else:
+        text = (f"In this file, **tokens/s is the median of {settings['repeats']} timed runs**, while the acceptance, "
+                "the p50 step latency and tokens per step come from **one more, instrumented run** (FlashSpec with a "
+                "device synchronisation around every step; Hugging Face and plain decoding with one before every "
+                "target forward). For Hugging Face assisted generation at B > 1, tokens/s comes from a single timed "
+                "loop over the rows, and the p50 and acceptance from one further run of row 0 alone. So a row's "
+                "arithmetic mixes runs")
+        if mixed_runs:
+            text += (": " + "; ".join(f"{method} at {label} gives {identity:.2f} tokens per step against "
+                                      f"{per_step:.2f} measured" for label, method, identity, per_step in mixed_runs)
+                     + " — more than one run with regular steps could give, so the timed runs stepped faster than "
+                     "the instrumented one")
+        text += (". `flashspec bench engine` now reports every number of a cell from its median timed run (every run "
+                 "instrumented, none extra), so the next file it writes will not mix runs.")
+    display(Markdown(text))
+
+# %% [markdown]
+# ### What the repeats can decide
 #
+# A speed-up is only as good as the run-to-run error it has to beat. `flashspec.stats.compare_runs` turns repeated
+# wall times of the same work into a verdict on "the candidate is faster": the ratio of median times, and an
+# interval from the least and most favourable pairing of runs (slowest candidate run against fastest baseline run,
+# and the reverse). **Reproduced** needs the whole interval above 1, **not reproduced** the whole interval below 1;
+# anything else is **inconclusive**, and so is a side with a single run (no spread), or a separation that could
+# arise by chance with probability above 0.1 when every run is equally likely to be the fastest (three runs a side
+# give exactly 0.1). This benchmark also carries a control. When `flashspec_pool` never chose prompt lookup, it ran
+# FlashSpec's draft and target forwards again, plus an idle drafter: it did at least the same work, so it cannot
+# really be faster. If the rule nevertheless finds the two different, the repeats understate the run-to-run error
+# (warm-up, run order), and every comparison of that batch size is inconclusive.
+
+# %%
+if engine_files:
+    undecided = {}
+    for batch_label, block in engine_record["results"].items():
+        judged = bench_engine.comparisons(block["cells"])
+        for name, comparison in judged.items():
+            label = f"{name} (control)" if name == bench_engine.CONTROL else name
+            print(f"{batch_label:>5} {label:34s} {comparison.ratio:5.2f}x  runs {comparison.low:.2f}-{comparison.high:.2f}x"
+                  f"  {comparison.verdict}: {comparison.reason}")
+        control = judged.get(bench_engine.CONTROL)
+        if control is not None and control.verdict != "inconclusive":
+            undecided[batch_label] = (control, bench_engine.cell_of(block["cells"], "flashspec")["times_s"])
+    if undecided:
+        display(Markdown(
+            "In this file the control fails: " + "; ".join(
+                f"at {label}, identical work ran {control.ratio:.2f}× faster as flashspec_pool (runs "
+                f"{control.low:.2f}–{control.high:.2f}×) and FlashSpec's own repeats took "
+                + " → ".join(f"{t:.2f}" for t in times) + " s"
+                for label, (control, times) in undecided.items())
+            + ". The differences between these cells measure warm-up and run order, not FlashSpec: this file decides "
+            "no speed-up or slow-down of FlashSpec against plain decoding or Hugging Face, in either direction."))
+
+# %% [markdown]
 # ### On this machine: the offline model zoo
 #
 # Without a GPU or the hub, the engine still runs on real trained models: the CPU-size zoo of chapter 5 (a target
@@ -274,12 +359,13 @@ if ZOO_READY:
           f"{new_tokens} new tokens per row, T = 1:")
     print(f"plain sampling (target.generate): {plain_tokens_per_s:.1f} tokens/s")
     print(result.stats.format_table())
-    mean_step_s = sum(step.latency_s for step in result.stats.steps) / len(result.stats.steps)
-    alpha_token = zoo.token_acceptance(result.stats.steps)  # per-token α: accepted / (accepted + rejections)
-    print(f"identity: decode tokens/s x mean step time = {summary['decode_tokens_per_s'] * mean_step_s:.2f} tokens "
-          f"per step over all {prompts.shape[0]} rows")
-    print(f"per-token α = {alpha_token:.3f}, γ = 4 -> (1 - α^(γ+1)) / (1 - α) = "
-          f"{expected_tokens_per_step(alpha_token, 4):.2f} tokens per row-step expected; "
+    alpha_token = summary["token_acceptance"]
+    print(f"identity: decode tokens/s x mean step time = "
+          f"{summary['decode_tokens_per_s'] * summary['mean_step_latency_s']:.2f} tokens per step over all "
+          f"{prompts.shape[0]} rows")
+    print(f"token acceptance α = {alpha_token:.3f}, γ = 4 -> (1 - α^(γ+1)) / (1 - α) = "
+          f"{stats.tokens_per_step_from_token_acceptance(alpha_token, 4):.2f} tokens per row-step expected; "
+          f"acceptance rate {summary['acceptance_rate']:.3f} -> 1 + γ x rate = {1 + 4 * summary['acceptance_rate']:.2f}; "
           f"{summary['mean_tokens_per_step']:.2f} kept per active row-step (the token budget trims the last steps)")
     display(plots.plot_generation_trace(result.stats))
     display(Markdown(f"**Figure.** Arm chosen and acceptance per step of the run above, measured live on this CPU "
