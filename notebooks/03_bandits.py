@@ -46,6 +46,7 @@ if ON_COLAB:  # fetch the repository (code and committed results) and install th
 
 # %matplotlib inline
 import numpy as np
+from IPython.display import Markdown, display
 
 import flashspec as fs
 from flashspec import bandits, plots, rewards
@@ -72,7 +73,11 @@ def load_or_run(name: str, rounds: int, seeds: int) -> dict:
 #
 # $$ \mathbb E[n+1] = \sum_{j=0}^{\gamma} \alpha^j = \frac{1-\alpha^{\gamma+1}}{1-\alpha}, $$
 #
-# not $\gamma\alpha + 1$ (that would be a binomial count, but nothing after the first rejection is ever kept).
+# Here α is the **token acceptance** (`flashspec.stats` defines it, and the **acceptance rate** beside it). The
+# other common reading of "acceptance rate" is accepted draft tokens over drafted tokens, $\mathbb E[n]/\gamma$; with
+# that one, tokens per step is exactly $1 + \gamma \times$ acceptance rate. So $\gamma\alpha + 1$ is right for the
+# acceptance rate and wrong for the token acceptance, where it would count accepted drafts after a rejection, which
+# are never kept. The cell prints both for the same draft.
 # `flashspec.rewards` turns an outcome into a number in $[0,1]$: the acceptance fraction $n/\gamma$, tokens per step
 # $(n+1)/(\gamma+1)$, or throughput — tokens per unit of step cost ($\gamma$ draft forwards plus one target forward),
 # normalised so that a free, always-accepted draft scores 1.
@@ -80,8 +85,10 @@ def load_or_run(name: str, rounds: int, seeds: int) -> dict:
 # %%
 gamma = 4
 for alpha in (0.5, 0.7, 0.85):
-    print(f"α={alpha}: E[tokens/step] = {rewards.expected_tokens_per_step(alpha, gamma):.3f} "
-          f"(γα+1 would claim {gamma * alpha + 1:.2f})")
+    per_step = rewards.expected_tokens_per_step(alpha, gamma)
+    rate = (per_step - 1) / gamma  # the same draft's accepted / drafted
+    print(f"token acceptance α={alpha}: E[tokens/step] = {per_step:.3f}; γα+1 would claim {gamma * alpha + 1:.2f}; "
+          f"its acceptance rate is {rate:.3f}, and 1 + γ·{rate:.3f} = {1 + gamma * rate:.3f}")
 print("rewards for n=2 of γ=4:", rewards.acceptance_fraction(2, 4), rewards.tokens_per_step(2, 4),
       round(rewards.throughput(2, 4, draft_cost=0.05), 4))
 
@@ -121,8 +128,10 @@ except ValueError as error:
 # for UCB1 is a mean over seeds 0–4; one five-seed mean is a noisy estimate, so we report it next to the mean and
 # 95% confidence interval over many seeds (regret here is pseudo-regret: $\sum_t \mu^\* - \mu_{a_t}$).
 #
-# And 526 is not a bound: it is $\sqrt{K T \ln T}$ for $K=3$, $T=10^4$ (525.65), the *scale* of a minimax rate. The
-# bound that does hold for UCB1 on these arms is Auer et al.'s, computed from the gaps 0.4 and 0.2.
+# And 526 is not a bound: it is $\sqrt{K T \ln T}$ for $K=3$, $T=10^4$ (printed below). That expression is the
+# *order* of UCB1's gap-free (worst case over arms) regret bound, $O(\sqrt{K T \ln T})$, with its constant left out;
+# the minimax rate of the problem is $\Theta(\sqrt{KT})$, without the logarithm. Neither is a number a run can be
+# "against". The bound that does hold for UCB1 on these arms is Auer et al.'s, computed from the gaps 0.4 and 0.2.
 
 # %%
 reproduce = load_or_run("reproduce", rounds=2000, seeds=50)
@@ -130,7 +139,8 @@ data = reproduce["results"]
 for name, entry in data["policies"].items():
     print(f"{name:9s} seeds 0-4 mean {entry['seeds_0_4_mean']:6.1f} | {entry['n_seeds']} seeds: "
           f"{entry['final_regret_mean']:6.1f} ± {entry['final_regret_ci95']:.1f} (95% CI) | paper {entry['paper_reported']}")
-print(f"√(K·T·ln T) = {data['sqrt_kt_log_t']:.2f}  (the paper's '≈526'; a rate's scale, not a bound)")
+print(f"√(K·T·ln T) = {data['sqrt_kt_log_t']:.2f}  (the paper's '≈526': the order of UCB1's gap-free bound, "
+      f"constant left out; √(K·T) = {np.sqrt(len(data['arms']) * reproduce['settings']['n_rounds']):.1f} is the minimax order)")
 print(f"Auer et al. 2002 Theorem 1 bound for UCB1 = {data['auer_bound']:.1f}")
 print("settings:", reproduce["settings"], "| git", reproduce.get("git_sha", "live")[:8], "|", reproduce.get("hardware", ""))
 
@@ -163,10 +173,12 @@ print(f"Thompson, 30 seeds, T=3000: regret {mean:.1f} ± {half_width:.1f}; "
 # * **full feedback** (`update_full_step`): the acceptance every draft *would* have had on the verified tokens,
 #   scored by running the other drafts' forwards over those tokens (extra draft compute, no extra target compute).
 #
-# Parameters are fixed across both regimes (chosen on the sweep's seeds 0–49; the table uses held-out seeds).
+# Parameters are fixed across both regimes. Which of them the committed sensitivity sweep (further below) varied,
+# and which are single choices that were never swept, is printed under the table.
 
 # %%
 nonstationary = load_or_run("nonstationary", rounds=2000, seeds=20)
+sensitivity = load_or_run("sensitivity", rounds=1000, seeds=10)
 ns = nonstationary["results"]
 for switch, regime in ns["regimes"].items():
     print(f"switch every {switch} steps:")
@@ -174,6 +186,22 @@ for switch, regime in ns["regimes"].items():
         print(f"  {entry['ratio_to_ucb1']:5.2f}× UCB1   {entry['final_regret_mean']:7.1f} ± {entry['final_regret_ci95']:5.1f}  {label}")
 best = ns["best_in_all_regimes"]
 print(f"best in both regimes: {best['label']} — worst ratio to UCB1 {best['worst_ratio_to_ucb1']:.2f} (target ≤ 0.5)")
+
+# What the sensitivity sweep varied: D-UCB's discount, SW-UCB's window, and the request re-prior ρ of the two
+# policies it sweeps it for (the sweep's series are labelled by policy).
+sweeps = next(iter(sensitivity["results"]["regimes"].values()))["sweeps"]
+swept = {"d-ucb": {"discount"}, "sw-ucb": {"window"}}
+for series in sweeps.get("request_decay", {}):
+    swept.setdefault(series.split(",")[0].lower(), set()).add("request_decay")
+print(f"\nsensitivity sweep ({sensitivity['settings']['n_seeds']} seeds from 0): "
+      + "; ".join(f"{name}: {', '.join(map(str, values))}" for name, values in
+                  (("D-UCB discount", sensitivity["results"]["discounts"]), ("SW-UCB window", sensitivity["results"]["windows"]),
+                   ("ρ", sensitivity["results"]["request_decays"]))))
+print(f"table above: {next(iter(ns['regimes'].values()))['configs']['UCB1 (1 bit)']['n_seeds']} seeds from "
+      f"{ns.get('first_seed', 0)}")
+unswept = [label for label, entry in next(iter(ns["regimes"].values()))["configs"].items()
+           if set(entry["kwargs"]) - {"horizon"} - swept.get(entry["policy"], set())]
+print("settings in the table that the sweep never varied (single choices):", "; ".join(unswept))
 
 # %%
 plots.plot_nonstationary_regret(nonstationary)
@@ -203,7 +231,7 @@ print("best with bandit feedback only, worst case over both regimes:", ns["best_
 # %% [markdown]
 # What the numbers say:
 #
-# * With **one bit per step**, the windowed and discounted policies (at these textbook settings) lose to plain UCB1
+# * With **one bit per step**, the windowed and discounted policies (at the settings in the table) lose to plain UCB1
 #   in both regimes: forgetting throws away information that one-bit feedback makes expensive to collect again,
 #   while UCB1's own exploration keeps it tracking the switches tolerably. Thompson sampling, excellent on the
 #   stationary toy, is among the worst here: its posterior concentrates and it stays on a stale draft.
@@ -219,13 +247,31 @@ print("best with bandit feedback only, worst case over both regimes:", ns["best_
 #
 # ## Sensitivity to the window, the discount and the re-prior
 #
-# With full feedback the memory must be short compared with the time between switches — and a sliding window about
-# as long as the switch interval is the worst choice (right after a switch, half the window still describes the
-# old domain). The request re-prior is the most robust knob: ρ = 0.1 works in both regimes. With bandit feedback no
-# setting of these knobs gets under the dashed line in both regimes.
+# The committed sweep varies D-UCB's discount, SW-UCB's window and the request re-prior ρ (the D-TS discounts and
+# D-UCB's exploration 0.25 of the table above were not swept). With full feedback the memory must be short compared
+# with the time between switches; the cell under the figure reads off, for SW-UCB's window, how the regret ratio
+# moves as the window grows past the switch interval. The request re-prior is the most robust knob: ρ = 0.1 works in
+# both regimes. With bandit feedback no setting of these knobs gets under the dashed line in both regimes.
 
 # %%
-plots.plot_bandit_sensitivity(load_or_run("sensitivity", rounds=1000, seeds=10))
+plots.plot_bandit_sensitivity(sensitivity)
+
+# %%
+lines = []
+for switch, regime in sensitivity["results"]["regimes"].items():
+    series = regime["sweeps"]["sw-ucb window"]["full feedback, steps"]
+    by_window = dict(zip(series["x"], series["ratio"]))
+    worst = max(by_window, key=by_window.get)
+    at_switch = by_window.get(int(switch))
+    text = (f"switch every {switch}: " + ", ".join(f"W={w} {r:.2f}×" for w, r in by_window.items())
+            + f" — best W={min(by_window, key=by_window.get)}, worst W={worst}")
+    if at_switch is not None:
+        longer = [w for w in by_window if w > int(switch)]
+        text += (f"; W = the switch interval ({at_switch:.2f}×) is " + ("the worst" if worst == int(switch) else
+                 "not the worst: " + ", ".join(f"W={w} {by_window[w]:.2f}×" for w in longer if by_window[w] > at_switch)
+                 + " are worse"))
+    lines.append(text)
+display(Markdown("SW-UCB with full feedback, regret / UCB1 by window:\n\n" + "\n".join(f"* {line}" for line in lines)))
 
 # %% [markdown]
 # ## When the best-accepted draft is not the fastest
