@@ -74,7 +74,7 @@ class FastSpeculativeDecoder:
 
     def __init__(self, target: torch.nn.Module, drafts: Sequence[Any], policy: Any = "thompson", gamma: int = 4,
                  policy_kwargs: dict[str, Any] | None = None, graphs: bool | None = None, lag: int = 2,
-                 backend: str = "auto") -> None:
+                 backend: str = "auto", *, _plain: bool = False) -> None:
         if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
             raise ValueError(f"gamma must be an int in [1, {MAX_GAMMA}] (drafted tokens per step), got {gamma!r}")
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
@@ -82,7 +82,8 @@ class FastSpeculativeDecoder:
         if backend not in ("auto", "torch", "triton"):
             raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
         runner.check_supported(target)
-        if isinstance(drafts, (torch.nn.Module, str)) or not isinstance(drafts, Sequence) or len(drafts) == 0:
+        if isinstance(drafts, (torch.nn.Module, str)) or not isinstance(drafts, Sequence) or (
+                len(drafts) == 0 and not _plain):
             raise ValueError("drafts must be a non-empty list of draft models and/or PromptLookupDrafter objects")
         self.target = target
         self.drafts: list[Any] = []
@@ -102,11 +103,13 @@ class FastSpeculativeDecoder:
         self.lag = lag
         self.graphs = graphs
         self.backend = backend
-        self.policy = resolve_policy(policy, len(self.drafts), **(policy_kwargs or {}))
+        self.policy = resolve_policy(policy, max(1, len(self.drafts)), **(policy_kwargs or {}))
         self._session: _Session | None = None
 
     @property
     def arm_names(self) -> list[str]:
+        if not self.drafts:
+            return ["target"]
         names = []
         for index, draft in enumerate(self.drafts):
             if isinstance(draft, PromptLookupDrafter):
@@ -250,6 +253,12 @@ class _Session:
         offsets = torch.arange(gamma + 1, device=self.device)
         key = rng.step_key(b.seed_key, b.step)
         last = b.lengths - 1                                                   # [B] the pending token
+        if not self.drafts:  # plain decoding: one token per step from the target
+            logits = self.target.forward(b.seq.gather(1, last[:, None]), last[:, None], bucket)[:, 0]
+            token, _ = sample_from_logits(logits, params, key, position=0, stream=rng.STREAM_SAMPLE)
+            padded = torch.cat([token[:, None], torch.full_like(token[:, None], -1)], 1)  # the [B, γ+1] layout, γ = 1
+            self._commit(padded, torch.zeros_like(token), offsets)
+            return
         window = (last[:, None] - gamma + offsets).clamp(min=0)                # [B, γ+1]
         window_tokens = b.seq.gather(1, window)
         at_end = torch.full((self.batch, 1), gamma, dtype=torch.long, device=self.device)
@@ -399,7 +408,7 @@ class _Session:
             bound = min(known_max + unread * (gamma + 1), self.capacity - gamma - 1)
             bucket = runner.bucket_for(bound + gamma, self.capacity)
             arm = int(decoder.policy.select())
-            if not 0 <= arm < len(self.drafts):
+            if not 0 <= arm < max(1, len(self.drafts)):
                 raise ValueError(f"policy returned arm {arm}, but there are {len(self.drafts)} drafts")
             launched = time.perf_counter()
             self.launch(arm, bucket)
@@ -413,6 +422,14 @@ class _Session:
         while read < len(issued):  # drain: steps launched after the last row finished append nothing
             consume()
         return num_generated
+
+
+class FastPlainDecoder(FastSpeculativeDecoder):
+    """Plain autoregressive decoding on the same runner, step graphs and host loop: one target
+    forward and one on-device sample per token. The baseline a fast engine must beat (as gpt-fast)."""
+
+    def __init__(self, target: torch.nn.Module, graphs: bool | None = None, lag: int = 2) -> None:
+        super().__init__(target, [], policy="fixed", gamma=1, graphs=graphs, lag=lag, _plain=True)
 
 
 def fast_supported(target: torch.nn.Module, drafts: Sequence[Any]) -> str | None:

@@ -136,3 +136,58 @@ def test_fast_output_matches_exact_target_distribution(pool, params):
     assert passes(p_values), p_values
     assert len(set(arms)) == 3, f"every arm must be played, trace {arms}"
     assert max(kept) >= 2, "multi-token steps must occur for the test to cover them"
+
+
+def test_fast_plain_greedy_equals_generate_and_samples_are_seeded(pool):
+    from flashspec.fast import FastPlainDecoder
+
+    target, _, _ = pool
+    prompts = torch.tensor([[0, 0, 5, 6, 7], [0, 3, 7, 3, 9]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1]])
+    plain = FastPlainDecoder(target)
+    result = plain.generate(prompts, attention_mask=mask, max_new_tokens=9, sampling=fs.SamplingParams(0.0))
+    expected = target.generate(prompts, attention_mask=mask, max_new_tokens=9, do_sample=False, eos_token_id=2,
+                               pad_token_id=2)
+    assert torch.equal(result.sequences, expected)
+    assert all(step.kept == [1] * len(step.kept) for step in result.stats.steps)
+    first = plain.generate(prompts, attention_mask=mask, max_new_tokens=9, seed=4, ignore_eos=True).sequences
+    again = FastPlainDecoder(target).generate(prompts, attention_mask=mask, max_new_tokens=9, seed=4,
+                                              ignore_eos=True).sequences
+    assert torch.equal(first, again)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: graphs and host syncs exist only there")
+def test_graph_replayed_steps_make_no_host_sync():
+    """After capture, 16+ replayed steps and their pinned-memory outcome copies never sync the host."""
+    target = models.tiny_llama(vocab_size=VOCAB, hidden_size=16, num_layers=1, seed=1).cuda()
+    draft = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, seed=2).cuda()
+    decoder = FastSpeculativeDecoder(target, [draft, PromptLookupDrafter()], policy="fixed", gamma=3)
+    decoder.generate(PROMPT[None].cuda(), max_new_tokens=60, ignore_eos=True)  # captures (0, bucket) graphs
+    session = decoder._session
+    session.prefill(PROMPT[None].cuda(), torch.ones(1, len(PROMPT), dtype=torch.bool, device="cuda"), [60], 1, 0)
+    pinned = torch.zeros(session.buffers.outcome.shape, dtype=torch.long, pin_memory=True)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(16):
+            session.launch(0, 64)
+            pinned.copy_(session.buffers.outcome, non_blocking=True)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
+    assert session.buffers.lengths.item() > len(PROMPT) + 16
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("params", SETTINGS[:2], ids=lambda p: f"T{p.temperature}")
+def test_graphed_fast_path_matches_exact_distribution_on_gpu(pool, params):
+    target, near, far = (copy.deepcopy(model).cuda() for model in pool)
+    decoder = FastSpeculativeDecoder(target, [near, far, PromptLookupDrafter()], policy="exp3", gamma=3,
+                                     policy_kwargs={"seed": 0})
+    continuations = [decoder.generate(PROMPT.expand(ROWS_PER_CALL, -1).cuda(), max_new_tokens=LENGTH,
+                                      sampling=params, seed=1000 + call, ignore_eos=True).sequences[:, -LENGTH:]
+                     for call in range(64)]
+    p_values = fit_p_values(torch.cat(continuations), exact_continuations(pool[0], params))
+    assert passes(p_values), p_values
