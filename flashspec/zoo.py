@@ -36,18 +36,24 @@ Command line (``flashspec zoo ...`` dispatches to `main`)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import dataclasses
+import errno
+import glob
 import hashlib
 import json
 import math
 import os
 import platform
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -63,10 +69,25 @@ GENERALIST = "general"
 MANIFEST = "manifest.json"
 PROMPTS = "prompts.json"
 HELDOUT = "heldout.safetensors"
+CACHE_ENV = "FLASHSPEC_CACHE"
+BUILDING = ".building-"  # a build writes into <key>.building-<host>-<pid> and renames it to <key> when done
+BUILD_NAME = re.compile(re.escape(BUILDING) + r"(.+-)?\d+$")  # a name without a host is taken as this host's
+# A live build writes a model folder every few minutes (the gpu target, the longest silence, trains in ~2
+# minutes on an H200), so a build folder untouched for a day belongs to a dead build even if its pid is reused.
+STALE_BUILD_SECONDS = 24 * 3600
+# OSError numbers that mean "this folder cannot take the zoo": answered with a ZooCacheError, not a traceback.
+STORAGE_ERRNOS = frozenset({errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOSPC, errno.EDQUOT})
 
 
 class ZooCacheWarning(UserWarning):
     """A cached zoo was missing or corrupt and is being rebuilt."""
+
+
+class ZooCacheError(ValueError):
+    """The zoo cache folder cannot be used (a file in the way, not writable, full); the message says the fix.
+
+    A ValueError, so callers that report bad arguments (`flashspec generate --zoo`) report this one too.
+    """
 
 
 @dataclass(frozen=True)
@@ -161,10 +182,46 @@ def get_config(size: str | ZooConfig) -> ZooConfig:
 
 
 def cache_root() -> Path:
-    """$FLASHSPEC_CACHE/zoo, or ~/.cache/flashspec/zoo."""
-    base = os.environ.get("FLASHSPEC_CACHE")
-    root = Path(base) if base else Path.home() / ".cache" / "flashspec"
-    return root / "zoo"
+    """$FLASHSPEC_CACHE/zoo (``~`` and ``$VARS`` expanded, made absolute), or ~/.cache/flashspec/zoo.
+
+    Reads nothing on disk; `check_cache_root` says whether the folder can be used.
+    """
+    base = os.environ.get(CACHE_ENV)
+    if not base:
+        return Path.home() / ".cache" / "flashspec" / "zoo"
+    expanded = os.path.expanduser(os.path.expandvars(base))
+    unset = re.search(r"\$(\w+|\{[^}]*\})", expanded)  # expandvars leaves unset variables as they are
+    if unset:
+        raise ZooCacheError(f"{CACHE_ENV}={base!r} names the environment variable {unset.group(0)}, which is "
+                            f"not set; set it, or set {CACHE_ENV} to a folder path")
+    return Path(expanded).absolute() / "zoo"
+
+
+def _cache_fix() -> str:
+    """What to do about an unusable cache folder, with the current FLASHSPEC_CACHE value."""
+    value = os.environ.get(CACHE_ENV)
+    now = f"now {CACHE_ENV}={value!r}" if value else f"{CACHE_ENV} is unset, so ~/.cache/flashspec is used"
+    return (f"set {CACHE_ENV} to a writable folder (created if missing), e.g. "
+            f"{CACHE_ENV}=/tmp/flashspec ({now})")
+
+
+def check_cache_root(root: Path | None = None) -> Path:
+    """The zoo cache root (default `cache_root()`) after checking that no file stands on its path.
+
+    Only reads, so a read-only cache holding a built zoo still loads; the build checks writability when it
+    creates its work folder.  Called before the corpora are assembled, so a wrong FLASHSPEC_CACHE fails at once.
+    """
+    root = cache_root() if root is None else root
+    try:
+        for folder in (root, *root.parents):
+            if folder.is_dir():
+                break
+            if folder.exists() or folder.is_symlink():
+                raise ZooCacheError(f"the zoo cache folder {root} cannot be created: {folder} exists and is not "
+                                    f"a folder; {_cache_fix()}, or move {folder} away")
+    except OSError as error:
+        raise ZooCacheError(f"the zoo cache folder {root} cannot be read ({error}); {_cache_fix()}") from error
+    return root
 
 
 def draft_names(config: ZooConfig) -> list[str]:
@@ -365,10 +422,130 @@ def build_zoo(size: str | ZooConfig = "cpu", out_dir: str | Path | None = None, 
         torch.use_deterministic_algorithms(deterministic[0], warn_only=deterministic[1])
 
 
+def _host() -> str:
+    """This machine's name, recorded in build folder names: a pid is only meaningful on its own host."""
+    return socket.gethostname() or "localhost"
+
+
+def _pid_alive(pid: int) -> bool:
+    """Whether process `pid` exists on this host (True when that cannot be told, to keep its folder)."""
+    if pid <= 0:
+        return False
+    if os.name == "nt":  # os.kill(pid, 0) would send CTRL_C_EVENT there; the age rule decides instead
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # EPERM: it exists but belongs to someone else
+        return True
+    return True
+
+
+def _newest_change(folder: Path) -> float:
+    """The latest modification time of `folder` or anything in it."""
+    return max(item.lstat().st_mtime for item in [folder, *folder.rglob("*")])
+
+
+def _build_is_stale(folder: Path) -> bool:
+    """Whether a ``<key>.building-[<host>-]<pid>`` folder was left by a build that is no longer running.
+
+    Stale: untouched for STALE_BUILD_SECONDS, or its pid is gone on this host.  A folder from another host
+    (a shared cache) is judged by age alone, and one that changes while we look is taken as alive.
+    """
+    host, _, pid_text = folder.name.rpartition(BUILDING)[2].rpartition("-")
+    try:
+        if time.time() - _newest_change(folder) > STALE_BUILD_SECONDS:
+            return True
+    except OSError:
+        return False
+    if host and host != _host():
+        return False
+    return pid_text.isdigit() and not _pid_alive(int(pid_text))
+
+
+def _remove(path: Path) -> None:
+    """Delete whatever is at `path`: a folder with its contents, a file or a link (nothing if absent)."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    elif path.exists():
+        shutil.rmtree(path)
+
+
+def _remove_stale_builds(final_dir: Path, in_cache: bool, progress: bool) -> None:
+    """Delete build folders left by interrupted builds next to `final_dir`; a live concurrent build's is kept.
+
+    In the cache every zoo's build folders are candidates; elsewhere only those of `final_dir` itself, so
+    that nothing of the user's next to an explicit out_dir is touched.
+    """
+    pattern = f"*{BUILDING}*" if in_cache else f"{glob.escape(final_dir.name)}{BUILDING}*"
+    for folder in sorted(final_dir.parent.glob(pattern)):
+        is_build = folder.is_dir() and not folder.is_symlink() and BUILD_NAME.search(folder.name)
+        if is_build and _build_is_stale(folder):
+            _say(f"flashspec zoo: removing {folder} (left by an interrupted build)", progress)
+            shutil.rmtree(folder, ignore_errors=True)  # junk that cannot be removed must not stop the build
+
+
+def _write_error(error: OSError, folder: Path, in_cache: bool) -> ZooCacheError:
+    """The ZooCacheError for a failed write into `folder`: what went wrong and what to do."""
+    if error.errno in (errno.ENOSPC, errno.EDQUOT):
+        problem = "is full"
+    elif error.errno in (errno.ENOTDIR, errno.EEXIST):
+        problem = "cannot be created: a file stands on its path"
+    elif error.errno in STORAGE_ERRNOS:
+        problem = "is not writable"
+    else:
+        problem = "cannot be written"
+    fix = _cache_fix() if in_cache else "pass a writable out_dir"
+    return ZooCacheError(f"the zoo folder {folder} {problem} ({error.strerror or error}); {fix}")
+
+
+def _in_cache(folder: Path) -> bool:
+    """Whether `folder` lies in the zoo cache (its errors then point at FLASHSPEC_CACHE)."""
+    try:
+        return folder.absolute().is_relative_to(cache_root())
+    except ZooCacheError:
+        return False
+
+
+def _start_work_dir(final_dir: Path, in_cache: bool, progress: bool) -> Path:
+    """Create the folder a build writes into, next to `final_dir`, after removing stale ones.
+
+    Called before any training, so that a folder that cannot be written fails in seconds.
+    """
+    parent = final_dir.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        _remove_stale_builds(final_dir, in_cache, progress)
+        work_dir = final_dir.with_name(f"{final_dir.name}{BUILDING}{_host()}-{os.getpid()}")
+        _remove(work_dir)
+        work_dir.mkdir()
+    except OSError as error:
+        raise _write_error(error, parent, in_cache) from error
+    return work_dir
+
+
+@contextlib.contextmanager
+def _work_dir(final_dir: Path, in_cache: bool, progress: bool) -> Iterator[Path]:
+    """A fresh build folder for `final_dir`, deleted if the build fails (storage errors become ZooCacheError)."""
+    work_dir = _start_work_dir(final_dir, in_cache, progress)
+    try:
+        yield work_dir
+    except BaseException as error:
+        shutil.rmtree(work_dir, ignore_errors=True)
+        if isinstance(error, OSError) and error.errno in STORAGE_ERRNOS:
+            raise _write_error(error, final_dir.parent, in_cache) from error
+        raise
+
+
+def _install(work_dir: Path, final_dir: Path) -> None:
+    """Move a finished build to `final_dir`, replacing what is there (an old zoo, a file, a link)."""
+    _remove(final_dir)
+    os.replace(work_dir, final_dir)
+
+
 def _build(config: ZooConfig, out_dir: str | Path | None, device_: torch.device, progress: bool,
            domain_corpora: dict[str, corpora.DomainCorpus] | None) -> Path:
-    from safetensors.torch import save_file
-
     if device_.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -381,8 +558,26 @@ def _build(config: ZooConfig, out_dir: str | Path | None, device_: torch.device,
         domain_corpora = corpora.assemble(config.train_chars_per_domain, config.domains)
     corpus_sha = corpora.corpora_sha256(domain_corpora)
     key = config.key(corpus_sha)
-    final_dir = Path(out_dir) if out_dir is not None else cache_root() / key
+    final_dir = Path(out_dir) if out_dir is not None else check_cache_root() / key
     timings["corpora_s"] = time.perf_counter() - started
+    with _work_dir(final_dir, _in_cache(final_dir), progress) as work_dir:
+        _train_into(work_dir, config, domain_corpora, key, corpus_sha, device_, progress, timings,
+                    (started, cpu_started))
+        _install(work_dir, final_dir)
+    _say(f"flashspec zoo [{config.size}]: built in {timings['total_s']:.1f} s -> {final_dir}", progress)
+    return final_dir
+
+
+def _train_into(work_dir: Path, config: ZooConfig, domain_corpora: dict[str, corpora.DomainCorpus], key: str,
+                corpus_sha: str, device_: torch.device, progress: bool, timings: dict[str, float],
+                clocks: tuple[float, float]) -> None:
+    """Train the tokenizer and every model into `work_dir` and write the manifest last.
+
+    `clocks` holds the build's start on `time.perf_counter` and `time.process_time`, for the timings.
+    """
+    from safetensors.torch import save_file
+
+    started, cpu_started = clocks
 
     _say(f"flashspec zoo [{config.size}]: training tokenizer (byte-level BPE, V={config.vocab_size})", progress)
     mark = time.perf_counter()
@@ -395,9 +590,6 @@ def _build(config: ZooConfig, out_dir: str | Path | None, device_: torch.device,
         if train_ids[domain].numel() <= config.context + 1:
             raise ValueError(f"domain {domain!r} has too little text for context {config.context}")
 
-    work_dir = final_dir.with_name(final_dir.name + f".building-{os.getpid()}")
-    shutil.rmtree(work_dir, ignore_errors=True)
-    work_dir.mkdir(parents=True)
     tokenizer.save_pretrained(work_dir / "tokenizer")
 
     generalist = f"draft-{GENERALIST}"
@@ -453,25 +645,64 @@ def _build(config: ZooConfig, out_dir: str | Path | None, device_: torch.device,
         "files": {str(p.relative_to(work_dir)): _file_sha256(p) for p in files},
     }
     (work_dir / MANIFEST).write_text(json.dumps(manifest, indent=1))
-    if final_dir.exists():
-        shutil.rmtree(final_dir)
-    os.replace(work_dir, final_dir)
-    _say(f"flashspec zoo [{config.size}]: built in {timings['total_s']:.1f} s -> {final_dir}", progress)
-    return final_dir
 
 
-def check_zoo_dir(path: str | Path) -> dict[str, Any]:
-    """The manifest of a complete, intact zoo folder; ValueError saying what is wrong otherwise."""
-    path = Path(path)
+MANIFEST_KEYS = ("format", "key", "config", "corpus_sha256", "corpora", "tokens", "models", "device", "timings",
+                 "environment", "files")
+
+
+def _read_manifest(path: Path) -> dict[str, Any]:
+    """The parsed manifest of the zoo folder `path`; ValueError if it is absent, unreadable or not an object."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"{path} is not a folder")
     manifest_path = path / MANIFEST
     if not manifest_path.is_file():
         raise ValueError(f"no {MANIFEST} in {path}")
     try:
         manifest = json.loads(manifest_path.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"unreadable {MANIFEST}: {error}") from error
-    if manifest.get("format") != ZOO_FORMAT or not isinstance(manifest.get("files"), dict):
+    if not isinstance(manifest, dict):
+        kind = {list: "array", str: "string", int: "number", float: "number", bool: "boolean"}.get(
+            type(manifest), "null")
+        raise ValueError(f"{MANIFEST} holds a JSON {kind}, not a JSON object")
+    return manifest
+
+
+def _required_files(domains: list[str]) -> set[str]:
+    """Files `load_zoo` opens, which a manifest must list (so that their hashes get checked)."""
+    models = ["target", *(f"draft-{name}" for name in [*domains, GENERALIST])]
+    return {PROMPTS, HELDOUT, "tokenizer/tokenizer.json",
+            *(f"{model}/{file}" for model in models for file in ("config.json", "model.safetensors"))}
+
+
+def _check_manifest_shape(manifest: dict[str, Any]) -> None:
+    """ValueError unless the manifest has this format's keys, types and file list (contents not read)."""
+    if manifest.get("format") != ZOO_FORMAT:
         raise ValueError(f"{MANIFEST} has format {manifest.get('format')!r}, expected {ZOO_FORMAT}")
+    missing = [key for key in MANIFEST_KEYS if key not in manifest]
+    if missing:
+        raise ValueError(f"{MANIFEST} lacks {', '.join(missing)}")
+    files, config = manifest["files"], manifest["config"]
+    if not isinstance(files, dict) or not isinstance(config, dict) or not isinstance(manifest["models"], dict):
+        raise ValueError(f"{MANIFEST} has files, config or models that are not JSON objects")
+    domains = config.get("domains")
+    if not isinstance(domains, list) or not all(isinstance(d, str) for d in domains):
+        raise ValueError(f"{MANIFEST} has no list of domains in its config")
+    for relpath, expected in files.items():
+        parts = Path(relpath).parts
+        if not isinstance(expected, str) or not parts or Path(relpath).is_absolute() or ".." in parts:
+            raise ValueError(f"{MANIFEST} lists a malformed file entry {relpath!r}")
+    absent = sorted(_required_files(domains) - set(files))
+    if absent:
+        raise ValueError(f"{MANIFEST} does not list {', '.join(absent)}")
+
+
+def check_zoo_dir(path: str | Path) -> dict[str, Any]:
+    """The manifest of a complete, intact zoo folder; ValueError saying what is wrong otherwise."""
+    path = Path(path)
+    manifest = _read_manifest(path)
+    _check_manifest_shape(manifest)
     for relpath, expected in manifest["files"].items():
         file_path = path / relpath
         if not file_path.is_file():
@@ -483,16 +714,23 @@ def check_zoo_dir(path: str | Path) -> dict[str, Any]:
 
 def zoo_dir(size: str | ZooConfig = "cpu", device: str | None = None, progress: bool = True,
             rebuild: bool = False) -> Path:
-    """The cache folder of a zoo, building it first when it is missing, corrupt or `rebuild` is set."""
+    """The cache folder of a zoo, building it first when it is missing, corrupt or `rebuild` is set.
+
+    ZooCacheError when the cache folder cannot hold it (checked before the corpora are assembled when a
+    file is in the way, before training when the folder cannot be written).
+    """
     config = get_config(size)
+    root = check_cache_root()
     domain_corpora = corpora.assemble(config.train_chars_per_domain, config.domains)
-    path = cache_root() / config.key(corpora.corpora_sha256(domain_corpora))
+    key = config.key(corpora.corpora_sha256(domain_corpora))
+    path = root / key
     if not rebuild:
         if not path.exists():
             _say(f"flashspec zoo [{config.size}]: no cached zoo at {path}; building it (one-off)", progress)
         else:
             try:
-                check_zoo_dir(path)
+                if check_zoo_dir(path)["key"] != key:
+                    raise ValueError(f"its {MANIFEST} names another key")
                 return path
             except ValueError as error:
                 message = f"flashspec zoo [{config.size}]: cached zoo at {path} is unusable ({error}); rebuilding it"
@@ -931,8 +1169,9 @@ def format_report(out_dir: str | Path, size: str) -> str:
 def info(size: str) -> str:
     """Where a size's zoo lives, whether it is built, and what it holds (does not build)."""
     config = get_config(size)
+    root = check_cache_root()
     domain_corpora = corpora.assemble(config.train_chars_per_domain, config.domains)
-    path = cache_root() / config.key(corpora.corpora_sha256(domain_corpora))
+    path = root / config.key(corpora.corpora_sha256(domain_corpora))
     lines = [f"zoo size {config.size}: {path}"]
     try:
         manifest = check_zoo_dir(path)
@@ -973,6 +1212,15 @@ def main(argv: list[str] | None = None) -> int:
             sub.add_argument("--fresh", action="store_true", help="rebuild from scratch first")
     args = parser.parse_args(argv)
     command = ["flashspec", "zoo", *(sys.argv[1:] if argv is None else argv)]
+    try:
+        return _run(args, command)
+    except ZooCacheError as error:  # a cache the user must fix: say how, without a traceback
+        print(f"flashspec zoo: {error}", file=sys.stderr)
+        return 2
+
+
+def _run(args: argparse.Namespace, command: list[str]) -> int:
+    """Carry out one parsed `flashspec zoo` command; `command` is recorded in the results files."""
     if args.command == "build":
         path = zoo_dir(args.size, device=args.device, rebuild=args.rebuild)
         print(info(args.size))
