@@ -101,6 +101,9 @@ def generate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--trust-remote-code", action="store_true", help="run model code from the checkpoint")
     parser.add_argument("--json", help="write the per-step statistics to this JSON file")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--engine", default="auto", choices=["auto", "fast", "eager"],
+                        help="fast: static caches + CUDA graphs (Llama-family models); eager: Hugging Face "
+                             "forwards; auto: fast on a CUDA device when the models allow it, else eager")
     return parser
 
 
@@ -152,9 +155,8 @@ def report_error(error: BaseException | str) -> int:
 
 # --- Option checks: each raises ValueError naming the option and the fix, before anything loads. ---
 
-# Drafted tokens per step: acceptance decays with each position, so tokens drafted past a few dozen
-# are almost never kept, while the verify tensors ([batch, gamma + 1, vocab]) keep growing.
-MAX_GAMMA = 64
+from flashspec.engine import MAX_GAMMA  # noqa: E402  (the engine's bound on drafted tokens per step)
+
 MAX_SEED = 2**64 - 1  # the engine keys its draws on 64 bits, so larger seeds would repeat smaller ones
 
 
@@ -297,9 +299,7 @@ def prepare_run(args: argparse.Namespace) -> Run:
         drafts = [*drafts, PromptLookupDrafter()]
     check_policy(args.policy, len(drafts), args.seed)
     # The seed goes to the policy here and to every draw in `generate`, so one --seed fixes the run.
-    decoder = SpeculativeDecoder(
-        target, drafts, policy=args.policy, gamma=args.gamma, policy_kwargs={"seed": args.seed}
-    )
+    decoder = build_decoder(args, target, drafts)
     input_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
     if input_ids.shape[1] == 0:
         raise ValueError("--prompt encodes to no tokens; give some text")
@@ -314,6 +314,22 @@ def prepare_run(args: argparse.Namespace) -> Run:
         print(f"flashspec: max-new-tokens lowered to {max_new_tokens} (the target has {positions} positions)",
               file=sys.stderr)
     return Run(decoder, tokenizer, input_ids, sampling, max_new_tokens)
+
+
+def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any]) -> Any:
+    """The decoder --engine asks for: the fast path (static caches, CUDA graphs on a GPU) or the eager
+    engine; `auto` takes the fast path on CUDA when every model is Llama-family, else the eager one."""
+    from flashspec.engine import SpeculativeDecoder
+    from flashspec.fast import FastSpeculativeDecoder, fast_supported
+
+    kwargs = dict(policy=args.policy, gamma=args.gamma, policy_kwargs={"seed": args.seed})
+    reason = fast_supported(target, drafts)
+    on_cuda = next(target.parameters()).device.type == "cuda"
+    if args.engine == "fast" and reason is not None:
+        raise ValueError(f"--engine fast: the fast path cannot run these models ({reason}); use --engine eager")
+    if args.engine == "fast" or (args.engine == "auto" and on_cuda and reason is None):
+        return FastSpeculativeDecoder(target, drafts, **kwargs)
+    return SpeculativeDecoder(target, drafts, **kwargs)
 
 
 def check_policy(name: str, n_arms: int, seed: int) -> None:
