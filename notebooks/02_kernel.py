@@ -21,7 +21,7 @@
 # reference `fs.verify(..., backend="torch")` on the same random numbers, then what it costs.
 #
 # 1. a naive PyTorch loop — correct, and the host-synchronising pattern the FlashSpec paper {cite}`flashspec_paper`
-#    calls the CPU bottleneck;
+#    calls the CPU bottleneck (the end of the chapter measures what it costs, and how much of an engine step that is);
 # 2. log space, with the temperature applied *before* the log-softmax;
 # 3. the accept kernel: two scalars per candidate;
 # 4. the streaming residual/bonus sampler, fed by an online log-sum-exp pass;
@@ -132,6 +132,7 @@ def naive_verify(target_logits, draft_logits, draft_tokens, temperature, accept_
             n += 1
         p = torch.softmax(target_logits[row, n] / temperature, dim=-1)
         weights = (p - torch.softmax(draft_logits[row, n] / temperature, dim=-1)).clamp(min=0) if n < gamma else p
+        weights = torch.where(weights.any(), weights, p)  # (p - q)^+ rounded to zero everywhere: sample p instead
         noise = sample_noise(torch.tensor([row]), torch.tensor([n]))[0]
         tokens[row, n] = fs.sampling.gumbel_argmax(weights.log(), noise).item()
         host_syncs += 1
@@ -259,6 +260,13 @@ print("accept kernel: num_accepted =", kernel_accepted.tolist(), "== reference")
 # scalars of state (best score, best index), and each $\log w_v$ is computed on the fly from the two logits and the
 # two normalisers — the residual distribution is never materialised. Each row reads only its first-rejected (or
 # bonus) position, which the sampler finds by loading `num_accepted[row]` *on the device*: no host sync.
+#
+# **The empty residual.** When $p$ and $q$ agree up to rounding, a rejection can still happen (the ratio
+# $p(x)/q(x)$ rounds to just below 1) while $(p-q)^+$ rounds to zero at every token (chapter 1, "An empty
+# residual"). Then every score of the race is $-\infty$, no chunk beats the initial best, and a sampler that only
+# runs this race emits token 0. The kernel below therefore runs a second race over $\log p$ on the same noise (a
+# second arg-max per chunk and two more registers of state), and emits its winner when the residual race found no
+# token: the residual is taken to be $p$, which is what `flashspec.verify` does in both backends.
 
 # %%
 @triton.jit
@@ -294,6 +302,7 @@ def residual_sample_kernel(
     VOCAB: tl.constexpr,    # V
     GAMMA: tl.constexpr,    # drafted tokens per row
     BLOCK_V: tl.constexpr,  # chunk width of the stream
+    FALL_BACK_TO_P: tl.constexpr,  # False leaves the empty-residual fallback out, to show what it prevents
 ):
     row = tl.program_id(0).to(tl.int64)
     n = tl.load(num_accepted_ptr + row)  # read on the device: the host never learns n
@@ -303,8 +312,10 @@ def residual_sample_kernel(
     draft_row = (row * GAMMA + n_draft) * VOCAB
     lse_p = tl.load(target_lse_ptr + row * (GAMMA + 1) + n)
     lse_q = tl.load(draft_lse_ptr + row * GAMMA + n_draft)
-    best_score = float("-inf")
+    best_score = float("-inf")  # the race over log w (the residual, or p at the bonus position)
     best_index = 0
+    best_p_score = float("-inf")  # the race over log p on the same noise: the fallback's sample
+    best_p_index = 0
     for start in range(0, VOCAB, BLOCK_V):
         v = start + tl.arange(0, BLOCK_V)
         in_range = v < VOCAB
@@ -315,12 +326,21 @@ def residual_sample_kernel(
         log_residual = tl.where(positive, log_p + tl.log(1.0 - tl.exp(gap)), float("-inf"))
         log_weight = tl.where(is_bonus, log_p, log_residual)
         u = tl.load(noise_ptr + row * VOCAB + v, mask=in_range, other=0.5)
-        score = tl.where(in_range, log_weight - tl.log(-tl.log(u)), float("-inf"))
+        gumbel = tl.log(-tl.log(u))
+        score = tl.where(in_range, log_weight - gumbel, float("-inf"))
         chunk_best = tl.max(score, axis=0)
         chunk_index = tl.min(tl.where(score == chunk_best, v, VOCAB), axis=0)  # first index of the chunk's best
         better = chunk_best > best_score  # strict: earlier chunks win ties, like torch.argmax
         best_index = tl.where(better, chunk_index, best_index)
         best_score = tl.where(better, chunk_best, best_score)
+        score_p = tl.where(in_range, log_p - gumbel, float("-inf"))
+        chunk_best_p = tl.max(score_p, axis=0)
+        chunk_index_p = tl.min(tl.where(score_p == chunk_best_p, v, VOCAB), axis=0)
+        better_p = chunk_best_p > best_p_score
+        best_p_index = tl.where(better_p, chunk_index_p, best_p_index)
+        best_p_score = tl.where(better_p, chunk_best_p, best_p_score)
+    if FALL_BACK_TO_P:  # no token has positive residual weight: (p - q)^+ rounded to zero, sample p instead
+        best_index = tl.where(best_score > float("-inf"), best_index, best_p_index)
     tl.store(out_ptr + row, best_index.to(tl.int64))
 
 
@@ -331,7 +351,8 @@ def row_logsumexp(logits: torch.Tensor, temperature: float, block_v: int = 16) -
     return lse.view(logits.shape[:-1])
 
 
-def residual_sample(target_logits, draft_logits, num_accepted, noise, temperature, block_v: int = 16):
+def residual_sample(target_logits, draft_logits, num_accepted, noise, temperature, block_v: int = 16,
+                    fall_back_to_p: bool = True):
     """Normalisers, then one streaming sample per row, on DEVICE; returns (tokens [B], target lse) on the CPU."""
     batch, gamma = draft_logits.shape[:2]
     target_logits, draft_logits, num_accepted, noise = (
@@ -340,7 +361,8 @@ def residual_sample(target_logits, draft_logits, num_accepted, noise, temperatur
     draft_lse = row_logsumexp(draft_logits, temperature, block_v)
     emitted = torch.empty(batch, dtype=torch.int64, device=DEVICE)
     residual_sample_kernel[(batch,)](target_logits, draft_logits, target_lse, draft_lse, num_accepted, noise, emitted,
-                                     1.0 / temperature, VOCAB=target_logits.shape[-1], GAMMA=gamma, BLOCK_V=block_v)
+                                     1.0 / temperature, VOCAB=target_logits.shape[-1], GAMMA=gamma, BLOCK_V=block_v,
+                                     FALL_BACK_TO_P=fall_back_to_p)
     return emitted.cpu(), target_lse.cpu()
 
 
@@ -352,19 +374,42 @@ assert torch.equal(emitted, reference.tokens[rows, reference.num_accepted])
 print("online log-sum-exp == torch.logsumexp; streamed residual/bonus tokens", emitted.tolist(), "== reference")
 
 # %% [markdown]
-# Three small kernels now reproduce the reference token for token. What they cost is the honest accounting the
-# paper's "O(1) memory" claim needs:
+# The fallback at work. Take the draft equal to the target, so that $p = q$ at every position and $(p-q)^+$ is zero
+# everywhere, and force a rejection at position 0 (with $p=q$ exactly the accept test never rejects; the point is
+# what happens when rounding lets it). Without the fallback every row emits token 0; with it, each row emits the
+# winner of the race over $\log p$ on its own noise, i.e. a sample from $p$:
+
+# %%
+rejected_at_0 = torch.zeros(BATCH, dtype=torch.long)  # num_accepted = 0: every row samples its position-0 residual
+noise_at_0 = sample_noise(rows, rejected_at_0)
+draft_equals_target = target_logits[:, :GAMMA]
+without_fallback, _ = residual_sample(target_logits, draft_equals_target, rejected_at_0, noise_at_0,
+                                      PARAMS.temperature, fall_back_to_p=False)
+with_fallback, _ = residual_sample(target_logits, draft_equals_target, rejected_at_0, noise_at_0, PARAMS.temperature)
+sample_from_p = fs.sampling.gumbel_argmax(log_p[:, 0], noise_at_0)  # the race over log p on the same noise
+assert torch.equal(without_fallback, torch.zeros(BATCH, dtype=torch.long))
+assert torch.equal(with_fallback, sample_from_p)
+print("p == q, rejected at position 0:")
+print("  without the fallback:", without_fallback.tolist())
+print("  with the fallback:   ", with_fallback.tolist())
+print("  race over log p:     ", sample_from_p.tolist(), "(a sample from p with the same noise)")
+
+# %% [markdown]
+# Three small kernels now reproduce the reference token for token. For temperature-only sampling, what they cost is:
 #
 # - the **accept** test reads two scalars (and a uniform) per candidate: $O(B\gamma)$, independent of $V$;
 # - the **normalisers** read every logit once: $B(2\gamma+1)V$ values — the step's dominant traffic;
 # - the **sample** reads one target row and one draft row per sequence: $2BV$ values.
 #
 # So *the accept kernel is O(1) per candidate; the whole step is one O(V) normalisation read per position plus one
-# O(V) streaming sample per row*. In bytes, for bf16 logits and $\gamma=4$:
+# O(V) streaming sample per row*. Each program keeps only a few registers of state while it streams, but the step as
+# a whole is not "O(1)" in the vocabulary: only the accept test is. Top-k and top-p change the picture, as step 5
+# explains: they currently add a float32 copy of the logits and, for top-p, a sort of every row. In bytes, for bf16
+# logits, $\gamma=4$ and temperature-only sampling:
 
 # %%
 def step_bytes(batch: int, gamma: int, vocab: int, logit_bytes: int = 2) -> dict[str, int]:
-    """Bytes each part of the verification step must read (the floor any implementation pays)."""
+    """Bytes each part of a temperature-only verification step must read (the floor any implementation pays)."""
     return {
         "accept (2 log-probs + 1 uniform per candidate)": batch * gamma * 3 * 4,
         "normalisers (every logit once)": batch * (2 * gamma + 1) * vocab * logit_bytes,
@@ -389,14 +434,23 @@ for batch in (1, 8, 64):
 # ## Step 5: the fused step in `flashspec.kernels`
 #
 # The library fuses the three kernels into two launches (`flashspec.kernels.verify_triton`, behind
-# `fs.verify(..., backend="triton")`): a statistics pass computes every normaliser *and* the two logits at each
-# drafted token, splitting long rows across programs so that even $B=1$ fills the GPU; in the second launch every
-# program first redoes the $O(\gamma)$ accept test of its rows from those partials, so it knows $n$ without waiting
-# for any other program, then streams its slice of the one position each row samples from, and the last program of
-# each row — found with an atomic ticket — merges the slices' winners. Counter-based uniforms are generated inside
-# the kernels (no uniform tensors in memory), offsets are int64, padded lanes are $-\infty$. With top-k or top-p,
-# the logits are first truncated in PyTorch (a sort), outside the two launches. Here the fused step is checked
-# against the reference on several settings, including greedy decoding and deterministic proposals:
+# `fs.verify(..., backend="triton")`): a statistics pass computes every normaliser *and* the two logits at each drafted token,
+# splitting long rows across programs so that even at $B=1$ the pass runs on many programs; in the second launch
+# every program first redoes the $O(\gamma)$ accept test of its rows from those partials, so it knows $n$ without
+# waiting for any other program, then streams its slice of the one position each row samples from, and the last
+# program of each row — found with an atomic ticket — merges the slices' winners. Counter-based uniforms are
+# generated inside the kernels (no uniform tensors in memory), offsets are int64, padded lanes are $-\infty$, and
+# the sample has the empty-residual fallback of step 4.
+#
+# That is the temperature-only path. With top-k or top-p, `flashspec.kernels` first truncates the logits in PyTorch,
+# outside the two launches: it divides a float32 copy of the target and of the draft logits by $T$, masks the tokens
+# below the $k$-th largest logit (found with `torch.topk`) and, for top-p, sorts every row (`torch.sort`,
+# $O(V\log V)$ per row) to find the nucleus. That costs extra PyTorch passes over the logits, a float32 copy of them
+# (twice the bytes of bf16 logits) and the sort's temporaries; the kernels then read the copy. The streaming passes
+# do not do the truncation themselves.
+#
+# Here the fused step is checked against the reference on several settings, including greedy decoding and
+# deterministic proposals:
 
 # %%
 truncated = fs.SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
@@ -467,28 +521,113 @@ print(f"{'B':>3} {'V':>7} {'step/floor':>10} {'graph/floor':>11} {'reference/ste
 for point in points:
     print(f"{point['batch']:>3} {point['vocab']:>7} {point['triton_over_floor']:>10.1f} {point['graph_over_floor']:>11.1f} "
           f"{point['torch_over_triton']:>14.1f} {point['host_loop_over_triton']:>14.1f}")
-launch_bound = [p for p in points if p["batch"] <= 8]
+small_batches = [p for p in points if p["batch"] <= 8]
 print(f"\ntarget 'within {targets['triton_over_floor_max']}x of the floor': met at "
       f"{sum(p['triton_over_floor'] <= targets['triton_over_floor_max'] for p in points)} of {len(points)} points")
 print(f"target '>= {targets['torch_over_triton_min_for_batch_le_8']}x faster than the reference for B <= 8': met at "
-      f"{sum(p['torch_over_triton'] >= targets['torch_over_triton_min_for_batch_le_8'] for p in launch_bound)} "
-      f"of {len(launch_bound)} points")
+      f"{sum(p['torch_over_triton'] >= targets['torch_over_triton_min_for_batch_le_8'] for p in small_batches)} "
+      f"of {len(small_batches)} points")
 
 # %% [markdown]
-# Where the time goes, from the same file: the bytes the step must read take a few microseconds at the H200's
-# bandwidth, so at these sizes the step is bound by launches, not memory. The gap between the eager step and the
-# CUDA-graph replay of the *same two launches* is host-side launch overhead from Python; what remains in the replay
-# is the two kernels' device time.
+# Where the time goes, from the same file. The gap between the eager step and the CUDA-graph replay of the *same two
+# launches* is host-side launch overhead from Python; what remains in the replay is the two kernels' device time.
+# The floor is set either by one empty launch or by the bytes the step must read, whichever is larger. The cell
+# computes, for each point, which of these dominates:
 
 # %%
-eager_overhead = [1 - p["triton_graph_replay_us"] / p["triton_us"] for p in points]
+empty_launch_us = verify_record["floors"]["empty_launch_us"]
+for point in points:
+    point["launch_share"] = 1 - point["triton_graph_replay_us"] / point["triton_us"]
+    point["kernels_us"] = point["triton_stats_kernel_us"] + point["triton_sample_kernel_us"]
+print(f"{'B':>3} {'V':>7} {'floor us':>8} {'floor set by':>12} {'eager us':>8} {'graph us':>8} {'warm us':>7} "
+      f"{'kernels us':>10} {'launch share':>12}")
+for point in points:
+    floor_source = "bytes" if point["floor_us"] > empty_launch_us else "one launch"
+    print(f"{point['batch']:>3} {point['vocab']:>7} {point['floor_us']:8.1f} {floor_source:>12} {point['triton_us']:8.1f} "
+          f"{point['triton_graph_replay_us']:8.1f} {point['triton_graph_warm_us']:7.1f} {point['kernels_us']:10.1f} "
+          f"{point['launch_share']:12.0%}")
+
+def span(key: str, fmt: str, chosen: list[dict] = points) -> str:
+    """'min–max' of one field over some points, for the sentences below."""
+    return f"{min(p[key] for p in chosen):{fmt}}–{max(p[key] for p in chosen):{fmt}}"
+
+
+launch_bound = [p for p in points if p["launch_share"] > 0.5]  # the graph replay removes most of the eager step
+not_launch_bound = [p for p in points if p["launch_share"] <= 0.5]
+text = ""
+if launch_bound:
+    text += (
+        f"At {len(launch_bound)} of {len(points)} points, (B, V) = "
+        + ", ".join(f"({p['batch']}, {p['vocab']})" for p in launch_bound)
+        + f", launch overhead is more than half of the eager step ({span('launch_share', '.0%', launch_bound)}): "
+        "there the step is bound by launches, and an engine that replays its decode step from a CUDA graph gets the "
+        "graph column instead of the eager one. "
+    )
+for p in not_launch_bound:
+    floor_source = "the bytes it must read" if p["floor_us"] > empty_launch_us else "one launch"
+    text += (
+        f"At B={p['batch']}, V={p['vocab']} the step is not launch-bound: eager {p['triton_us']:.0f} µs ≈ graph "
+        f"replay {p['triton_graph_replay_us']:.0f} µs ({p['triton_graph_warm_us']:.0f} µs warm), against a floor "
+        f"of {p['floor_us']:.0f} µs set by {floor_source}; the two kernels' device time ({p['kernels_us']:.0f} µs, "
+        f"each measured alone) accounts for the whole step, the replay is {p['graph_over_floor']:.1f}× the floor, "
+        "and a CUDA graph does not help it. "
+    )
+floor_target = targets["triton_over_floor_max"]
+if not any(min(p["triton_over_floor"], p["graph_over_floor"]) <= floor_target for p in points):
+    text += (
+        f"No point meets the target of {floor_target}× the floor, eager or replayed (eager "
+        f"{span('triton_over_floor', '.1f')}×, graph replay {span('graph_over_floor', '.1f')}×): getting closer "
+        "needs faster kernels, not only fewer launches. "
+    )
+text += (
+    f"Against the PyTorch reference the Triton step is {span('torch_over_triton', '.0f')}× faster, and against the "
+    f"per-token host loop of step 1 {span('host_loop_over_triton', '.1f')}×."
+)
+display(Markdown(text))
+
+# %% [markdown]
+# ## What it changes end to end
+#
+# A faster verification step matters only as much as verification weighs in a whole engine step, which also runs
+# the draft model $\gamma$ times and the target once. The engine benchmark on the same GPU
+# (`results/bench_engine_nvidia_h200.json`, a 1.1B-parameter target with random weights, $\gamma=4$) records the
+# median step time of plain decoding and of `flashspec`'s speculative loop; the verification benchmark above records
+# what the per-token host loop of step 1 and the Triton step cost at the same batch size and vocabulary:
+
+# %%
+engine_record = json.loads((RESULTS / "bench_engine_nvidia_h200.json").read_text())
+engine_vocab = engine_record["settings"]["models"]["target"]["vocab_size"]
+print(f"engine benchmark: {engine_record['hardware']['gpu']}, git {engine_record['git_sha'][:8]}, "
+      f"{engine_record['date_utc']}; verification benchmark: git {environment['git_sha'][:8]}")
+print(f"{'B':>3} {'V':>7} {'plain step ms':>13} {'spec. step ms':>13} {'host loop ms':>12} {'Triton step ms':>14} "
+      f"{'saved / spec. step':>18}")
+end_to_end = {}
+for batch in engine_record["settings"]["batch_sizes"]:
+    cells = engine_record["results"][f"B={batch}"]["cells"]
+    verify_point = next(p for p in points if p["batch"] == batch and p["vocab"] == engine_vocab)
+    saved_ms = (verify_point["host_loop_us"] - verify_point["triton_us"]) / 1000
+    end_to_end[batch] = {
+        "plain_ms": cells["plain"]["p50_step_latency_ms"],
+        "spec_ms": cells["flashspec"]["p50_step_latency_ms"],
+        "host_loop_ms": verify_point["host_loop_us"] / 1000,
+        "saved_share": saved_ms / cells["flashspec"]["p50_step_latency_ms"],
+    }
+    row = end_to_end[batch]
+    print(f"{batch:>3} {engine_vocab:>7} {row['plain_ms']:13.1f} {row['spec_ms']:13.1f} {row['host_loop_ms']:12.2f} "
+          f"{verify_point['triton_us'] / 1000:14.2f} {row['saved_share']:18.1%}")
+
+one = end_to_end[1]
 display(Markdown(
-    f"In this run the eager Triton step is {min(p['triton_over_floor'] for p in points):.1f}–"
-    f"{max(p['triton_over_floor'] for p in points):.1f}× its floor and the graph replay "
-    f"{min(p['graph_over_floor'] for p in points):.1f}–{max(p['graph_over_floor'] for p in points):.1f}×; "
-    f"launch overhead is {min(eager_overhead):.0%}–{max(eager_overhead):.0%} of the eager step. "
-    f"Against the PyTorch reference the Triton step is {min(p['torch_over_triton'] for p in points):.0f}–"
-    f"{max(p['torch_over_triton'] for p in points):.0f}× faster, and against the per-token host loop "
-    f"{min(p['host_loop_over_triton'] for p in points):.1f}–{max(p['host_loop_over_triton'] for p in points):.0f}×. "
-    "An engine that captures its decode step in a CUDA graph gets the replay column; the floor target "
-    "needs the kernels themselves to get closer to the bytes they read."))
+    f"At B=1 the per-token host loop costs {one['host_loop_ms']:.2f} ms, against engine steps of "
+    f"{one['plain_ms']:.0f} ms (plain decoding) to {one['spec_ms']:.0f} ms (speculative): replacing it with the "
+    f"Triton step saves at most {one['saved_share']:.1%} of a speculative step. **The verify kernel alone does not "
+    "change end-to-end throughput at B=1**; the rest of the step (the draft and target forward passes and the "
+    "engine's own host work) decides it. "
+    + " ".join(
+        f"At B={batch} the host loop would cost {row['host_loop_ms']:.1f} ms of a {row['spec_ms']:.0f} ms "
+        f"speculative step: replacing it saves at most {row['saved_share']:.0%}, a larger share because the "
+        "loop's cost grows with the batch."
+        for batch, row in end_to_end.items() if batch != 1
+    )
+    + " These are two separate benchmarks: the engine's step time was not measured with the host loop in place."
+))
