@@ -1,5 +1,5 @@
 """The speculative generation loop: a Hugging Face target, a pool of drafters, a bandit choosing the
-drafter per step, on-device verification, exact output (DESIGN §2).
+drafter per step, on-device verification, exact output (book/design.md §1).
 
 One step:
   1. the policy picks an arm from the past only (`policy.select()`);
@@ -113,7 +113,7 @@ class SpeculativeDecoder:
         backend: verify backend, "auto" | "torch" | "triton".
         selector: FOR TESTS ONLY -- a hook `selector(proposals, target_log_probs) -> arm` that sees
             every arm's CURRENT proposal and the target's warped log-probs of it before choosing.
-            It replaces the policy and BREAKS Theorem 1 (cherry-picking, DESIGN §2.6); it exists so
+            It replaces the policy and BREAKS Theorem 1 (cherry-picking; book/design.md §1); it exists so
             the exactness test has a negative control.
     """
 

@@ -158,7 +158,7 @@ def library_verifier(backend: str = "torch", device: str | torch.device | None =
 
 # A selector picks, per row, which draft's proposal to verify, from the step number, the
 # proposals and the target's warped log-probs at the first position.  Looking at the target's
-# distribution is harmless; looking at the proposals breaks exactness (DESIGN §2.6).
+# distribution is harmless; looking at the proposals breaks exactness (book/design.md §1).
 Selector = Callable[[int, list["Proposal"], torch.Tensor], torch.Tensor]
 
 
@@ -176,7 +176,7 @@ def round_robin_selector(step: int, proposals: list[Proposal], first_log_probs: 
 
 
 def cherry_picking_selector(step: int, proposals: list[Proposal], first_log_probs: torch.Tensor) -> torch.Tensor:
-    """NOT exact (DESIGN §2.6): per row, the draft whose first proposed token the target likes most."""
+    """NOT exact (book/design.md §1): per row, the draft whose first proposed token the target likes most."""
     scores = [first_log_probs.gather(1, proposal.tokens[:, :1]).squeeze(1) for proposal in proposals]
     return torch.stack(scores, dim=1).argmax(dim=1)
 

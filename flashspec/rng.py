@@ -12,7 +12,7 @@ Construction (all arithmetic modulo 2**32):
     bits       = fmix32(base ^ fmix32(index + INDEX_OFFSET))
     uniform    = ((bits >> 9) + 0.5) * 2**-23          (exact in float32, strictly inside (0, 1))
 
-Streams keep independent uses of randomness apart (DESIGN §2.5): the accept test, the
+Streams keep independent uses of randomness apart (book/design.md §2): the accept test, the
 residual/bonus sample and the draft's own sampling never share a uniform.
 """
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Sampling parameters and the one warping function applied identically to draft and target.
 
-Order (DESIGN §2.1): divide logits by the temperature, *then* normalise in log space, then
+Order (book/design.md §1): divide logits by the temperature, *then* normalise in log space, then
 top-k, then top-p (renormalised).  Temperature 0 means greedy: a one-hot distribution at the
 argmax (lowest index on ties, like `torch.argmax`).
 """

@@ -1,5 +1,5 @@
 """Speculative verification: from target logits, draft logits and drafted tokens, emit the accepted
-prefix and one more token, so that the output is distributed exactly as the target (DESIGN §2).
+prefix and one more token, so that the output is distributed exactly as the target (book/design.md §1).
 
 `verify` is the public entry point; `verify_reference` is the vectorised PyTorch ground truth
 that the Triton backend must match bit for bit given the same key.
@@ -45,7 +45,7 @@ def verify(
     backend: str = "auto",
     validate: bool | None = None,
 ) -> VerifyOutput:
-    """Verify γ drafted tokens per row against the target (DESIGN §2).
+    """Verify γ drafted tokens per row against the target (book/design.md §1).
 
     Args:
         target_logits: [B, γ+1, V] float; position i scores the token after the prefix plus

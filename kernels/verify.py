@@ -1,4 +1,4 @@
-"""Speculative verification in two Triton launches, with no host sync (DESIGN §2, §4).
+"""Speculative verification in two Triton launches, with no host sync (book/design.md §1, §4).
 
 Launch 1, `_stats_kernel` -- one streaming pass over every logit row. Grid
 (row blocks, γ+1 positions, V-splits); each program reduces one V-chunk of the target row

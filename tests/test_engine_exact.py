@@ -1,4 +1,4 @@
-"""End-to-end exactness of the speculative engine (DESIGN §2.6, issue 4 item 8).
+"""End-to-end exactness of the speculative engine (Theorem 1; book/design.md §1).
 
 Tiny random Llama models (V = 16) built from config: the target's exact probability of every
 length-3 continuation of a prompt is enumerated, the engine (two model drafts + prompt lookup, an

@@ -214,7 +214,7 @@ def test_bad_input_writes_nothing():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: host syncs only exist there")
 @pytest.mark.parametrize("params", [fs.SamplingParams(1.0), fs.SamplingParams(0.0), fs.SamplingParams(0.7, top_p=0.9)])
 def test_triton_verify_makes_no_host_sync(params):
-    """DESIGN §4: zero host syncs inside verify; torch raises on any synchronising call."""
+    """Zero host syncs inside verify; torch raises on any synchronising call."""
     target, draft, tokens = make_inputs(8, 4, 32000, 1, fs.SamplingParams(1.0))
     target, draft, tokens = target.cuda(), draft.cuda(), tokens.cuda()
     fs.verify(target, draft, tokens, params, generator=0, backend="triton", validate=False)  # compile first
