@@ -68,7 +68,8 @@ def model(request):
 def hf_logits(model: torch.nn.Module, sequence: list[int]) -> torch.Tensor:
     """HF eager logits [len, V] of one compact (unpadded) sequence."""
     with torch.no_grad():
-        return model(input_ids=torch.tensor([sequence])).logits[0]
+        device = next(model.parameters()).device
+        return model(input_ids=torch.tensor([sequence], device=device)).logits[0]
 
 
 def left_pad(rows: list[list[int]], pad: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -103,29 +104,55 @@ def test_configurations_build_what_they_claim():
     assert gqa.num_key_value_heads < gqa.num_attention_heads
 
 
-def test_prefill_decode_verify_and_rollback_match_hf(model):
+def check_against_hf(model: torch.nn.Module, graphed: bool = False, tol: float = TOL, attention: str = "auto") -> None:
     """Rows of different lengths; q=1 decode steps and q=4 verify steps that keep only part of what
     they wrote (the rest is stale until overwritten). Every step's logits equal HF on each row's
-    compact sequence."""
+    compact sequence. `graphed` runs the steps through `GraphedStep`s (CUDA graphs on a GPU)."""
+    device = next(model.parameters()).device
     rows = random_rows([5, 9, 2], seed=1)
-    runner = LlamaRunner(model, max_batch=3, max_len=MAX_LEN)
+    runner = LlamaRunner(model, max_batch=3, max_len=MAX_LEN, attention=attention)
     input_ids, mask = left_pad(rows)
-    logits, lengths = runner.prefill(input_ids, mask)
+    logits, lengths = runner.prefill(input_ids.to(device), mask.to(device))
     assert lengths.tolist() == [5, 9, 2]
     for r, row in enumerate(rows):
-        assert max_error(logits[r], hf_logits(model, row)[-1]) <= TOL
+        assert max_error(logits[r], hf_logits(model, row)[-1]) <= tol
     generator = torch.Generator().manual_seed(2)
     schedule = [(1, [1, 1, 1]), (1, [1, 1, 1]), (4, [1, 3, 4]), (4, [2, 4, 1]), (1, [1, 1, 1]), (4, [4, 4, 4])]
     for q, keep in schedule:
         new = torch.randint(3, VOCAB, (3, q), generator=generator)
         starts = torch.tensor([len(row) for row in rows])
         positions = starts[:, None] + torch.arange(q)                  # [B, q]
-        out = runner.forward(new, positions, bucket_for(int(positions.max()) + 1, MAX_LEN))
+        bucket = bucket_for(int(positions.max()) + 1, MAX_LEN)
+        tokens, positions = new.to(device), positions.to(device)
+        if graphed:
+            out = runner.graphed(3, q, bucket)(tokens, positions)
+        else:
+            out = runner.forward(tokens, positions, bucket)
         assert out.shape == (3, q, VOCAB)
         for r, row in enumerate(rows):
             expected = hf_logits(model, row + new[r].tolist())[-q:]
-            assert max_error(out[r], expected) <= TOL, (q, keep, r)
+            assert max_error(out[r], expected) <= tol, (q, keep, r)
             row.extend(new[r, : keep[r]].tolist())
+
+
+def test_prefill_decode_verify_and_rollback_match_hf(model):
+    check_against_hf(model)
+
+
+@pytest.mark.parametrize("attention", ["fold", "gqa"])
+@pytest.mark.parametrize("name", ["gqa", "qwen2-bias"])
+def test_both_attention_modes_match_hf(name, attention):
+    """GQA folded into the query length, and SDPA's enable_gqa ("auto" picks per call shape)."""
+    check_against_hf(BUILDERS[name](), attention=attention)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("attention", ["fold", "gqa"])
+@pytest.mark.parametrize("name", ["gqa", "llama3-rope", "qwen2-bias"])
+def test_cuda_graph_steps_match_hf(name, attention):
+    """The same steps replayed from CUDA graphs (fp32 on the GPU; TF32 is off by default)."""
+    check_against_hf(BUILDERS[name]().cuda(), graphed=True, tol=1e-4, attention=attention)
 
 
 def test_bucket_does_not_change_logits():
@@ -221,6 +248,8 @@ def test_unsupported_models_raise_clear_errors():
     assert supports(mistral(window=8), max_len=8)
     with pytest.raises(ValueError, match="dynamic"):
         check_supported(llama({"rope_type": "dynamic", "factor": 2.0}), max_len=100)
+    with pytest.raises(ValueError, match="attention must be one of"):
+        LlamaRunner(BUILDERS["gqa"](), 1, MAX_LEN, attention="flash")
 
 
 def test_prefill_rejects_right_padding():
