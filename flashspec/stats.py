@@ -252,6 +252,17 @@ def compare_runs(baseline_times: Sequence[float], candidate_times: Sequence[floa
     return Comparison(ratio, low, high, (len(base), len(cand)), chance, verdict, reason)
 
 
+def overall_verdict(verdicts: Sequence[str]) -> str:
+    """One verdict for a claim judged several times (batch sizes, streams): the common verdict when all
+    agree, "mixed" when decided ones disagree, "inconclusive" when none is decided or there are none."""
+    decided = set(verdicts) - {"inconclusive"}
+    if not decided:
+        return "inconclusive"
+    if len(decided) > 1:
+        return "mixed"
+    return decided.pop() if "inconclusive" not in verdicts else f"{next(iter(decided))} in part, inconclusive in part"
+
+
 def mean_and_standard_error(values: Sequence[float]) -> tuple[float, float]:
     """Sample mean and its standard error (sample standard deviation / √n; NaN for n < 2)."""
     values = list(values)

@@ -12,6 +12,7 @@ from flashspec.stats import (
     StepRecord,
     acceptance_rate,
     compare_runs,
+    overall_verdict,
     mean_and_standard_error,
     paired_difference,
     per_request_tokens_per_step,
@@ -137,3 +138,11 @@ def test_bench_comparisons_use_the_identical_work_control() -> None:
     cells["flashspec_pool"]["per_arm"] = {**idle, "prompt-lookup": {"selections": 3}}
     assert not same_work(cells) and CONTROL not in comparisons(cells)
     assert comparisons(cells)["flashspec/plain"].verdict == "not reproduced"
+
+
+def test_overall_verdict() -> None:
+    assert overall_verdict([]) == "inconclusive"
+    assert overall_verdict(["inconclusive", "inconclusive"]) == "inconclusive"
+    assert overall_verdict(["reproduced", "reproduced"]) == "reproduced"
+    assert overall_verdict(["reproduced", "not reproduced"]) == "mixed"
+    assert overall_verdict(["not reproduced", "inconclusive"]) == "not reproduced in part, inconclusive in part"
