@@ -50,7 +50,6 @@ POLICY_SEED_TAG = 0x9011C7  # the policy's generator restarts from derive_seed(s
 # A step drafts at most this many tokens. Acceptance decays geometrically with the position, so a
 # longer speculation only allocates memory; the bound stops absurd values before they allocate.
 MAX_GAMMA = 256
-Selector = Callable[[list[Proposal], list[torch.Tensor]], int]
 
 
 @dataclass
@@ -111,10 +110,9 @@ class SpeculativeDecoder:
         policy_kwargs: extra arguments for `make_policy` (e.g. window, discount). Its random
             generator is restarted by every `generate` call from that call's `seed`.
         backend: verify backend, "auto" | "torch" | "triton".
-        selector: FOR TESTS ONLY -- a hook `selector(proposals, target_log_probs) -> arm` that sees
-            every arm's CURRENT proposal and the target's warped log-probs of it before choosing.
-            It replaces the policy and BREAKS Theorem 1 (cherry-picking; book/design.md §1); it exists so
-            the exactness test has a negative control.
+
+    The arm of each step comes from `_choose_and_propose`, which asks the policy (the past only);
+    the exactness tests override it in a subclass to build a cherry-picking negative control.
     """
 
     def __init__(
@@ -125,7 +123,6 @@ class SpeculativeDecoder:
         gamma: int = 4,
         policy_kwargs: dict[str, Any] | None = None,
         backend: str = "auto",
-        selector: Selector | None = None,
     ) -> None:
         if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
             raise ValueError(
@@ -143,7 +140,6 @@ class SpeculativeDecoder:
                 models.check_compatible(target, model, draft_name=f"drafts[{index}]")
         self.gamma = gamma
         self.backend = backend
-        self.selector = selector
         self.policy = resolve_policy(policy, len(self.drafts), **(policy_kwargs or {}))
 
     @property
@@ -312,28 +308,14 @@ class SpeculativeDecoder:
     def _choose_and_propose(
         self, context: DraftContext, cache: Any, state: "RowState", seed: int, step: int
     ) -> tuple[int, Proposal]:
-        """Pick an arm and get its proposal. With the test-only selector, every arm proposes and the
-        target scores each proposal first (cherry-picking: breaks exactness on purpose)."""
-        if self.selector is None:
-            arm = int(self.policy.select())
-            if not 0 <= arm < len(self.drafts):
-                raise ValueError(f"policy returned arm {arm}, but there are {len(self.drafts)} drafts")
-            return arm, self.drafts[arm].propose(draft_context(context, seed, step, arm))
-        proposals = [drafter.propose(draft_context(context, seed, step, arm)) for arm, drafter in enumerate(self.drafts)]
-        scores = []
-        for proposal in proposals:
-            logits = self._target_forward(cache, state, proposal.tokens)
-            models.crop_cache(cache, state.columns)
-            scores.append(warp_logits(logits, context.sampling))
-        arm = int(self.selector(proposals, scores))
-        for other, drafter in enumerate(self.drafts):
-            if other != arm:
-                drafter.rollback(list(state.lengths))
-        return arm, proposals[arm]
+        """Pick an arm from the policy (the past only) and get its proposal."""
+        arm = int(self.policy.select())
+        if not 0 <= arm < len(self.drafts):
+            raise ValueError(f"policy returned arm {arm}, but there are {len(self.drafts)} drafts")
+        return arm, self.drafts[arm].propose(draft_context(context, seed, step, arm))
 
     def _update_policy(self, arm: int, num_accepted: list[int], gamma: int) -> None:
-        if self.selector is None:
-            update_policy(self.policy, arm, num_accepted, gamma)
+        update_policy(self.policy, arm, num_accepted, gamma)
 
 
 def update_policy(policy: Any, arm: int, num_accepted: list[int], gamma: int) -> None:
