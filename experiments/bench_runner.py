@@ -16,6 +16,9 @@ an argmax; the fp32 errors are the exactness check.
 
     python experiments/bench_runner.py --out results/bench_runner_h200.json [--compile]
     python experiments/bench_runner.py --smoke --out /tmp/smoke.json      # tiny, any device
+
+flashspec must be importable without the checkout's root on sys.path (`pip install -e .`): from the
+root, `import kernels` (which transformers tries) finds the repository's kernels/ folder.
 """
 from __future__ import annotations
 
@@ -34,10 +37,8 @@ from typing import Any
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from flashspec import models, provenance  # noqa: E402
-from flashspec.runner import HAS_ENABLE_GQA, LlamaRunner, attend, bucket_for, capture, fold_mask  # noqa: E402
+from flashspec import models, provenance
+from flashspec.runner import HAS_ENABLE_GQA, LlamaRunner, attend, bucket_for, capture, fold_mask
 
 CONFIGS: dict[str, Callable[[], Any]] = {
     "tinyllama-1b": models.tinyllama_1b_config,

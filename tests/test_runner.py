@@ -257,3 +257,22 @@ def test_prefill_rejects_right_padding():
     ids = torch.tensor([[5, 6, 0], [7, 8, 9]])
     with pytest.raises(ValueError, match="left padding"):
         runner.prefill(ids, torch.tensor([[1, 1, 0], [1, 1, 1]]))
+
+
+def test_bench_script_smoke(tmp_path):
+    """experiments/bench_runner.py --smoke runs here and writes its JSON."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "experiments" / "bench_runner.py"
+    spec = importlib.util.spec_from_file_location("bench_runner", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "smoke.json"
+    assert bench.main(["--smoke", "--queries", "1", "3", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    cells = result["cells"]["smoke"]["results"]
+    assert [cell["q"] for cell in cells] == [1, 3]
+    assert all(cell["check_eager_vs_hf"]["max_abs_error"] <= TOL for cell in cells)
+    assert result["git_sha"] and result["versions"]["torch"] == torch.__version__
