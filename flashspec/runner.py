@@ -142,10 +142,12 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
 
 HAS_ENABLE_GQA = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 5)
 ATTENTION_MODES = ("auto", "fold", "gqa")
-# "auto" folds above this many queries per call (B * q); below it SDPA's enable_gqa keeps more
-# heads in flight. Measured on an H200 (TinyLlama shape, 512 slots, all 22 layers): gqa 0.24 ms vs
-# fold 0.37 ms at B*q = 1 and 8, fold 0.49 ms vs gqa 0.58 ms at B*q = 40.
+# "auto" folds decode/verify calls (q <= FOLD_MAX_Q) with more than FOLD_ABOVE queries (B * q);
+# below that SDPA's enable_gqa keeps more heads in flight. Measured on an H200 (TinyLlama shape,
+# 512 slots, all 22 layers): gqa 0.24 ms vs fold 0.37 ms at B*q = 1 and 8, fold 0.49 ms vs gqa
+# 0.58 ms at B*q = 40. Prefill-sized calls use enable_gqa: a folded mask is G times larger.
 FOLD_ABOVE = 16
+FOLD_MAX_Q = 16
 
 
 def fold_mask(visible: torch.Tensor, groups: int) -> torch.Tensor:
@@ -187,7 +189,8 @@ class LlamaRunner:
         max_len: positions per row (prompt + max_new_tokens + γ + 1 slack); positions must be < max_len.
         logits_dtype: dtype of the returned logits; None keeps the head's (the model dtype, as HF).
         attention: "fold" (GQA folded into the query length), "gqa" (SDPA enable_gqa, torch >= 2.5)
-            or "auto" (gqa for B*q <= FOLD_ABOVE where available, else fold); chosen per call shape.
+            or "auto" (fold for decode/verify calls with B*q > FOLD_ABOVE or where enable_gqa is
+            missing, else gqa); chosen per call shape, so each graph has one.
     """
 
     def __init__(self, model: torch.nn.Module, max_batch: int, max_len: int,
@@ -244,8 +247,8 @@ class LlamaRunner:
         Returns logits [B, q or k, V] in `logits_dtype` (default: the model dtype).
         """
         batch, length = tokens.shape
-        fold = self.attention == "fold" or (self.attention == "auto" and
-                                            (batch * length > FOLD_ABOVE or not HAS_ENABLE_GQA))
+        fold = self.attention == "fold" or (self.attention == "auto" and (
+            not HAS_ENABLE_GQA or (batch * length > FOLD_ABOVE and length <= FOLD_MAX_Q)))
         x = self.embed_tokens(tokens)                                   # [B, q, hidden]
         cos = self.cos[positions].unsqueeze(2)                          # [B, q, 1, D]
         sin = self.sin[positions].unsqueeze(2)
