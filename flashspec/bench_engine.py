@@ -3,8 +3,8 @@ same models, same sampling, side by side in one run.
 
 Models are built from config with random weights (no download): a TinyLlama-1.1B-shaped target
 (hidden 2048, 22 layers, 32 heads, 4 KV heads, V = 32000) and a llama-68m-shaped draft (hidden 768,
-2 layers, 12 heads), bf16. For each batch size and method: one untimed warm-up run (its time is
-recorded), then `repeats` timed runs, each instrumented; every number of a cell -- tokens/s, steps,
+2 layers, 12 heads), bf16. For each batch size and method: `--warmup` untimed warm-up runs (their times
+are recorded), then `repeats` timed runs, each instrumented; every number of a cell -- tokens/s, steps,
 tokens per step, acceptance, step latencies -- comes from the timed run with the median wall time
 (all runs are kept under "runs"), and each FlashSpec speed-up is judged by `stats.compare_runs`.
 
@@ -49,6 +49,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--prompt-length", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per cell (default 3; tiny: 1)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed runs per cell before timing (default 1); on the H200 the first FlashSpec "
+                             "cell of a batch size kept speeding up over about five runs")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     parser.add_argument("--dtype", default=None, help="bf16 (default on CUDA) or fp32 (default on CPU)")
     parser.add_argument("--out", default=None, help="JSON path (default results/bench_engine_<device>.json)")
@@ -130,9 +133,10 @@ def hf_kwargs(params: SamplingParams, max_new_tokens: int) -> dict[str, Any]:
 def measure_cell(
     method: str, batch: int, target: torch.nn.Module, draft: torch.nn.Module, prompts: torch.Tensor,
     params: SamplingParams, gamma: int, max_new_tokens: int, repeats: int, device: torch.device, seed: int,
-    verify_backend: str = "auto",
+    verify_backend: str = "auto", warmup: int = 1,
 ) -> dict[str, Any]:
-    """Warm up once, then time `repeats` instrumented runs; the cell reports its median run (`cell_from_runs`)."""
+    """`warmup` untimed runs, then `repeats` timed, instrumented runs; the cell reports its median run
+    (`cell_from_runs`)."""
     input_ids = prompts[:batch]
     new_tokens = batch * max_new_tokens
     if method in ("flashspec", "flashspec_pool"):
@@ -146,7 +150,7 @@ def measure_cell(
             return decoder.generate(input_ids, max_new_tokens=max_new_tokens, sampling=params,
                                     seed=seed + call, ignore_eos=True, timing=False)
 
-        warmup_s = timed(lambda: run(10_000), device)
+        warmup_s = [timed(lambda: run(10_000 + index), device) for index in range(warmup)]
         runs = []
         for call in range(repeats):
             done: list[Any] = []
@@ -164,13 +168,14 @@ def measure_cell(
                 raise RuntimeError("HF assisted generation accepted B > 1; measure it directly")
             except ValueError as error:
                 unsupported = str(error)
-            cell = measure_sequential_assisted(target, input_ids, kwargs, repeats, device, gamma, max_new_tokens)
+            cell = measure_sequential_assisted(target, input_ids, kwargs, repeats, device, gamma, max_new_tokens,
+                                               warmup)
             return {"unsupported": unsupported, "hf_assisted_sequential": cell}
 
     def run_hf() -> Any:
         return target.generate(input_ids, **kwargs)
 
-    warmup_s = timed(run_hf, device)
+    warmup_s = [timed(run_hf, device) for _ in range(warmup)]
     runs = [hf_run(target, run_hf, device, new_tokens, max_new_tokens, gamma if method == "hf_assisted" else None)
             for _ in range(repeats)]
     return cell_from_runs(runs, warmup_s, rows_per_step=batch)
@@ -214,17 +219,18 @@ def hf_run(target: torch.nn.Module, run: Callable[[], Any], device: torch.device
     return out
 
 
-def cell_from_runs(runs: list[dict[str, Any]], warmup_s: float, rows_per_step: int) -> dict[str, Any]:
+def cell_from_runs(runs: list[dict[str, Any]], warmup_s: list[float], rows_per_step: int) -> dict[str, Any]:
     """A cell's numbers, all from its median-time run (the lower median for an even count), plus every run.
 
     `rows_per_step` is how many rows one step advances (B for batched decoding, 1 for rows served one at
-    a time): tokens/s x mean step latency / rows_per_step = tokens per step x decode_fraction."""
+    a time): tokens/s x mean step latency / rows_per_step = tokens per step x decode_fraction, less where
+    rows of a batch finish early (tokens per step counts active rows only)."""
     order = sorted(range(len(runs)), key=lambda index: runs[index]["time_s"])
     median = order[(len(runs) - 1) // 2]
     cell = dict(runs[median])
     cell.pop("time_s")
     cell.update({
-        "times_s": [run["time_s"] for run in runs], "warmup_time_s": warmup_s, "median_run": median,
+        "times_s": [run["time_s"] for run in runs], "warmup_times_s": warmup_s, "median_run": median,
         "rows_per_step": rows_per_step, "runs": runs,
         "reported_from": "every number is from the timed run with the median wall time (index median_run of runs)",
     })
@@ -246,7 +252,7 @@ def configure_assistant(draft: torch.nn.Module, gamma: int) -> dict[str, Any]:
 
 def measure_sequential_assisted(
     target: torch.nn.Module, input_ids: torch.Tensor, kwargs: dict[str, Any], repeats: int,
-    device: torch.device, gamma: int, max_new_tokens: int,
+    device: torch.device, gamma: int, max_new_tokens: int, warmup: int = 1,
 ) -> dict[str, Any]:
     """HF assisted generation over B prompts one at a time (what it can do for a batch).
 
@@ -258,7 +264,7 @@ def measure_sequential_assisted(
         for row in range(rows):
             target.generate(input_ids[row : row + 1], **kwargs)
 
-    warmup_s = timed(lambda: target.generate(input_ids[:1], **kwargs), device)
+    warmup_s = [timed(lambda: target.generate(input_ids[:1], **kwargs), device) for _ in range(warmup)]
     runs = [hf_run(target, run_all, device, rows * max_new_tokens, rows * max_new_tokens, gamma)
             for _ in range(repeats)]
     return cell_from_runs(runs, warmup_s, rows_per_step=1)
@@ -362,7 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         **metadata(argv, args.git_sha, device),
         "settings": {"gamma": args.gamma, "max_new_tokens": max_new_tokens, "prompt_length": args.prompt_length,
                      "temperature": args.temperature, "top_k": 0, "top_p": 1.0, "dtype": str(dtype),
-                     "repeats": repeats, "batch_sizes": batch_sizes, "tiny": args.tiny,
+                     "repeats": repeats, "warmup": args.warmup, "batch_sizes": batch_sizes, "tiny": args.tiny,
                      "weights": "random, built from config", "models": shapes,
                      "hf_assistant_generation_config": configure_assistant(draft, args.gamma),
                      "flashspec_policy": "thompson", "verify_backend": args.verify_backend, "flashspec_pools": {"flashspec": ["draft"],
@@ -373,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         cells: dict[str, Any] = {}
         for method in args.methods:
             cells[method] = measure_cell(method, batch, target, draft, prompts, params, args.gamma,
-                                         max_new_tokens, repeats, device, args.seed, args.verify_backend)
+                                         max_new_tokens, repeats, device, args.seed, args.verify_backend,
+                                         args.warmup)
             print(f"B={batch} {method}: {summarise(cells[method])}", file=sys.stderr)
         judged = {name: asdict(comparison) for name, comparison in comparisons(cells).items()}
         record["results"][f"B={batch}"] = {"cells": cells, "ratios": ratios(cells), "comparisons": judged}

@@ -112,8 +112,8 @@ def test_bench_cell_reports_every_number_from_its_median_run() -> None:
     runs = [{"time_s": t, "tokens_per_s": 128 / t, "steps": s, "tokens_per_step": 128 / s, "acceptance_rate": r,
              "token_acceptance": 0.5, "p50_step_latency_ms": 1000 * t / s}
             for t, s, r in ((3.0, 60, 0.28), (2.0, 58, 0.30), (2.5, 59, 0.29))]
-    cell = cell_from_runs(runs, warmup_s=9.0, rows_per_step=1)
-    assert cell["median_run"] == 2 and cell["times_s"] == [3.0, 2.0, 2.5] and cell["warmup_time_s"] == 9.0
+    cell = cell_from_runs(runs, warmup_s=[9.0], rows_per_step=1)
+    assert cell["median_run"] == 2 and cell["times_s"] == [3.0, 2.0, 2.5] and cell["warmup_times_s"] == [9.0]
     assert (cell["tokens_per_s"], cell["steps"], cell["acceptance_rate"]) == (128 / 2.5, 59, 0.29)
     assert cell["alpha"] == cell["acceptance_rate"] and "time_s" not in cell
     # the paper's identity holds inside one run: tokens/s x step time = tokens per step
