@@ -100,7 +100,7 @@ print("rewards for n=2 of γ=4:", rewards.acceptance_fraction(2, 4), rewards.tok
 # $\Delta_i = \mu^\* - \mu_i$ stops looking optimistic once $n_i \gtrsim 8\ln t/\Delta_i^2$, which gives Auer et al.'s
 # Theorem 1: expected regret $\le 8\sum_{i:\Delta_i>0} \ln T/\Delta_i + (1+\pi^2/3)\sum_j \Delta_j$.
 #
-# **Thompson sampling** {cite}`thompson1933likelihood` keeps a Beta$(a_i, b_i)$ posterior for each arm's acceptance,
+# **Thompson sampling** {cite}`thompson1933likelihood` keeps a Beta$(a_i, b_i)$ posterior for each arm's token acceptance,
 # draws one sample from each posterior, and plays the largest. A Bernoulli reward updates $a$ or $b$ by one. A
 # speculative step says more: "$n$ accepted, then a rejection" (or "all γ accepted") is $n$ successes followed by
 # one failure if $n<\gamma$. Its likelihood is $\alpha^n(1-\alpha)^{[n<\gamma]}$, so the conjugate update is
@@ -160,10 +160,10 @@ print(f"Thompson, 30 seeds, T=3000: regret {mean:.1f} ± {half_width:.1f}; "
 # %% [markdown]
 # ## Going past the paper: the best draft changes
 #
-# Now each of three drafts has a per-token acceptance from {0.55, 0.70, 0.85} that is permuted whenever the domain
+# Now each of three drafts has a token acceptance α from {0.55, 0.70, 0.85} that is permuted whenever the domain
 # switches — every 200 steps (fast) or every 2,000 steps (slow) — and the best draft changes at every switch.
 # Steps draft γ = 4 tokens; requests last 100 steps and domain switches arrive with new requests. Regret is
-# measured in acceptance rate against the best draft *at each moment*. The baseline is plain UCB1 on the paper's
+# measured in token acceptance against the best draft *at each moment*. The baseline is plain UCB1 on the paper's
 # one-bit reward (was the first drafted token accepted?).
 #
 # Information a real engine has, beyond one bit per step:
@@ -276,7 +276,7 @@ display(Markdown("SW-UCB with full feedback, regret / UCB1 by window:\n\n" + "\n
 # %% [markdown]
 # ## When the best-accepted draft is not the fastest
 #
-# Draft 0 has the highest acceptance (0.80) but costs 0.30 of a target forward per token; draft 1 accepts 0.70 at
+# Draft 0 has the highest token acceptance (0.80) but costs 0.30 of a target forward per token; draft 1 accepts 0.70 at
 # 0.05. Rewarding acceptance picks draft 0; rewarding throughput (tokens per unit of draft + target cost) picks
 # draft 1, which is what the user actually experiences as speed.
 
