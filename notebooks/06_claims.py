@@ -192,18 +192,21 @@ else:
     points = verify_bench["points"]
     loop_ratio = [p["host_loop_over_triton"] for p in points]
     gpu = verify_bench["environment"]["gpu"]
-    shares = []  # (batch, host loop ms, engine step ms): the loop against a whole FlashSpec step, same B and V
+    # (batch, ms the host loop costs over the Triton step, ms of the fastest FlashSpec step measured at that B and
+    # V): the fastest step gives the largest share the loop could have of a step
+    shares = []
     if engine_record is not None:
         vocab = engine_record["settings"]["models"]["target"]["vocab_size"]
         for batch_label, block in engine_record["results"].items():
             batch = int(batch_label.split("=")[1])
             point = next((p for p in points if p["batch"] == batch and p["vocab"] == vocab), None)
-            if point is not None and "flashspec" in block["cells"]:
-                shares.append((batch, (point["host_loop_us"] - point["triton_us"]) / 1e3,
-                               block["cells"]["flashspec"]["p50_step_latency_ms"]))
+            steps = [block["cells"][name]["p50_step_latency_ms"] for name in ("flashspec", "flashspec_pool")
+                     if name in block["cells"]]
+            if point is not None and steps:
+                shares.append((batch, (point["host_loop_us"] - point["triton_us"]) / 1e3, min(steps)))
     end_to_end = ("; end to end it is not shown: " + "; ".join(
-        f"at B = {batch} the loop costs {saved:.2f} ms more than the Triton step, against a {step:.0f} ms FlashSpec "
-        f"step ({saved / step:.0%})" for batch, saved, step in shares)
+        f"at B = {batch} the loop costs {saved:.2f} ms more than the Triton step, against a median FlashSpec "
+        f"step of {step:.0f} ms ({saved / step:.0%})" for batch, saved, step in shares)
         + ", so the verify kernel alone cannot change end-to-end throughput by more than that") if shares else ""
     record("On-device verification removes the CPU bottleneck of a per-token host loop",
            f"reproduced for the verify step alone on the {gpu}: the Triton step is {min(loop_ratio):.1f}–"
@@ -214,7 +217,7 @@ else:
            + (f"; `results/{engine_files[-1].name}`" if shares else ""))
     print(f"{gpu}: host loop / Triton step = " + ", ".join(f"{r:.1f}x" for r in loop_ratio))
     for batch, saved, step in shares:
-        print(f"B = {batch}: host loop - Triton step = {saved:.2f} ms per step; FlashSpec engine step p50 {step:.1f} ms")
+        print(f"B = {batch}: host loop - Triton step = {saved:.2f} ms per step; fastest FlashSpec step p50 {step:.1f} ms")
 
 # %% [markdown]
 # ## Bandits
