@@ -221,15 +221,16 @@ def test_device_key_gives_the_same_tokens_as_the_host_key(with_draft):
     from flashspec.kernels import verify_triton
     from flashspec.verify import verify_reference
 
+    device = "cuda" if torch.cuda.is_available() and not os.environ.get("TRITON_INTERPRET") == "1" else "cpu"
     generator = torch.Generator().manual_seed(3)
     batch, gamma, vocab = 6, 3, 11
-    target = torch.randn(batch, gamma + 1, vocab, generator=generator) * 2
-    draft = torch.randn(batch, gamma, vocab, generator=generator) * 2 if with_draft else None
-    tokens = torch.randint(0, vocab, (batch, gamma), generator=generator)
+    target = (torch.randn(batch, gamma + 1, vocab, generator=generator) * 2).to(device)
+    draft = (torch.randn(batch, gamma, vocab, generator=generator) * 2).to(device) if with_draft else None
+    tokens = torch.randint(0, vocab, (batch, gamma), generator=generator).to(device)
     params = fs.SamplingParams(temperature=0.8)
     for step in range(3):
         key = rng.step_key_host(rng.Key.from_seed(99), step)
-        device_key = rng.step_key(rng.key_tensor(rng.Key.from_seed(99)), torch.tensor([step]))
+        device_key = rng.step_key(rng.key_tensor(rng.Key.from_seed(99), device), torch.tensor([step], device=device))
         expected = verify_reference(target, draft, tokens, params, key)
         by_device = verify_reference(target, draft, tokens, params, device_key)
         tokens_t, accepted_t = verify_triton(target, draft, tokens, params, device_key)
