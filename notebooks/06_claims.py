@@ -115,9 +115,9 @@ record("(implicit) any draft-selection rule keeps exactness",
 # %% [markdown]
 # **The paper's own test** draws 10,000 first tokens with $\gamma=1$ and the draft equal to the target, and applies
 # a Kolmogorov–Smirnov test at α = 0.01. With draft = target every draft is accepted, and with $\gamma = 1$ there is
-# nothing after a first rejection: the two bugs of the public code — tokens leaking after the first rejection, and
-# the bonus token drawn from the residual instead of the target — cannot show. The same verifiers, tested on the
-# joint law with $\gamma=3$ and a draft that differs from the target, fail at once.
+# nothing after a first rejection. Re-implementations of the two bugs the paper's code is said to have — tokens
+# leaking after the first rejection, and the bonus token drawn from the residual instead of the target — pass it;
+# the joint law with $\gamma=3$ and a draft that differs from the target fails them at once.
 
 # %%
 gate_rows = {}
@@ -132,14 +132,43 @@ for bug in ("post_rejection_leak", "bonus_from_residual"):
           f"{'passes' if gate.passes(0.01) else 'fails'};  joint chi2 = {fit.statistic:.0f}, p = {fit.p_value:.3g} -> "
           f"{'passes' if fit.passes(0.01) else 'fails'}")
 
+# %% [markdown]
+# **The public code itself.** Re-implementations show what a bug *would* do; they do not show the paper's code has
+# it. `flashspec.public_code` downloads the paper's package (`flashspec==0.1.4` from PyPI, its SHA-256 pinned), runs
+# its real functions in a separate Python process whose import path finds that package and not this one, and puts
+# its samples through the same joint χ² harness; `tests/test_public_code.py` repeats it in CI. The committed run:
+
+# %%
+public = load_result("public_code_0.1.4.json")
+public = public.get("results", public) if public else None
+if public:
+    for row in public["chi_square"]:
+        print(f"{row['config']:12s} exercises {', '.join(row['exercises']):38s} public chi2 = "
+              f"{row['public']['statistic']:9.0f} (dof {row['public']['dof']}), p = {row['public']['p_value']:.2g}; "
+              f"ours chi2 = {row['ours']['statistic']:.0f}, p = {row['ours']['p_value']:.2f}")
+    gate_error = public["paper_gate"]["harness"]["public"].get("error")
+    print("the paper's own γ = 1, draft = target test on the paper's code:",
+          f"{gate_error['type']}: {gate_error['message']} at {gate_error['where'][-1]}" if gate_error else "ran")
+    thompson = public["thompson"]["public"]
+    print("the paper's Thompson sampling fed accepted counts:", thompson.get("error", {}).get("type"),
+          thompson.get("error", {}).get("message"), "after updates", thompson["updates"])
+
+public_exact = public is not None and not any(row["public"]["passes"] for row in public["chi_square"])
 blind = all(gate_passes and not joint_passes for gate_passes, joint_passes in gate_rows.values())
+gate_error = public["paper_gate"]["harness"]["public"].get("error") if public else None
 record("The paper's distribution test (γ = 1, draft = target, KS) validates the implementation",
-       "contradicted: the test cannot detect the public code's bugs" if blind else "not contradicted on this build",
-       "the cell above; `tests/test_exactness.py::test_paper_gate_is_blind_to_the_bugs`, `::test_negative_control_fails`")
+       ("contradicted: it cannot see the leak (γ = 1 has no position after a rejection) and passes our "
+        "re-implementations of both bugs; on the paper's own code it does not pass at all — it raises "
+        f"({gate_error['type']}: {gate_error['message']}) on its first draw, because with draft = target the "
+        "code samples an empty residual instead of a bonus token") if (blind and gate_error) else
+       "contradicted: the test cannot detect re-implementations of the bugs" if blind else "not contradicted",
+       "the two cells above; `results/public_code_0.1.4.json` (`paper_gate`, `paper_tests`); "
+       "`tests/test_public_code.py`, `tests/test_exactness.py::test_paper_gate_is_blind_to_the_bugs`")
 record("The public code's verifier is exact",
-       "contradicted" if not any(joint_passes for _, joint_passes in gate_rows.values()) else "not contradicted",
-       "post-rejection leak and bonus-from-residual reproduced as negative controls (`flashspec.exactness.NEGATIVE_CONTROLS`)"
-       "; they fail the joint χ² above; `flashspec.verify` passes it")
+       "contradicted, measured on the paper's own package: every configuration fails the joint χ² "
+       "(the leak and the residual-for-bonus bug both occur)" if public_exact else "not measured here",
+       "`results/public_code_0.1.4.json` (`chi_square`, with event counts); `tests/test_public_code.py`; "
+       "`flashspec.verify` passes the same harness in the same run")
 
 # %% [markdown]
 # ## The kernel
@@ -257,9 +286,13 @@ else:
     record("UCB1 regret 100.2 and Thompson 18.9", "pending: `python -m flashspec.simulate`",
            "`results/bandits_reproduce.json` (not committed yet)")
 
+public_thompson = (public or {}).get("thompson", {}).get("public", {}).get("error")
 record("Thompson sampling fed with accepted counts (public code)",
-       "contradicted: the public code crashes; ours raises a ValueError that names `update_step`, the conjugate "
-       "update Beta(a + n, b + [n < γ])",
+       (f"contradicted, measured on the paper's package: its engine feeds counts, β goes negative and the next "
+        f"select raises {public_thompson['type']}: {public_thompson['message']}; ours raises a ValueError that names "
+        "`update_step`, the conjugate update Beta(a + n, b + [n < γ])") if public_thompson else
+       "not measured here: `python -m flashspec.public_code`",
+       "`results/public_code_0.1.4.json` (`thompson`); `tests/test_public_code.py`; "
        "`tests/test_bandits.py::test_accepted_count_fed_as_reward_is_a_clear_error`, "
        "`::test_thompson_step_update_is_beta_geometric_conjugate`; the cell below")
 
