@@ -313,6 +313,145 @@ if engine_files:
             "no speed-up or slow-down of FlashSpec against plain decoding or Hugging Face, in either direction."))
 
 # %% [markdown]
+# ## Taking the CPU out of the loop
+#
+# Everything above runs the eager engine: every model call is a Hugging Face forward launched from Python, about
+# 20 ms for the 1.1B-shaped target while its weights stream from memory in half a millisecond. The fast path
+# (`flashspec.FastSpeculativeDecoder`, design notes §5) removes the host from the step: a static-cache runner
+# calls the model's own modules (`flashspec.runner.LlamaRunner`), the whole step — every model draft's window
+# forward, the chosen draft's γ samples, the target's (γ+1)-token forward, `verify`, the commit — is captured once
+# as a CUDA graph per (arm, attention bucket) and replayed, and the host reads each step's outcome two steps late
+# through pinned memory. The policy therefore chooses from the past only, which is all Theorem 1 asks.
+#
+# First the forwards alone (`experiments/bench_runner.py`, random-weight bf16 models, B = 1, 256 tokens of
+# context), against the floor set by the bytes a forward must read:
+
+# %%
+def body(record: dict) -> dict:
+    """A results file's payload (files keep it under "results" or at the top level)."""
+    return record.get("results", record) if isinstance(record.get("results"), dict) else record
+
+
+def result_file(name: str) -> dict | None:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+runner_record = result_file("bench_runner_h200.json")
+if runner_record:
+    cells = body(runner_record)["cells"]
+    print(f"{'model':14s} {'q':>2s} {'HF eager':>9s} {'graph':>7s} {'floor':>7s}  eager/graph  graph/floor (ms, median)")
+    for model_name, block in cells.items():
+        for row in block["results"]:
+            if row["batch"] != 1:
+                continue
+            eager, graph, floor = row["hf_eager"]["median_ms"], row["runner_graph"]["median_ms"], row["floor_ms"]
+            print(f"{model_name:14s} {row['q']:2d} {eager:9.2f} {graph:7.2f} {floor:7.3f}  {eager / graph:10.1f}x"
+                  f"  {graph / floor:10.1f}x")
+
+# %% [markdown]
+# Now whole generations, side by side in one run (`experiments/bench_fast.py`: Hugging Face `generate`, Hugging
+# Face assisted generation, this project's eager engine, fast plain decoding on the same runner and graphs, and
+# fast speculative decoding with the 68m-shaped draft and prompt lookup under Thompson sampling; γ = 4, T = 1,
+# 256 new tokens, one warm-up request, three timed repeats; the speed-up verdicts use the repeats' spread as above):
+
+# %%
+fast_records = {batch: result_file(f"bench_fast_b{batch}_h200.json") for batch in (1, 8)}
+fast_records = {batch: record for batch, record in fast_records.items() if record}
+for batch, record in fast_records.items():
+    cell = body(record)["cells"][0]
+    methods = cell["methods"]
+    print(f"B = {batch}: " + ", ".join(f"{name} {entry['tok_s_median']:.0f} tok/s" for name, entry in methods.items()))
+    for candidate, baseline in (("fast_plain", "hf_plain"), ("fast_speculative", "hf_assisted"),
+                                ("fast_speculative", "fast_plain"), ("fast_speculative", "flashspec_eager")):
+        if candidate in methods and baseline in methods:
+            verdict = stats.compare_runs(methods[baseline]["seconds"], methods[candidate]["seconds"])
+            print(f"   {candidate} / {baseline}: {verdict.ratio:5.2f}x (runs {verdict.low:.2f}-{verdict.high:.2f}x) "
+                  f"{verdict.verdict}")
+    spec = methods["fast_speculative"]
+    print(f"   fast speculative: acceptance rate {spec['acceptance_rate']:.2f}, {spec['mean_tokens_per_step']:.2f} "
+          f"tokens/step, step p50 {1e3 * spec['p50_step_latency_s']:.2f} ms; roofline "
+          f"{100 * cell['roofline_fraction']:.0f}% of (tokens/step) / (bytes per step / copy bandwidth)")
+if fast_records:
+    first = next(iter(fast_records.values()))
+    meta = first.get("metadata", first.get("provenance", {}))
+    print("hardware:", meta.get("hardware", {}).get("gpu"), "| versions:", meta.get("versions"), "| git",
+          str(meta.get("git_sha"))[:7], "|", meta.get("date_utc"))
+
+# %% [markdown]
+# Three repeats a side is the fewest the rule accepts (a chance separation has probability 0.1), so every
+# "reproduced" above is only just decided; the ratios of several times are far outside the repeats' spread.
+#
+# **The step's anatomy.** Each piece of the fast step timed alone from its own CUDA graph at the step's shapes,
+# against the eager engine's step, whose forwards are Hugging Face's (the runner file's eager timings; the rest
+# of the eager step is host work between them):
+
+# %%
+import matplotlib.pyplot as plt
+
+if fast_records and runner_record:
+    cells = body(runner_record)["cells"]
+
+    def forward_ms(model_name: str, q: int, column: str) -> float:
+        return next(row[column]["median_ms"] for row in cells[model_name]["results"] if row["batch"] == 1 and row["q"] == q)
+
+    cell = body(fast_records[1])["cells"][0]
+    parts, gamma = cell["anatomy_ms"], body(fast_records[1]).get("settings", fast_records[1].get("settings"))["gamma"]
+    eager_step = 1e3 * cell["methods"]["flashspec_eager"]["p50_step_latency_s"]
+    eager_parts = {"target forward (γ+1)": forward_ms("tinyllama-1b", 5, "hf_eager"),
+                   "draft forwards": gamma * forward_ms("llama-68m", 1, "hf_eager")}
+    eager_parts["verify + host"] = max(eager_step - sum(eager_parts.values()), 0.0)
+    graph_parts = {"target forward (γ+1)": parts["target_forward_q"],
+                   "draft forwards": parts["draft_window_q"] + (gamma - 1) * parts["draft_forward_1"],
+                   "verify + host": parts["verify"] + max(cell["step_ms_fixed_draft_p50"] - parts["sum_of_parts_ms"], 0)}
+    figure, axis = plt.subplots(figsize=(6.5, 2.6))
+    left = {"eager engine": 0.0, "fast path (graphs)": 0.0}
+    colours = {"target forward (γ+1)": "#4c72b0", "draft forwards": "#dd8452", "verify + host": "#8c8c8c"}
+    for part, colour in colours.items():
+        for label, values in (("eager engine", eager_parts), ("fast path (graphs)", graph_parts)):
+            axis.barh(label, values[part], left=left[label], color=colour, label=part if label == "eager engine" else None)
+            left[label] += values[part]
+    axis.set_xlabel("ms per speculative step (B = 1, γ = 4, NVIDIA H200)")
+    axis.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    plt.show()
+    print(f"eager step {eager_step:.1f} ms; fast step {cell['step_ms_fixed_draft_p50']:.2f} ms = "
+          f"{cell['step_over_parts']:.2f} x the sum of its graphed parts ({parts['sum_of_parts_ms']:.2f} ms)")
+    print(f"alternating between the draft and prompt lookup every step: p50 {cell['step_ms_alternating_p50']:.2f} ms "
+          f"(every model draft re-reads the last γ+1 tokens each step, so a switch has nothing to catch up)")
+
+# %%
+if fast_records and runner_record:
+    b1 = body(fast_records[1])["cells"][0]
+    ratio = lambda cell, a, b: cell["methods"][a]["tok_s_median"] / cell["methods"][b]["tok_s_median"]  # noqa: E731
+    b8 = body(fast_records[8])["cells"][0] if 8 in fast_records else None
+    graph_over_floor = [row["runner_graph"]["median_ms"] / row["floor_ms"]
+                        for row in cells["tinyllama-1b"]["results"] if row["batch"] == 1]
+    eager_over_graph = [row["hf_eager"]["median_ms"] / row["runner_graph"]["median_ms"]
+                        for block in cells.values() for row in block["results"] if row["batch"] == 1]
+    plain_step = 1e3 / b1["methods"]["fast_plain"]["tok_s_median"]
+    display(Markdown(
+        "What this shows, and what it does not:\n\n"
+        f"* The host is gone from the step: the fast step is {b1['step_over_parts']:.2f}× the sum of its own graphed "
+        "parts, and a GPU test (`tests/test_fast.py::test_graph_replayed_steps_make_no_host_sync`) replays 16 steps "
+        "under `torch.cuda.set_sync_debug_mode(\"error\")` without a synchronisation. Graphs alone make each forward "
+        f"{min(eager_over_graph):.0f}–{max(eager_over_graph):.0f}× faster than Hugging Face's eager forward.\n"
+        f"* Fast plain decoding is {ratio(b1, 'fast_plain', 'hf_plain'):.1f}× Hugging Face's `generate` at B = 1"
+        + (f" and {ratio(b8, 'fast_plain', 'hf_plain'):.1f}× at B = 8" if b8 else "")
+        + f"; fast speculative decoding is {ratio(b1, 'fast_speculative', 'hf_assisted'):.1f}× Hugging Face's assisted "
+        "generation at B = 1 (whose own repeats spread widely). Against fast plain decoding, speculation gains only "
+        f"{ratio(b1, 'fast_speculative', 'fast_plain'):.2f}× at B = 1"
+        + (f" and {ratio(b8, 'fast_speculative', 'fast_plain'):.2f}× at B = 8" if b8 else "")
+        + f": with random weights the acceptance is an artefact ({b1['methods']['fast_speculative']['mean_tokens_per_step']:.2f} "
+        f"tokens per step), and each {b1['step_ms_fixed_draft_p50']:.1f} ms step pays the target's (γ+1)-token forward "
+        f"({b1['anatomy_ms']['target_forward_q']:.1f} ms) and the drafts, against a {plain_step:.1f} ms plain step.\n"
+        f"* What is left to the floor is the forward itself: the graphed TinyLlama-shaped forward is "
+        f"{min(graph_over_floor):.1f}–{max(graph_over_floor):.1f}× its HBM floor, because each layer is still a dozen "
+        "small kernels. `torch.compile` before capture cuts it further (`results/bench_runner_h200_compile.json`) "
+        "but costs about a minute per shape; the fast path does not use it yet.\n"
+        "* Not measured here: a trained pair with meaningful acceptance on the fast path, and NF4 targets on it."))
+
+# %% [markdown]
 # ### On this machine: the offline model zoo
 #
 # Without a GPU or the hub, the engine still runs on real trained models: the CPU-size zoo of chapter 5 (a target
