@@ -59,6 +59,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip", nargs="*", default=[], help="methods to leave out")
+    parser.add_argument("--pair", choices=["random", "zoo-gpu"], default="random",
+                        help="random: TinyLlama-1.1B / llama-68m shapes with random weights; zoo-gpu: the trained GPU zoo "
+                             "(target + four drafts, built on first use), prompts from its held-out Python text")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
@@ -67,14 +70,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def build(args: argparse.Namespace, device: torch.device) -> tuple[torch.nn.Module, torch.nn.Module]:
+def build(args: argparse.Namespace, device: torch.device) -> tuple[torch.nn.Module, list[torch.nn.Module], Any]:
+    """(target, model drafts, zoo or None): the first draft is the one HF assisted generation uses."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    if args.pair == "zoo-gpu":
+        from flashspec import zoo as zoo_module
+
+        zoo = zoo_module.load_zoo("cpu" if args.smoke else "gpu", device=str(device), dtype=dtype, progress=False)
+        names = sorted(zoo.drafts, key=lambda name: name != "draft-general")  # generalist first
+        return zoo.target.eval(), [zoo.drafts[name].eval() for name in names], zoo
     if args.smoke:
         return (models.tiny_llama(vocab_size=64, hidden_size=32, num_layers=2, seed=1).to(device, dtype),
-                models.tiny_llama(vocab_size=64, hidden_size=16, num_layers=1, seed=2).to(device, dtype))
+                [models.tiny_llama(vocab_size=64, hidden_size=16, num_layers=1, seed=2).to(device, dtype)], None)
     target = models.model_from_config(models.tinyllama_1b_config(), seed=1).to(device, dtype).eval()
     draft = models.model_from_config(models.llama_68m_config(), seed=2).to(device, dtype).eval()
-    return target, draft
+    return target, [draft], None
 
 
 def timed(run: Any, repeats: int, device: torch.device) -> list[float]:
@@ -92,17 +102,21 @@ def timed(run: Any, repeats: int, device: torch.device) -> list[float]:
     return times
 
 
-def method_runs(target: torch.nn.Module, draft: torch.nn.Module, prompt: torch.Tensor, args: argparse.Namespace,
-                params: fs.SamplingParams) -> dict[str, Any]:
-    """name -> a function that generates `args.new_tokens` per row and returns (tokens, stats or None)."""
+def method_runs(target: torch.nn.Module, drafts: list[torch.nn.Module], prompt: torch.Tensor,
+                args: argparse.Namespace, params: fs.SamplingParams) -> dict[str, Any]:
+    """name -> a function that generates `args.new_tokens` per row and returns (tokens, stats or None).
+    The speculative pools are every model draft + prompt lookup under Thompson sampling; HF assisted
+    generation takes the first draft."""
     new = args.new_tokens
+    draft = drafts[0]
     config = draft.generation_config
     config.num_assistant_tokens, config.num_assistant_tokens_schedule = args.gamma, "constant"
     config.assistant_confidence_threshold = 0.0
     hf_kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=True, temperature=1.0, top_k=0,
                      pad_token_id=0)
-    eager = SpeculativeDecoder(target, [draft, PromptLookupDrafter()], policy="thompson", gamma=args.gamma)
-    fast = FastSpeculativeDecoder(target, [draft, PromptLookupDrafter()], policy="thompson", gamma=args.gamma)
+    eager = SpeculativeDecoder(target, [*drafts, PromptLookupDrafter()], policy="thompson", gamma=args.gamma)
+    fast = FastSpeculativeDecoder(target, [*drafts, PromptLookupDrafter()], policy="thompson", gamma=args.gamma)
+    fast_one = FastSpeculativeDecoder(target, [draft], policy="fixed", gamma=args.gamma)
     plain = FastPlainDecoder(target)
     common = dict(max_new_tokens=new, sampling=params, ignore_eos=True)
     runs = {
@@ -113,6 +127,7 @@ def method_runs(target: torch.nn.Module, draft: torch.nn.Module, prompt: torch.T
         "flashspec_eager": lambda: (None, eager.generate(prompt, seed=0, **common).stats),
         "fast_plain": lambda: (None, plain.generate(prompt, seed=0, **common).stats),
         "fast_speculative": lambda: (None, fast.generate(prompt, seed=0, **common).stats),
+        "fast_speculative_one_draft": lambda: (None, fast_one.generate(prompt, seed=0, **common).stats),
     }
     return {name: run for name, run in runs.items() if name not in args.skip}
 
@@ -153,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     torch.manual_seed(0)
-    target, draft = build(args, device)
+    target, drafts, zoo = build(args, device)
+    draft = drafts[0]
     params = fs.SamplingParams(temperature=1.0)
     bandwidth = copy_bandwidth(device)
     record: dict[str, Any] = {"metadata": metadata(argv, args, device), "settings": vars(args), "cells": []}
@@ -161,10 +177,16 @@ def main(argv: list[str] | None = None) -> int:
     record["copy_bandwidth_bytes_per_s"] = bandwidth
     vocab = target.lm_head.out_features
     for batch in args.batches:
-        generator = torch.Generator().manual_seed(batch)
-        prompt = torch.randint(3, vocab, (batch, args.prompt_tokens), generator=generator).to(device)
+        if zoo is not None:  # held-out Python prompts of the zoo, cycled to fill the batch
+            from flashspec import zoo as zoo_module
+
+            pool = zoo_module.prompt_batch(zoo, "python")
+            prompt = pool[torch.arange(batch) % pool.shape[0]].to(device)
+        else:
+            generator = torch.Generator().manual_seed(batch)
+            prompt = torch.randint(3, vocab, (batch, args.prompt_tokens), generator=generator).to(device)
         cell: dict[str, Any] = {"batch": batch, "methods": {}}
-        for name, run in method_runs(target, draft, prompt, args, params).items():
+        for name, run in method_runs(target, drafts, prompt, args, params).items():
             last_stats: list[Any] = []
             times = timed(lambda: last_stats.append(run()[1]), args.repeats, device)
             tokens = batch * args.new_tokens
@@ -182,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         methods = cell["methods"]
         ratios = {}
         for a, b in (("fast_plain", "hf_plain"), ("fast_speculative", "hf_assisted"),
-                     ("fast_speculative", "fast_plain"), ("fast_speculative", "flashspec_eager")):
+                     ("fast_speculative", "fast_plain"), ("fast_speculative_one_draft", "fast_plain"),
+                     ("fast_speculative", "flashspec_eager")):
             if a in methods and b in methods:
                 ratios[f"{a}/{b}"] = methods[a]["tok_s_median"] / methods[b]["tok_s_median"]
         cell["ratios"] = ratios
@@ -195,8 +218,8 @@ def main(argv: list[str] | None = None) -> int:
             fast.generate(prompt, **common)
             alternating = fast.generate(prompt, **common).stats.summary()
             parts = anatomy(fast, device, bucket=max(fast._session.graphs)[1])
-            weights = floor_bytes(target, batch, args.prompt_tokens + args.new_tokens) + args.gamma * floor_bytes(
-                draft, batch, args.prompt_tokens + args.new_tokens)
+            filled = prompt.shape[1] + args.new_tokens
+            weights = floor_bytes(target, batch, filled) + args.gamma * floor_bytes(draft, batch, filled)
             spec = methods["fast_speculative"]
             cell["anatomy_ms"] = parts
             cell["step_ms_fixed_draft_p50"] = 1e3 * steady["p50_step_latency_s"]
