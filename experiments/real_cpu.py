@@ -78,6 +78,17 @@ def environment(threads: int) -> dict[str, Any]:
             "versions": found}
 
 
+def uncommitted_code() -> list[str] | None:
+    """Code files that differ from the recorded commit (None without git): a clean result lists none."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--", "flashspec", "kernels", "experiments"],
+                             cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
+                             timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return [line[3:] for line in out.splitlines()]
+
+
 def load_average() -> list[float] | None:
     try:
         return [round(value, 2) for value in os.getloadavg()]
@@ -179,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
     began = datetime.now(timezone.utc)
+    sha = provenance.git_sha()  # read before measuring: commits made during the run do not count
+    dirty = uncommitted_code()
     wall = time.perf_counter()
     load_before = load_average()
     loads, model, tokenizer = time_loads(args.load_repeats)
@@ -192,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     record = {
         "provenance": {
             "command": " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]) if argv is None else " ".join(argv),
-            "git_sha": provenance.git_sha(), "date_utc": began.isoformat(timespec="seconds"),
+            "git_sha": sha, "uncommitted_files": dirty, "date_utc": began.isoformat(timespec="seconds"),
             **environment(args.threads), "wall_seconds": time.perf_counter() - wall,
             "load_average_end": load_average(),
             "note": "shared machine: other processes ran during the measurement (see the load averages)",
