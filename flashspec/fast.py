@@ -64,7 +64,7 @@ class FastSpeculativeDecoder:
 
     Args:
         target: a Llama-family HF causal LM (`flashspec.runner.supports`).
-        drafts: Llama-family HF causal LMs sharing the target's tokenizer and/or `PromptLookupDrafter`s.
+        drafts: Llama-family HF causal LMs sharing the target's tokenizer and/or `PromptLookupDrafter` objects.
         policy, policy_kwargs: as for `SpeculativeDecoder`.
         gamma: drafted tokens per step (fixed: it is part of the captured graphs).
         graphs: capture CUDA graphs (default: when the target is on CUDA).
