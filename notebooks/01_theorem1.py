@@ -22,23 +22,14 @@
 # chapter proves the claim with the condition the choice must satisfy, checks it by exact enumeration and by sampling
 # through `flashspec.verify`, and computes the counterexample that shows the condition is not a technicality.
 #
-# The first cell only matters on Colab: there it clones the repository and installs the package. Everywhere it
-# reports what it ran on.
+# The first cell (collapsed) imports the library and reports what it ran on.
 
-# %%
-import importlib.util
+# %% tags=["hide-input"]
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-ON_COLAB = "google.colab" in sys.modules  # Colab imports it into every kernel at start-up
-if ON_COLAB:  # fetch the repository (code and committed results) and install the package into this runtime
-    if not Path("flashspec").exists():
-        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/flashspec/flashspec"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "./flashspec"], check=True)
-    os.chdir("flashspec/notebooks")
-    importlib.invalidate_caches()
+ON_COLAB = "google.colab" in sys.modules  # the Colab copy of this chapter installs the package first
 
 import torch
 

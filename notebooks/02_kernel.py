@@ -30,20 +30,12 @@
 # The small kernels in steps 3–4 are written here for teaching; the library's kernels (step 5) fuse them. On a
 # machine without a GPU, Triton runs every kernel in its CPU interpreter, so the sizes below are tiny on purpose.
 
-# %%
-import importlib.util
+# %% tags=["hide-input"]
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-ON_COLAB = "google.colab" in sys.modules  # Colab imports it into every kernel at start-up
-if ON_COLAB:  # fetch the repository (code and committed results) and install the package into this runtime
-    if not Path("flashspec").exists():
-        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/flashspec/flashspec"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "./flashspec"], check=True)
-    os.chdir("flashspec/notebooks")
-    importlib.invalidate_caches()
+ON_COLAB = "google.colab" in sys.modules  # the Colab copy of this chapter installs the package first
 
 import torch
 

@@ -23,23 +23,14 @@
 # committed NVIDIA H200 results otherwise. Every number below is either computed in a cell or loaded from
 # `results/`, and the output says which.
 
-# %%
-import importlib.util
+# %% tags=["hide-input"]
 import json
 import os
 import socket
-import subprocess
 import sys
 from pathlib import Path
 
-ON_COLAB = "google.colab" in sys.modules  # Colab imports it into every kernel at start-up
-if ON_COLAB:  # fetch the repository (code and committed results) and install the package into this runtime
-    if not Path("flashspec").exists():
-        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/flashspec/flashspec"], check=True)
-    extras = "[nf4]" if subprocess.run(["nvidia-smi"], capture_output=True).returncode == 0 else ""
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", f"./flashspec{extras}"], check=True)
-    os.chdir("flashspec/notebooks")
-    importlib.invalidate_caches()
+ON_COLAB = "google.colab" in sys.modules  # the Colab copy of this chapter installs the package first
 
 from IPython.display import Markdown, display
 import torch

@@ -35,22 +35,14 @@
 # * counts per request (`paired_difference`): the mean difference over the same requests and its standard error;
 #   decided only beyond two standard errors.
 
-# %%
-import importlib.util
+# %% tags=["hide-input"]
 import json
 import math
 import os
-import subprocess
 import sys
 from pathlib import Path
 
-ON_COLAB = "google.colab" in sys.modules  # Colab imports it into every kernel at start-up
-if ON_COLAB:  # fetch the repository (code and committed results) and install the package into this runtime
-    if not Path("flashspec").exists():
-        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/flashspec/flashspec"], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "./flashspec"], check=True)
-    os.chdir("flashspec/notebooks")
-    importlib.invalidate_caches()
+ON_COLAB = "google.colab" in sys.modules  # the Colab copy of this chapter installs the package first
 
 import torch
 

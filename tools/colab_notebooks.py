@@ -1,7 +1,7 @@
 """Keep colab/*.ipynb, the notebooks Colab opens, in step with the jupytext chapter sources.
 
 Colab opens only .ipynb files from GitHub, while the chapters live in notebooks/ as jupytext sources
-(DESIGN: no .ipynb there).  So colab/ holds one output-free notebook per chapter, generated from its
+(no .ipynb there: generated files are not committed).  So colab/ holds one output-free notebook per chapter, generated from its
 source; the book's Colab buttons point there (book/_ext/colab_links.py).
 
     python tools/colab_notebooks.py          # regenerate colab/ after editing a chapter
@@ -29,9 +29,35 @@ def chapter_sources() -> list[Path]:
     return sorted(SOURCES.glob("*.py"))
 
 
+REPOSITORY = "https://github.com/flashspec/flashspec"
+
+
+def setup_cells(source: Path) -> list[nbformat.NotebookNode]:
+    """The Colab-only first cells: clone the repository (code and committed results), install the
+    package (with the NF4 extra on a GPU runtime for the chapters that use it), and work from notebooks/.
+    They live only in the Colab copy, so the book opens each chapter with its ideas, not with set-up."""
+    extras = ('extras = "[nf4]" if shutil.which("nvidia-smi") else ""  # bitsandbytes 4-bit on a GPU runtime\n'
+              if source.stem in GPU_CHAPTERS else 'extras = ""\n')
+    code = ("# Colab set-up: fetch the repository and install flashspec into this runtime (runs once per session)\n"
+            "import importlib, os, shutil, subprocess, sys\n"
+            "from pathlib import Path\n\n"
+            "if not Path(\"flashspec\").exists() and Path.cwd().name != \"notebooks\":\n"
+            f"    subprocess.run([\"git\", \"clone\", \"--depth\", \"1\", \"{REPOSITORY}\"], check=True)\n"
+            + extras +
+            "if Path(\"flashspec\").exists():\n"
+            "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"-q\", f\"./flashspec{extras}\"], check=True)\n"
+            "    os.chdir(\"flashspec/notebooks\")\n"
+            "importlib.invalidate_caches()")
+    return [nbformat.v4.new_markdown_cell("**On Colab, run this cell first**: it clones the FlashSpec repository and "
+                                          "installs the package (about a minute)."),
+            nbformat.v4.new_code_cell(code)]
+
+
 def colab_notebook(source: Path) -> nbformat.NotebookNode:
-    """The chapter as an output-free notebook with Colab metadata (a GPU runtime where the chapter times one)."""
+    """The chapter as an output-free notebook with Colab metadata (a GPU runtime where the chapter times one),
+    opened by the Colab-only set-up cells."""
     notebook = jupytext.read(source)
+    notebook.cells = setup_cells(source) + notebook.cells
     notebook.metadata.pop("jupytext", None)
     notebook.metadata["colab"] = {"name": source.stem + ".ipynb", "provenance": []}
     if source.stem in GPU_CHAPTERS:
