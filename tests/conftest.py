@@ -22,6 +22,8 @@ if not _has_cuda():
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+from flashspec import models  # noqa: E402
+
 # The suite runs thousands of tiny tensor ops; on a 2-core CI machine intra-op threads only add
 # contention (one small matmul measured 37 ms with 2 threads against 0.4 ms with 1).
 torch.set_num_threads(1)
@@ -30,3 +32,15 @@ torch.set_num_threads(1)
 def pytest_report_header(config: pytest.Config) -> str:
     mode = "interpreter (CPU)" if os.environ.get("TRITON_INTERPRET") == "1" else "compiled (GPU)"
     return f"flashspec: Triton runs in {mode}"
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    """A tiny random Llama target (vocabulary 16, 64 positions) with peaked distributions."""
+    return models.tiny_llama(vocab_size=16, hidden_size=16, num_layers=2, initializer_range=0.3, seed=1, max_positions=64)
+
+
+@pytest.fixture(scope="module")
+def draft() -> torch.nn.Module:
+    """A smaller tiny Llama over the target's vocabulary."""
+    return models.tiny_llama(vocab_size=16, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2, max_positions=64)

@@ -1,31 +1,18 @@
-"""Engine, drafters, loader and stats: behaviour and clear errors (the distribution tests live in
-test_engine_exact.py)."""
+"""The engine: greedy and sampled paths, the drafter protocol through it, seeds, faults and clear errors
+(the distribution tests live in test_engine_exact.py; the models are conftest.py's tiny Llamas)."""
 from __future__ import annotations
 
 import copy
-import json
-import math
 
 import pytest
 import torch
 
 import flashspec as fs
 from flashspec import models
-from flashspec.drafters import DraftContext, PromptLookupDrafter, Proposal, lookup_ngram
+from flashspec.drafters import DraftContext, PromptLookupDrafter, Proposal
 from flashspec.engine import SpeculativeDecoder
-from flashspec.stats import GenerationStats, StepRecord, percentile
 
-VOCAB = 16
-
-
-@pytest.fixture(scope="module")
-def target():
-    return models.tiny_llama(vocab_size=VOCAB, hidden_size=16, num_layers=2, initializer_range=0.3, seed=1, max_positions=64)
-
-
-@pytest.fixture(scope="module")
-def draft():
-    return models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2, max_positions=64)
+VOCAB = 16  # the vocabulary of conftest.py's target and draft
 
 
 def greedy_reference(target, prompts, max_new_tokens, **kwargs):
@@ -126,44 +113,7 @@ def test_on_step_events_rebuild_the_output(target, draft):
     assert events[-1].num_generated == [10]
 
 
-# ----------------------------------------------------------------------------------------- drafters
-
-
-def test_lookup_ngram_finds_most_recent_earlier_occurrence():
-    tokens = torch.tensor([[1, 2, 3, 9, 1, 2, 4, 1, 2]])
-    valid = torch.ones_like(tokens, dtype=torch.bool)
-    assert lookup_ngram(tokens, valid, 2).tolist() == [6]  # "1 2" last seen at 4..5, then 4
-    assert lookup_ngram(tokens, valid, 3).tolist() == [-1]
-
-
-def test_prompt_lookup_proposal_is_periodic_and_falls_back_to_last_token():
-    drafter = PromptLookupDrafter(max_ngram=2)
-    tokens = torch.tensor([[5, 6, 7, 5, 6], [1, 2, 3, 4, 8]])
-    context = DraftContext(
-        tokens=tokens, valid=torch.ones_like(tokens, dtype=torch.bool), position_ids=torch.arange(5).expand(2, -1),
-        lengths=[5, 5], next_position=torch.tensor([5, 5]), gamma=4, sampling=fs.SamplingParams(), key=fs.rng.Key(1, 2),
-    )
-    proposal = drafter.propose(context)
-    assert proposal.logits is None
-    assert proposal.tokens.tolist() == [[7, 5, 6, 7], [8, 8, 8, 8]]
-
-
-def test_prompt_lookup_on_right_aligned_rows_of_different_lengths():
-    """Row 1 is two tokens shorter: its first two columns are outside the row and never match."""
-    drafter = PromptLookupDrafter(max_ngram=1)
-    tokens = torch.tensor([[4, 4, 9, 4], [9, 9, 2, 9]])
-    valid = torch.tensor([[True, True, True, True], [False, False, True, True]])
-    context = DraftContext(
-        tokens=tokens, valid=valid, position_ids=torch.tensor([[0, 1, 2, 3], [0, 0, 0, 1]]), lengths=[4, 2],
-        next_position=torch.tensor([4, 2]), gamma=2, sampling=fs.SamplingParams(), key=fs.rng.Key(1, 2),
-    )
-    assert drafter.propose(context).tokens.tolist() == [[9, 4], [9, 9]]
-
-
-def test_prompt_lookup_ignores_padding():
-    tokens = torch.tensor([[0, 0, 3, 0]])
-    valid = torch.tensor([[False, False, True, True]])
-    assert lookup_ngram(tokens, valid, 1).tolist() == [-1]
+# ----------------------------------------------------------------------------------------- drafters in the engine
 
 
 class ConstantDrafter:
@@ -226,28 +176,6 @@ def test_model_drafter_catches_up_lazily(target, draft):
         assert all(seen <= result.sequences.shape[1] - 1 for seen in drafter.cached_tokens)
 
 
-def test_crop_cache_removes_only_the_tail(target):
-    cache = models.new_cache(target)
-    models.forward_logits(target, torch.tensor([[1, 2, 3, 4, 5]]), cache)
-    models.crop_cache(cache, 5)
-    assert models.cache_length(cache) == 5
-    models.crop_cache(cache, 3)
-    assert models.cache_length(cache) == 3
-    cropped = models.forward_logits(target, torch.tensor([[4, 5]]), cache)
-    fresh = target(torch.tensor([[1, 2, 3, 4, 5]])).logits[:, -2:]
-    assert torch.allclose(cropped, fresh, atol=1e-5)
-
-
-def test_cache_keyword_follows_the_forward_signature(target):
-    assert models.cache_keyword(target) in ("cache", "past_key_values")
-
-    class OldStyle(torch.nn.Module):
-        def forward(self, input_ids=None, past_key_values=None, **kwargs):
-            return input_ids
-
-    assert models.cache_keyword(OldStyle()) == "past_key_values"
-
-
 # ----------------------------------------------------------------------------------------- errors
 
 
@@ -290,101 +218,6 @@ def test_special_token_mismatch_is_rejected(target):
     other = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, seed=3, eos_token_id=5)
     with pytest.raises(ValueError, match="eos_token_id"):
         SpeculativeDecoder(target, [other])
-
-
-def test_tokenizer_mismatch_is_rejected(target):
-    tokenizer = models.char_tokenizer()
-    different = copy.deepcopy(tokenizer)
-    different.add_tokens(["<extra>"])
-    models.check_compatible(target, target, tokenizer, tokenizer)
-    with pytest.raises(ValueError, match="tokenizer vocabulary differs"):
-        models.check_compatible(target, target, tokenizer, different)
-
-
-# ----------------------------------------------------------------------------------------- loading
-
-
-def test_load_model_round_trip(tmp_path, draft):
-    draft.save_pretrained(tmp_path / "draft")
-    loaded = models.load_model(str(tmp_path / "draft"), dtype="fp32", device="cpu")
-    prompt = torch.tensor([[1, 2, 3]])
-    assert torch.allclose(loaded(prompt).logits, draft(prompt).logits)
-    assert not loaded.training
-
-
-def test_load_model_errors(tmp_path):
-    with pytest.raises(ValueError, match="quantization"):
-        models.load_model("x", quantization="int3")
-    with pytest.raises(ValueError, match="dtype"):
-        models.load_model("x", dtype="float8")
-    with pytest.raises(ValueError, match="could not load"):
-        models.load_model(str(tmp_path / "missing"))
-    try:
-        import bitsandbytes  # noqa: F401
-    except ImportError:
-        with pytest.raises(ValueError, match="bitsandbytes"):
-            models.load_model(str(tmp_path), quantization="nf4")
-
-
-def test_nf4_compute_dtype_is_half_precision():
-    assert models.nf4_compute_dtype() in (torch.bfloat16, torch.float16)
-
-
-# ----------------------------------------------------------------------------------------- stats
-
-
-def test_stats_summary_json_and_table(tmp_path, target, draft):
-    decoder = SpeculativeDecoder(target, [draft, PromptLookupDrafter()], policy="thompson", gamma=3, policy_kwargs={"seed": 1})
-    result = decoder.generate(torch.tensor([[1, 2, 3]] * 3), max_new_tokens=10, sampling=fs.SamplingParams(1.0), ignore_eos=True)
-    stats = result.stats
-    summary = stats.summary()
-    assert summary["generated_tokens"] == 30
-    assert summary["steps"] == len(stats.steps) == len(stats.arm_trace)
-    assert 0.0 <= summary["mean_acceptance"] <= 1.0
-    assert summary["p50_step_latency_s"] <= summary["p99_step_latency_s"]
-    assert 0.0 < summary["kept_fraction"] <= 1.0
-    assert 0.0 < summary["kv_cache_fill"] <= 1.0
-    assert sum(arm["selections"] for arm in summary["per_arm"].values()) == summary["steps"]
-    path = tmp_path / "stats.json"
-    text = stats.to_json(str(path))
-    loaded = json.loads(path.read_text())
-    assert loaded == json.loads(text)
-    assert loaded["arm_trace"] == stats.arm_trace
-    table = stats.format_table()
-    assert "tokens/s" in table and "prompt-lookup" in table
-
-
-def test_stats_reduction_by_hand():
-    stats = GenerationStats(arm_names=["a", "b"], batch_size=2, prompt_length=3)
-    stats.record(StepRecord(step=0, arm=0, gamma=4, num_accepted=[4, 2], kept=[5, 2], latency_s=0.01))
-    stats.record(StepRecord(step=1, arm=1, gamma=4, num_accepted=[0, 1], kept=[1, 1], latency_s=0.03))
-    stats.generated_tokens, stats.total_s = 9, 0.04
-    stats.cache_columns, stats.cache_tokens = 20, 15.0
-    summary = stats.summary()
-    assert summary["mean_acceptance"] == pytest.approx(7 / 16)
-    assert summary["mean_accepted_length"] == pytest.approx(7 / 4)
-    assert summary["kept_fraction"] == pytest.approx(9 / 11)
-    assert summary["mean_tokens_per_step"] == pytest.approx(9 / 4)
-    assert summary["kv_cache_fill"] == pytest.approx(0.75)
-    assert summary["tokens_per_s"] == pytest.approx(225.0)
-    assert summary["per_arm"]["a"]["mean_acceptance"] == pytest.approx(6 / 8)
-    assert percentile([1.0, 2.0, 3.0], 50) == 2.0
-    assert math.isnan(percentile([], 50))
-    empty = GenerationStats(arm_names=["a"], batch_size=1, prompt_length=1)
-    assert "null" in empty.to_json()
-
-
-def test_plot_generation_trace(tmp_path, target, draft):
-    from flashspec.plots import plot_generation_trace
-
-    decoder = SpeculativeDecoder(target, [draft, PromptLookupDrafter()], policy="exp3", gamma=3, policy_kwargs={"seed": 0})
-    result = decoder.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=12, sampling=fs.SamplingParams(1.0), ignore_eos=True)
-    path = tmp_path / "trace.png"
-    figure = plot_generation_trace(result.stats, path)
-    assert path.stat().st_size > 0
-    arm_axis = figure.axes[0]
-    assert [label.get_text() for label in arm_axis.get_yticklabels()] == result.stats.arm_names
-    assert len(arm_axis.collections[0].get_offsets()) == len(result.stats.steps)
 
 
 # ----------------------------------------------------------------------------------------- seeds and faults

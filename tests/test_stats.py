@@ -1,11 +1,16 @@
-"""The acceptance measures and the rules that call a measured difference (flashspec.stats)."""
+"""Per-step statistics, the acceptance measures and the rules that call a measured difference (flashspec.stats)."""
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
+import torch
 
+import flashspec as fs
 from flashspec import rewards
+from flashspec.drafters import PromptLookupDrafter
+from flashspec.engine import SpeculativeDecoder
 from flashspec.stats import (
     ACCEPTANCE,
     GenerationStats,
@@ -16,6 +21,7 @@ from flashspec.stats import (
     mean_and_standard_error,
     paired_difference,
     per_request_tokens_per_step,
+    percentile,
     token_acceptance_from_counts,
     token_acceptance_from_tokens_per_step,
     tokens_per_step_from_token_acceptance,
@@ -146,3 +152,44 @@ def test_overall_verdict() -> None:
     assert overall_verdict(["reproduced", "reproduced"]) == "reproduced"
     assert overall_verdict(["reproduced", "not reproduced"]) == "mixed"
     assert overall_verdict(["not reproduced", "inconclusive"]) == "not reproduced in part, inconclusive in part"
+
+
+def test_stats_summary_json_and_table(tmp_path, target, draft):
+    decoder = SpeculativeDecoder(target, [draft, PromptLookupDrafter()], policy="thompson", gamma=3, policy_kwargs={"seed": 1})
+    result = decoder.generate(torch.tensor([[1, 2, 3]] * 3), max_new_tokens=10, sampling=fs.SamplingParams(1.0), ignore_eos=True)
+    stats = result.stats
+    summary = stats.summary()
+    assert summary["generated_tokens"] == 30
+    assert summary["steps"] == len(stats.steps) == len(stats.arm_trace)
+    assert 0.0 <= summary["mean_acceptance"] <= 1.0
+    assert summary["p50_step_latency_s"] <= summary["p99_step_latency_s"]
+    assert 0.0 < summary["kept_fraction"] <= 1.0
+    assert 0.0 < summary["kv_cache_fill"] <= 1.0
+    assert sum(arm["selections"] for arm in summary["per_arm"].values()) == summary["steps"]
+    path = tmp_path / "stats.json"
+    text = stats.to_json(str(path))
+    loaded = json.loads(path.read_text())
+    assert loaded == json.loads(text)
+    assert loaded["arm_trace"] == stats.arm_trace
+    table = stats.format_table()
+    assert "tokens/s" in table and "prompt-lookup" in table
+
+
+def test_stats_reduction_by_hand():
+    stats = GenerationStats(arm_names=["a", "b"], batch_size=2, prompt_length=3)
+    stats.record(StepRecord(step=0, arm=0, gamma=4, num_accepted=[4, 2], kept=[5, 2], latency_s=0.01))
+    stats.record(StepRecord(step=1, arm=1, gamma=4, num_accepted=[0, 1], kept=[1, 1], latency_s=0.03))
+    stats.generated_tokens, stats.total_s = 9, 0.04
+    stats.cache_columns, stats.cache_tokens = 20, 15.0
+    summary = stats.summary()
+    assert summary["mean_acceptance"] == pytest.approx(7 / 16)
+    assert summary["mean_accepted_length"] == pytest.approx(7 / 4)
+    assert summary["kept_fraction"] == pytest.approx(9 / 11)
+    assert summary["mean_tokens_per_step"] == pytest.approx(9 / 4)
+    assert summary["kv_cache_fill"] == pytest.approx(0.75)
+    assert summary["tokens_per_s"] == pytest.approx(225.0)
+    assert summary["per_arm"]["a"]["mean_acceptance"] == pytest.approx(6 / 8)
+    assert percentile([1.0, 2.0, 3.0], 50) == 2.0
+    assert math.isnan(percentile([], 50))
+    empty = GenerationStats(arm_names=["a"], batch_size=1, prompt_length=1)
+    assert "null" in empty.to_json()

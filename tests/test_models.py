@@ -1,0 +1,73 @@
+"""Model helpers: KV-cache cropping, the cache keyword, tokenizer checks, loading (flashspec.models)."""
+from __future__ import annotations
+
+import copy
+import inspect
+
+import pytest
+import torch
+
+from flashspec import models
+
+
+def test_crop_cache_removes_only_the_tail(target):
+    cache = models.new_cache(target)
+    models.forward_logits(target, torch.tensor([[1, 2, 3, 4, 5]]), cache)
+    models.crop_cache(cache, 5)
+    assert models.cache_length(cache) == 5
+    models.crop_cache(cache, 3)
+    assert models.cache_length(cache) == 3
+    cropped = models.forward_logits(target, torch.tensor([[4, 5]]), cache)
+    fresh = target(torch.tensor([[1, 2, 3, 4, 5]])).logits[:, -2:]
+    assert torch.allclose(cropped, fresh, atol=1e-5)
+
+
+def test_cache_keyword_follows_the_forward_signature(target):
+    assert models.cache_keyword(target) in inspect.signature(target.forward).parameters
+
+    class OldStyle(torch.nn.Module):
+        def forward(self, input_ids=None, past_key_values=None, **kwargs):
+            return input_ids
+
+    assert models.cache_keyword(OldStyle()) == "past_key_values"
+
+
+def test_tokenizer_mismatch_is_rejected(target):
+    tokenizer = models.char_tokenizer()
+    different = copy.deepcopy(tokenizer)
+    different.add_tokens(["<extra>"])
+    models.check_compatible(target, target, tokenizer, tokenizer)
+    with pytest.raises(ValueError, match="tokenizer vocabulary differs"):
+        models.check_compatible(target, target, tokenizer, different)
+
+
+def test_load_model_round_trip(tmp_path, draft):
+    draft.save_pretrained(tmp_path / "draft")
+    loaded = models.load_model(str(tmp_path / "draft"), dtype="fp32", device="cpu")
+    prompt = torch.tensor([[1, 2, 3]])
+    assert torch.allclose(loaded(prompt).logits, draft(prompt).logits)
+    assert not loaded.training
+
+
+def test_load_model_errors(tmp_path):
+    with pytest.raises(ValueError, match="quantization"):
+        models.load_model("x", quantization="int3")
+    with pytest.raises(ValueError, match="dtype"):
+        models.load_model("x", dtype="float8")
+    with pytest.raises(ValueError, match="could not load"):
+        models.load_model(str(tmp_path / "missing"))
+    try:
+        import bitsandbytes  # noqa: F401
+    except ImportError:
+        with pytest.raises(ValueError, match="bitsandbytes"):
+            models.load_model(str(tmp_path), quantization="nf4")
+
+
+def test_nf4_compute_dtype_is_bf16_only_where_the_gpu_has_it(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
+    assert models.nf4_compute_dtype() == torch.bfloat16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)  # e.g. a T4
+    assert models.nf4_compute_dtype() == torch.float16
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert models.nf4_compute_dtype() == torch.float16
