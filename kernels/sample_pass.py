@@ -1,0 +1,206 @@
+"""Launch 2 of verification: every program redoes the accept test of its rows from the stats partials
+and two logits per candidate (O(1) in V per candidate), then streams its V-chunk of the one position its
+row samples from (first rejection, or the bonus position) in an exponential race with counter-based
+noise; the last program of a row block to finish (an atomic ticket) reduces the chunk winners and
+writes tokens / num_accepted. See `flashspec.kernels.verify` for the whole step."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language import core as tlcore  # noqa: F401  (the interpreter patches it through this module's globals)
+
+from flashspec.kernels import rng as krng
+from flashspec.kernels.shims import (INT32_MAX, _combine_lse, _exp, _log, _log1p, _max, _max_index, _min, _scale,
+                                     _sum)
+from flashspec.kernels.rng import device_function
+
+
+# ----------------------------------------------------------------------------- launch 2
+@device_function
+def _write_outputs(out_tokens_ptr, out_accepted_ptr, rows64, row_ok, positions, drafted, num_accepted,
+                   emitted, gamma, vocab):
+    """tokens[b] = drafts before n, the emitted token at n (clamped into [0, V)), then -1."""
+    emitted = tl.minimum(tl.maximum(emitted, 0), vocab - 1).to(tl.int64)
+    n = num_accepted[:, None]
+    tokens = tl.where(positions < n, drafted, tl.where(positions == n, emitted[:, None], -1))
+    mask = row_ok[:, None] & (positions <= gamma)
+    tl.store(out_tokens_ptr + rows64[:, None] * (gamma + 1) + positions, tokens, mask=mask)
+    tl.store(out_accepted_ptr + rows64, num_accepted.to(tl.int64), mask=row_ok)
+
+
+@triton.jit(do_not_specialize=["accept_prefix", "sample_prefix"])
+def _sample_kernel(
+    target_ptr,  # [B, γ+1, V] target logits, contiguous
+    draft_ptr,  # [B, γ, V] draft logits, contiguous (not read unless HAS_DRAFT)
+    tokens_ptr,  # [B, γ] drafted token ids (any integer dtype), contiguous
+    part_max_ptr,  # [B, 2γ+1, S1] fp32 in: chunk maxima from _stats_kernel
+    part_sum_ptr,  # [B, 2γ+1, S1] fp32 in: chunk sums (not read when GREEDY)
+    part_idx_ptr,  # [B, 2γ+1, S1] int32 in: chunk argmax (GREEDY only)
+    race_val_ptr,  # [B, 2, S2] fp32 work: best race score per split (residual race, target race)
+    race_idx_ptr,  # [B, 2, S2] int32 work: its index
+    counter_ptr,  # [row blocks] int32 tickets, zero between calls (the last program resets its own)
+    out_tokens_ptr,  # [B, γ+1] int64 out
+    out_accepted_ptr,  # [B] int64 out
+    batch,  # B
+    gamma,  # γ
+    vocab,  # V
+    num_stat_splits,  # S1
+    num_splits,  # S2
+    scale,  # T or float32(1/T), as for _stats_kernel
+    accept_prefix,  # krng.stream_prefix(key, STREAM_ACCEPT) as int32, or (PREFIX_IN_MEMORY) a pointer to it
+    sample_prefix,  # krng.stream_prefix(key, STREAM_SAMPLE) as int32, or (PREFIX_IN_MEMORY) a pointer to it
+    CHUNK: tl.constexpr,  # V-elements per sampling split, a multiple of BLOCK_V
+    SCALE_MODE: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    GREEDY: tl.constexpr,
+    SPLIT: tl.constexpr,  # S2 > 1: chunk winners meet through the ticket counter
+    PRECISE: tl.constexpr,  # libdevice log/exp/log1p (GPU); numpy's in the interpreter
+    PREFIX_IN_MEMORY: tl.constexpr,  # the prefixes live in device memory (a captured graph's key changes per replay)
+    BLOCK_B: tl.constexpr,
+    BLOCK_P: tl.constexpr,  # power of two >= γ+1
+    BLOCK_S: tl.constexpr,  # power of two >= S1
+    BLOCK_S2: tl.constexpr,  # power of two >= S2
+    BLOCK_V: tl.constexpr,
+):
+    pid_b = tl.program_id(0)
+    split = tl.program_id(1)
+    if PREFIX_IN_MEMORY:
+        accept_prefix = tl.load(accept_prefix)
+        sample_prefix = tl.load(sample_prefix)
+    rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    row_ok = rows < batch
+    rows64 = rows.to(tl.int64)
+    positions = tl.arange(0, BLOCK_P)[None, :]  # [1, BLOCK_P]
+    width = 2 * gamma + 1
+
+    # ---- accept: n = first rejection, from the partials and two logits per candidate
+    r3 = rows64[:, None, None]
+    p3 = tl.arange(0, BLOCK_P)[None, :, None]
+    s3 = tl.arange(0, BLOCK_S)[None, None, :]
+    target_stats = (r3 * width + p3) * num_stat_splits + s3
+    stats_mask = row_ok[:, None, None] & (p3 <= gamma) & (s3 < num_stat_splits)
+    is_draft = positions < gamma
+    drafted = tl.load(tokens_ptr + rows64[:, None] * gamma + positions,
+                      mask=row_ok[:, None] & is_draft, other=0).to(tl.int64)
+    if GREEDY:
+        chunk_max = tl.load(part_max_ptr + target_stats, mask=stats_mask, other=float("-inf"))
+        chunk_arg = tl.load(part_idx_ptr + target_stats, mask=stats_mask, other=INT32_MAX)
+        row_max = _max(chunk_max, axis=2)
+        argmax = _min(tl.where(chunk_max == row_max[:, :, None], chunk_arg, INT32_MAX), axis=2)
+        accepted = (drafted == argmax) & is_draft
+    else:
+        p_max, p_log_sum = _combine_lse(
+            tl.load(part_max_ptr + target_stats, mask=stats_mask, other=float("-inf")),
+            tl.load(part_sum_ptr + target_stats, mask=stats_mask, other=0.0),
+            PRECISE,
+        )
+        token_ok = row_ok[:, None] & is_draft & (drafted >= 0) & (drafted < vocab)
+        target_at_token = tl.load(target_ptr + (rows64[:, None] * (gamma + 1) + positions) * vocab + drafted,
+                                  mask=token_ok, other=float("-inf"))
+        log_p_x = (_scale(target_at_token.to(tl.float32), scale, SCALE_MODE) - p_max) - p_log_sum
+        if HAS_DRAFT:
+            draft_stats = target_stats + (gamma + 1) * num_stat_splits
+            draft_mask = row_ok[:, None, None] & (p3 < gamma) & (s3 < num_stat_splits)
+            q_max, q_log_sum = _combine_lse(
+                tl.load(part_max_ptr + draft_stats, mask=draft_mask, other=float("-inf")),
+                tl.load(part_sum_ptr + draft_stats, mask=draft_mask, other=0.0),
+                PRECISE,
+            )
+            draft_at_token = tl.load(draft_ptr + (rows64[:, None] * gamma + positions) * vocab + drafted,
+                                     mask=token_ok, other=float("-inf"))
+            log_q_x = (_scale(draft_at_token.to(tl.float32), scale, SCALE_MODE) - q_max) - q_log_sum
+        else:
+            log_q_x = tl.zeros([BLOCK_B, BLOCK_P], tl.float32)
+        index0 = tl.zeros([1, 1], tl.int32)
+        accept_u = krng.uniform_from_base(krng.base_hash(accept_prefix, rows[:, None], positions), index0)
+        accepted = (_log(accept_u, PRECISE) <= log_p_x - log_q_x) & is_draft
+    num_accepted = _min(tl.where(accepted, BLOCK_P, positions), axis=1)  # in [0, γ]
+    at_n = positions == num_accepted[:, None]
+
+    if GREEDY:
+        emitted = _sum(tl.where(at_n, argmax, 0), axis=1)
+        _write_outputs(out_tokens_ptr, out_accepted_ptr, rows64, row_ok, positions, drafted, num_accepted,
+                       emitted, gamma, vocab)
+    else:
+        # ---- residual (n < γ) or bonus (n = γ) race over this program's V-chunk of position n
+        n_p_max = _sum(tl.where(at_n, p_max, 0.0), axis=1)
+        n_p_log_sum = _sum(tl.where(at_n, p_log_sum, 0.0), axis=1)
+        rejected = num_accepted < gamma
+        n64 = num_accepted.to(tl.int64)
+        target_row = (rows64 * (gamma + 1) + n64) * vocab
+        if HAS_DRAFT:
+            n_q_max = _sum(tl.where(at_n, q_max, 0.0), axis=1)
+            n_q_log_sum = _sum(tl.where(at_n, q_log_sum, 0.0), axis=1)
+            draft_row = (rows64 * gamma + tl.minimum(n64, gamma - 1)) * vocab
+        else:
+            n_token = _sum(tl.where(at_n & is_draft, drafted, 0), axis=1)
+        noise_base = krng.base_hash(sample_prefix, rows, num_accepted)
+        lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+        first = split.to(tl.int64) * CHUNK
+        best_w = tl.full([BLOCK_B], float("-inf"), tl.float32)
+        best_w_idx = tl.zeros([BLOCK_B], tl.int32)
+        best_p = tl.full([BLOCK_B], float("-inf"), tl.float32)
+        best_p_idx = tl.zeros([BLOCK_B], tl.int32)
+        for start in range(0, CHUNK, BLOCK_V):
+            cols = first + start + lanes
+            mask = row_ok[:, None] & (cols < vocab)[None, :]
+            x = tl.load(target_ptr + target_row[:, None] + cols[None, :], mask=mask, other=float("-inf"))
+            log_p = (_scale(x.to(tl.float32), scale, SCALE_MODE) - n_p_max[:, None]) - n_p_log_sum[:, None]
+            if HAS_DRAFT:
+                y = tl.load(draft_ptr + draft_row[:, None] + cols[None, :],
+                            mask=mask & rejected[:, None], other=float("-inf"))
+                log_q = (_scale(y.to(tl.float32), scale, SCALE_MODE) - n_q_max[:, None]) - n_q_log_sum[:, None]
+            else:
+                log_q = tl.where(cols[None, :] == n_token[:, None], 0.0, float("-inf"))
+            # log max(0, p - q) = log p + log1p(-exp(log q - log p)) where q < p, else -inf
+            positive = log_q < log_p
+            gap = tl.where(positive, log_q - log_p, 0.0)
+            log_w = tl.where(positive, log_p + _log1p(-_exp(gap, PRECISE), PRECISE), float("-inf"))
+            log_w = tl.where(rejected[:, None], log_w, log_p)
+            u = krng.uniform_from_base(noise_base[:, None], cols[None, :])
+            gumbel = _log(-_log(u, PRECISE), PRECISE)  # the race: argmax log w - log(-log u)
+            score_w = tl.where(mask, log_w - gumbel, float("-inf"))
+            score_p = tl.where(mask, log_p - gumbel, float("-inf"))
+            tile_w, tile_w_arg = _max_index(score_w, axis=1)
+            tile_p, tile_p_arg = _max_index(score_p, axis=1)
+            offset = (first + start).to(tl.int32)
+            better_w = tile_w > best_w
+            best_w = tl.where(better_w, tile_w, best_w)
+            best_w_idx = tl.where(better_w, offset + tile_w_arg.to(tl.int32), best_w_idx)
+            better_p = tile_p > best_p
+            best_p = tl.where(better_p, tile_p, best_p)
+            best_p_idx = tl.where(better_p, offset + tile_p_arg.to(tl.int32), best_p_idx)
+
+        if SPLIT:
+            race_w = (rows64 * 2) * num_splits + split
+            race_p = race_w + num_splits
+            tl.store(race_val_ptr + race_w, best_w, mask=row_ok)
+            tl.store(race_idx_ptr + race_w, best_w_idx, mask=row_ok)
+            tl.store(race_val_ptr + race_p, best_p, mask=row_ok)
+            tl.store(race_idx_ptr + race_p, best_p_idx, mask=row_ok)
+            tl.debug_barrier()  # every thread's stores precede the release below
+            ticket = tl.atomic_add(counter_ptr + pid_b, 1, sem="acq_rel", scope="gpu")
+            if ticket == num_splits - 1:  # last chunk of this row block to finish: reduce all chunks
+                s2 = tl.arange(0, BLOCK_S2)[None, :]
+                race_mask = row_ok[:, None] & (s2 < num_splits)
+                w_off = (rows64[:, None] * 2) * num_splits + s2
+                all_w = tl.load(race_val_ptr + w_off, mask=race_mask, other=float("-inf"), volatile=True)
+                all_w_idx = tl.load(race_idx_ptr + w_off, mask=race_mask, other=INT32_MAX, volatile=True)
+                all_p = tl.load(race_val_ptr + w_off + num_splits, mask=race_mask, other=float("-inf"),
+                                volatile=True)
+                all_p_idx = tl.load(race_idx_ptr + w_off + num_splits, mask=race_mask, other=INT32_MAX,
+                                    volatile=True)
+                best_w = _max(all_w, axis=1)
+                best_w_idx = _min(tl.where(all_w == best_w[:, None], all_w_idx, INT32_MAX), axis=1)
+                best_p = _max(all_p, axis=1)
+                best_p_idx = _min(tl.where(all_p == best_p[:, None], all_p_idx, INT32_MAX), axis=1)
+                # max(0, p - q) can round to zero everywhere when p == q: fall back to p (the limit)
+                emitted = tl.where(best_w > float("-inf"), best_w_idx, best_p_idx)
+                _write_outputs(out_tokens_ptr, out_accepted_ptr, rows64, row_ok, positions, drafted,
+                               num_accepted, emitted, gamma, vocab)
+                tl.atomic_xchg(counter_ptr + pid_b, 0)  # ready for the next call
+        else:
+            emitted = tl.where(best_w > float("-inf"), best_w_idx, best_p_idx)
+            _write_outputs(out_tokens_ptr, out_accepted_ptr, rows64, row_ok, positions, drafted, num_accepted,
+                           emitted, gamma, vocab)
+

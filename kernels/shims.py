@@ -1,0 +1,141 @@
+"""Shared pieces of the verify kernels: temperature scaling modes, the interpreter/compiled switch,
+reductions and the per-element math, each in a form the Triton CPU interpreter runs fast.
+
+Under TRITON_INTERPRET=1 a nested jit function costs milliseconds per call (the interpreter re-patches
+triton.language each time), so helpers are plain Python there (`device_function`) and `tl.max` and
+friends become the builtin reduce with the stock combine functions. `tlcore` must be a global of every
+module whose jit functions reduce: the interpreter patches triton.language.core only when a kernel's
+globals hold it.
+"""
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+from triton.language import core as tlcore
+from triton.language.extra import libdevice
+
+from flashspec.kernels.rng import device_function
+
+# How a logit is scaled by the temperature, chosen to round exactly as torch does it:
+# torch divides on the CPU and multiplies by float32(1/T) on CUDA (a CPU-scalar divisor).
+SCALE_NONE = 0
+SCALE_DIVIDE = 1
+SCALE_MULTIPLY = 2
+
+INT32_MAX = tl.constexpr(2**31 - 1)  # constexpr: read inside the kernels
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1, read at import:
+    Triton itself reads it when it is first imported)."""
+    return _INTERPRET
+
+
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def _cdiv(a: int, b: int) -> int:
+    """Ceiling division on host ints (triton.cdiv is a jit helper, slow to call from Python)."""
+    return -(-a // b)
+
+
+
+# ----------------------------------------------------------------------------- reductions
+# tl.max / tl.sum / tl.min are jit functions: the interpreter re-patches the language on each
+# call (~5 ms). Interpreted, call the builtin reduce with the stock combine functions instead
+# (the interpreter maps those to numpy); compiled, use the ordinary reductions. `tlcore` must
+# be a global of this module for the interpreter to patch triton.language.core's builtins.
+if interpreting():
+
+    def _max(x, axis):
+        return tlcore.reduce(x, axis, tl.standard._elementwise_max)
+
+    def _min(x, axis):
+        return tlcore.reduce(x, axis, tl.standard._elementwise_min)
+
+    def _sum(x, axis):
+        return tlcore.reduce(x, axis, tl.standard._sum_combine)
+
+    def _max_index(x, axis):
+        """(max, first index of the max) along `axis`."""
+        return tlcore._reduce_with_indices(x, axis, tl.standard._argmax_combine_tie_break_left)
+
+else:
+
+    @triton.jit
+    def _max(x, axis: tl.constexpr):
+        return tl.max(x, axis)
+
+    @triton.jit
+    def _min(x, axis: tl.constexpr):
+        return tl.min(x, axis)
+
+    @triton.jit
+    def _sum(x, axis: tl.constexpr):
+        return tl.sum(x, axis)
+
+    @triton.jit
+    def _max_index(x, axis: tl.constexpr):
+        """(max, first index of the max) along `axis`."""
+        return tl.max(x, axis, return_indices=True)
+
+
+
+# ----------------------------------------------------------------------------- math helpers
+@device_function
+def _log(x, PRECISE: tl.constexpr):
+    """Natural log; correctly rounded libdevice on a GPU (the interpreter uses numpy's)."""
+    if PRECISE:
+        return libdevice.log(x)
+    else:
+        return tl.log(x)
+
+
+@device_function
+def _exp(x, PRECISE: tl.constexpr):
+    if PRECISE:
+        return libdevice.exp(x)
+    else:
+        return tl.exp(x)
+
+
+@device_function
+def _log1p(x, PRECISE: tl.constexpr):
+    """log(1 + x); the interpreter has no log1p, so it uses Goldberg's exact-ish rewrite."""
+    if PRECISE:
+        return libdevice.log1p(x)
+    else:
+        one_plus = 1.0 + x
+        return tl.where(one_plus == 1.0, x, tl.log(one_plus) * (x / (one_plus - 1.0)))
+
+
+@device_function
+def _scale(x, scale, SCALE_MODE: tl.constexpr):
+    """Logits divided by the temperature, rounded as torch rounds it on this device."""
+    if SCALE_MODE == 1:
+        return x / scale
+    elif SCALE_MODE == 2:
+        return x * scale
+    else:
+        return x
+
+
+@device_function
+def _online_lse(running_max, running_sum, x):
+    """Fold a [BLOCK_B, BLOCK_V] tile into per-row (max, sum exp(x - max)); -inf safe."""
+    new_max = tl.maximum(running_max, _max(x, axis=1))
+    shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+    running_sum = running_sum * tl.exp(running_max - shift) + _sum(tl.exp(x - shift[:, None]), axis=1)
+    return new_max, running_sum
+
+
+@device_function
+def _combine_lse(part_max, part_sum, PRECISE: tl.constexpr):
+    """Reduce [BLOCK_B, BLOCK_P, BLOCK_S] chunk partials to (max, log sum exp(x - max))."""
+    row_max = _max(part_max, axis=2)
+    shift = tl.where(row_max == float("-inf"), 0.0, row_max)
+    total = _sum(part_sum * _exp(part_max - shift[:, :, None], PRECISE), axis=2)
+    return row_max, _log(total, PRECISE)
+

@@ -1,0 +1,85 @@
+"""Launch 1 of verification: one streaming pass over every logit row, reduced per V-chunk to an online
+log-sum-exp partial (max, sum of exp(x - max)) -- or, greedy, to a (max, first argmax) partial.
+Grid (row blocks, γ+1 positions, V-splits). See `flashspec.kernels.verify` for the whole step."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language import core as tlcore  # noqa: F401  (the interpreter patches it through this module's globals)
+
+from flashspec.kernels.shims import _max_index, _online_lse, _scale
+
+
+# ----------------------------------------------------------------------------- launch 1
+@triton.jit
+def _stats_kernel(
+    target_ptr,  # [B, γ+1, V] target logits (fp32/bf16/fp16/fp64), contiguous
+    draft_ptr,  # [B, γ, V] draft logits, contiguous (not read unless HAS_DRAFT)
+    part_max_ptr,  # [B, 2γ+1, S] fp32 out: max of the scaled logits in each V-chunk
+    part_sum_ptr,  # [B, 2γ+1, S] fp32 out: sum of exp(logit - chunk max) (not written when GREEDY)
+    part_idx_ptr,  # [B, 2γ+1, S] int32 out: first argmax of each chunk (GREEDY only)
+    batch,  # B
+    gamma,  # γ
+    vocab,  # V
+    num_splits,  # S
+    scale,  # T (SCALE_MODE 1) or float32(1/T) (SCALE_MODE 2)
+    CHUNK: tl.constexpr,  # V-elements per split, a multiple of BLOCK_V (constexpr: the interpreter
+    #                       cannot loop to a runtime bound under numpy 2)
+    SCALE_MODE: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,  # draft logits given (False: deterministic proposals, or greedy)
+    GREEDY: tl.constexpr,  # T = 0: partial argmax of the target instead of log-sum-exp
+    BLOCK_B: tl.constexpr,  # rows per program
+    BLOCK_V: tl.constexpr,  # vocabulary tile
+):
+    pid_b = tl.program_id(0)
+    position = tl.program_id(1)  # 0..γ; row j = position of the partials (draft: γ+1+position)
+    split = tl.program_id(2)
+    rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    row_ok = rows < batch
+    rows64 = rows.to(tl.int64)  # int64 offsets: B·(γ+1)·V overflows int32 past 2**31
+    target_row = (rows64 * (gamma + 1) + position) * vocab
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    first = split.to(tl.int64) * CHUNK
+    width = 2 * gamma + 1
+    out_target = (rows64 * width + position) * num_splits + split
+    if GREEDY:
+        best = tl.full([BLOCK_B], float("-inf"), tl.float32)
+        best_idx = tl.zeros([BLOCK_B], tl.int32)
+        for start in range(0, CHUNK, BLOCK_V):
+            cols = first + start + lanes
+            mask = row_ok[:, None] & (cols < vocab)[None, :]
+            x = tl.load(target_ptr + target_row[:, None] + cols[None, :], mask=mask, other=float("-inf"))
+            tile_max, tile_arg = _max_index(x.to(tl.float32), axis=1)
+            better = tile_max > best  # strict: an earlier index keeps a tie
+            best = tl.where(better, tile_max, best)
+            best_idx = tl.where(better, (first + start).to(tl.int32) + tile_arg.to(tl.int32), best_idx)
+        tl.store(part_max_ptr + out_target, best, mask=row_ok)
+        tl.store(part_idx_ptr + out_target, best_idx, mask=row_ok)
+    else:
+        # A [BLOCK_B] mask, not a scalar: Triton 3.9's interpreter stores `tensor & scalar-compare`
+        # as int32, which its loads and stores reject ("mask has unsupported dtype").
+        has_draft_row = (rows * 0 + position) < gamma
+        draft_row = (rows64 * gamma + position) * vocab
+        p_max = tl.full([BLOCK_B], float("-inf"), tl.float32)
+        p_sum = tl.zeros([BLOCK_B], tl.float32)
+        q_max = tl.full([BLOCK_B], float("-inf"), tl.float32)
+        q_sum = tl.zeros([BLOCK_B], tl.float32)
+        for start in range(0, CHUNK, BLOCK_V):
+            cols = first + start + lanes
+            mask = row_ok[:, None] & (cols < vocab)[None, :]
+            x = tl.load(target_ptr + target_row[:, None] + cols[None, :], mask=mask, other=float("-inf"))
+            p_max, p_sum = _online_lse(p_max, p_sum, _scale(x.to(tl.float32), scale, SCALE_MODE))
+            if HAS_DRAFT:
+                y = tl.load(
+                    draft_ptr + draft_row[:, None] + cols[None, :],
+                    mask=mask & has_draft_row[:, None],
+                    other=float("-inf"),
+                )
+                q_max, q_sum = _online_lse(q_max, q_sum, _scale(y.to(tl.float32), scale, SCALE_MODE))
+        tl.store(part_max_ptr + out_target, p_max, mask=row_ok)
+        tl.store(part_sum_ptr + out_target, p_sum, mask=row_ok)
+        if HAS_DRAFT:
+            out_draft = (rows64 * width + gamma + 1 + position) * num_splits + split
+            tl.store(part_max_ptr + out_draft, q_max, mask=row_ok & has_draft_row)
+            tl.store(part_sum_ptr + out_draft, q_sum, mask=row_ok & has_draft_row)
+
