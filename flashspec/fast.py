@@ -32,10 +32,10 @@ from typing import Any
 import torch
 
 from flashspec import models, rng, runner
+from flashspec.checks import check_budgets, check_prompt, check_token_ids, resolve_pad
 from flashspec.drafters import PromptLookupDrafter
-from flashspec.engine import (GenerationResult, StepEvent, check_budgets, check_draft_positions, check_prompt,
-                              check_token_ids, resolve_pad, resolve_policy, update_policy, POLICY_SEED_TAG,
-                              MAX_GAMMA)
+from flashspec.engine import (MAX_GAMMA, POLICY_SEED_TAG, GenerationResult, StepEvent, resolve_policy,
+                              update_policy)
 from flashspec.sampling import SamplingParams, sample_from_logits
 from flashspec.stats import GenerationStats, StepRecord
 from flashspec.verify import verify_reference
