@@ -29,18 +29,21 @@ import os
 import sys
 from pathlib import Path
 
-ON_COLAB = "google.colab" in sys.modules  # the Colab copy of this chapter installs the package first
+# the Colab copy of this chapter installs the package first
+ON_COLAB = "google.colab" in sys.modules
 
 import torch
 
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton's CPU interpreter; must be set before triton is imported
+    # Triton's CPU interpreter; must be set before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import flashspec as fs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+device_name = torch.cuda.get_device_name() if DEVICE == "cuda" else "CPU"
 print(f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
-      f"{torch.cuda.get_device_name() if DEVICE == 'cuda' else 'CPU'}{' (Colab)' if ON_COLAB else ''}")
+      f"{device_name}{' (Colab)' if ON_COLAB else ''}")
 
 # %% [markdown]
 # ## The step
@@ -185,7 +188,8 @@ from flashspec import exactness
 
 VOCAB, LENGTH = 4, 3
 target = exactness.make_toy(VOCAB, seed=1)
-drafts = [exactness.make_toy(VOCAB, seed=2), exactness.make_toy(VOCAB, seed=3, scale=0.8)]
+drafts = [exactness.make_toy(VOCAB, seed=2),
+          exactness.make_toy(VOCAB, seed=3, scale=0.8)]
 CONFIGS = {
     "T=1": fs.SamplingParams(temperature=1.0),
     "T=0.7, top-k=3": fs.SamplingParams(temperature=0.7, top_k=3),
@@ -194,53 +198,68 @@ CONFIGS = {
 
 
 @functools.lru_cache(maxsize=None)
-def next_token_probs(model: exactness.ToyModel, context: tuple[int, ...], params: fs.SamplingParams) -> list[float]:
-    """The warped next-token distribution of a toy model after `context` (start token = index VOCAB)."""
+def next_token_probs(model: exactness.ToyModel, context: tuple[int, ...],
+                     params: fs.SamplingParams) -> list[float]:
+    """The warped next-token distribution of a toy model after `context`
+    (the start token is index VOCAB)."""
     prev2, prev1 = ((VOCAB, VOCAB) + context)[-2:]
-    logits = model.logits(torch.tensor(prev2), torch.tensor(prev1), torch.tensor(len(context)))
+    position = torch.tensor(len(context))
+    logits = model.logits(torch.tensor(prev2), torch.tensor(prev1), position)
     return fs.warp_logits(logits.double(), params).exp().tolist()
 
 
-def speculative_law(params: fs.SamplingParams, gamma: int, choose_draft) -> np.ndarray:
-    """Exact law of the first LENGTH emitted tokens of speculative decoding, in lexicographic order.
+def speculative_law(params: fs.SamplingParams, gamma: int,
+                    choose_draft) -> np.ndarray:
+    """Exact law of the first LENGTH emitted tokens of speculative decoding, in
+    lexicographic order.
 
-    `choose_draft(emitted, accepted_last)` picks the draft for each new step from the tokens emitted so far and
-    the previous step's number of accepted drafts: a policy that sees only the past.
+    `choose_draft(emitted, accepted_last)` picks the draft for each new step from
+    the tokens emitted so far and the previous step's number of accepted drafts:
+    a policy that sees only the past.
     """
     law = np.zeros(VOCAB ** LENGTH)
 
-    def walk(emitted: tuple, prob: float, position: int, draft: int, accepted_last: int) -> None:
+    def walk(emitted: tuple, prob: float, position: int, draft: int,
+             accepted_last: int) -> None:
         if prob == 0.0:
             return
         if len(emitted) == LENGTH:
-            law[sum(token * VOCAB ** k for k, token in enumerate(reversed(emitted)))] += prob
+            digits = enumerate(reversed(emitted))
+            law[sum(token * VOCAB ** k for k, token in digits)] += prob
             return
         if position == 0:  # a new step: the policy decides from the past
             draft = choose_draft(emitted, accepted_last)
         p = next_token_probs(target, emitted, params)
-        if position == gamma:  # every draft accepted: the bonus token comes from the target
+        if position == gamma:  # all drafts accepted: the target samples the bonus
             for v in range(VOCAB):
                 walk(emitted + (v,), prob * p[v], 0, draft, gamma)
             return
         q = next_token_probs(drafts[draft], emitted, params)
         for v in range(VOCAB):
-            walk(emitted + (v,), prob * min(p[v], q[v]), position + 1, draft, position)  # x = v drafted, accepted
-            walk(emitted + (v,), prob * max(p[v] - q[v], 0.0), 0, draft, position)      # rejected, residual emits v
+            accepted, rejected = min(p[v], q[v]), max(p[v] - q[v], 0.0)
+            # x = v drafted and accepted: go on to the next position
+            walk(emitted + (v,), prob * accepted, position + 1, draft, position)
+            # rejected: the residual emits v and a new step starts
+            walk(emitted + (v,), prob * rejected, 0, draft, position)
 
     walk((), 1.0, 0, 0, 0)
     return law
 
 
 def switch_on_past(emitted: tuple, accepted_last: int) -> int:
-    """Keep draft 0 after a step with >= 2 acceptances, else choose by the parity of the last token."""
+    """Keep draft 0 after a step with >= 2 acceptances, else choose by the parity
+    of the last token."""
     return 0 if accepted_last >= 2 else (emitted[-1] % 2 if emitted else 1)
 
 
+print(f"max |P_speculative - P_target| over the {VOCAB ** LENGTH} sequences "
+      f"of {LENGTH} tokens:")
 for name, params in CONFIGS.items():
-    exact = exactness.exact_sequence_probs(target, params, LENGTH)  # float64 chain rule, independent warping
+    # float64 chain rule, with its own warping
+    exact = exactness.exact_sequence_probs(target, params, LENGTH)
     for gamma in (1, 2, 4):
         gap = np.abs(speculative_law(params, gamma, switch_on_past) - exact).max()
-        print(f"{name:18s} gamma={gamma}: max |P_speculative - P_target| over {len(exact)} sequences = {gap:.1e}")
+        print(f"  {name:18s} gamma={gamma}: {gap:.1e}")
 
 # %% [markdown]
 # The speculative law equals the target's law up to rounding (`warp_logits` computes in float32), for every temperature, truncation, $\gamma$
@@ -259,30 +278,44 @@ for name, params in CONFIGS.items():
 
 # %%
 ROWS = 25_000
-CASES = [(name, gamma, "round-robin", False) for name in CONFIGS for gamma in (1, 3)]
-CASES += [("T=1", 2, "round-robin", True), ("T=1", 1, "cherry-pick", False), ("T=1", 3, "cherry-pick", False)]
-SELECTORS = {"round-robin": exactness.round_robin_selector, "cherry-pick": exactness.cherry_picking_selector}
-deterministic_drafts = [exactness.make_toy(VOCAB, seed=2, deterministic=True),
-                        exactness.make_toy(VOCAB, seed=3, scale=0.8, deterministic=True)]
+CASES = [(name, gamma, "round-robin", False)
+         for name in CONFIGS for gamma in (1, 3)]
+CASES += [("T=1", 2, "round-robin", True),
+          ("T=1", 1, "cherry-pick", False), ("T=1", 3, "cherry-pick", False)]
+SELECTORS = {"round-robin": exactness.round_robin_selector,
+             "cherry-pick": exactness.cherry_picking_selector}
+deterministic_drafts = [
+    exactness.make_toy(VOCAB, seed=2, deterministic=True),
+    exactness.make_toy(VOCAB, seed=3, scale=0.8, deterministic=True),
+]
 ALPHA = 0.01 / len(CASES)  # Bonferroni over the cases of this table
-print(f"{'sampling':18s} {'gamma':>5s} {'selector':>12s} {'drafts':>13s} {'chi2':>8s} {'dof':>4s} {'p-value':>9s}  verdict")
+print(f"{'sampling':16s} {'gamma':>5s} {'selector':>11s} {'drafts':>13s} "
+      f"{'chi2':>8s} {'dof':>4s} {'p-value':>9s}  verdict")
 verdicts = {}
 for case_index, (name, gamma, selector, deterministic) in enumerate(CASES):
     samples = exactness.sample_sequences(
-        target, deterministic_drafts if deterministic else drafts, CONFIGS[name], gamma,
-        num_sequences=ROWS, length=LENGTH, seed=1000 + case_index, selector=SELECTORS[selector],
+        target, deterministic_drafts if deterministic else drafts, CONFIGS[name],
+        gamma, num_sequences=ROWS, length=LENGTH, seed=1000 + case_index,
+        selector=SELECTORS[selector],
     )
-    fit = exactness.chi_square_test(samples, exactness.exact_sequence_probs(target, CONFIGS[name], LENGTH), VOCAB)
+    exact = exactness.exact_sequence_probs(target, CONFIGS[name], LENGTH)
+    fit = exactness.chi_square_test(samples, exact, VOCAB)
     verdicts[(name, gamma, selector, deterministic)] = fit.passes(ALPHA)
-    print(f"{name:18s} {gamma:5d} {selector:>12s} {'deterministic' if deterministic else 'sampled':>13s} "
-          f"{fit.statistic:8.1f} {fit.dof:4d} {fit.p_value:9.3g}  {'target law' if fit.passes(ALPHA) else 'REJECTED'}")
-print(f"threshold: p >= {ALPHA:.2g} (0.01 Bonferroni-corrected over {len(CASES)} cases)")
+    kind = "deterministic" if deterministic else "sampled"
+    verdict = "target law" if fit.passes(ALPHA) else "REJECTED"
+    print(f"{name:16s} {gamma:5d} {selector:>11s} {kind:>13s} "
+          f"{fit.statistic:8.1f} {fit.dof:4d} {fit.p_value:9.3g}  {verdict}")
+print(f"threshold: p >= {ALPHA:.2g} "
+      f"(0.01 Bonferroni-corrected over {len(CASES)} cases)")
 
 # %%
-allowed_ok = all(ok for (name, gamma, selector, det), ok in verdicts.items() if selector == "round-robin")
-cherry_caught = not any(ok for (name, gamma, selector, det), ok in verdicts.items() if selector == "cherry-pick")
+allowed_ok = all(ok for (name, gamma, selector, det), ok in verdicts.items()
+                 if selector == "round-robin")
+cherry_caught = not any(ok for (name, gamma, selector, det), ok in verdicts.items()
+                        if selector == "cherry-pick")
 assert allowed_ok, "a selector that uses only the past failed the exactness test"
-assert cherry_caught, "the cherry-picking selector passed the exactness test: the test has no power"
+assert cherry_caught, \
+    "the cherry-picking selector passed the exactness test: the test has no power"
 print("selectors that see only the past: exact; cherry-picking: detected")
 
 # %% [markdown]
@@ -311,17 +344,20 @@ q_draft = (Fraction(1, 2), Fraction(1, 2))
 
 
 def first_token_law(selector) -> tuple[Fraction, Fraction]:
-    """Exact law of the first emitted token, gamma = 1, when `selector(proposals, coin)` picks the drafted token.
+    """Exact law of the first emitted token, gamma = 1, when
+    `selector(proposals, coin)` picks the drafted token.
 
-    `proposals` holds the tokens proposed by draft 1, draft 2 and the scout (all three sample q_draft
-    independently); `coin` is an independent fair coin.
+    `proposals` holds the tokens proposed by draft 1, draft 2 and the scout (all
+    three sample q_draft independently); `coin` is an independent fair coin.
     """
     law = [Fraction(0), Fraction(0)]
     residual_mass = [max(p - q, Fraction(0)) for p, q in zip(p_target, q_draft)]
     residual = [mass / sum(residual_mass) for mass in residual_mass]
     for proposals in itertools.product((0, 1), repeat=3):
         for coin in (0, 1):
-            prob = q_draft[proposals[0]] * q_draft[proposals[1]] * q_draft[proposals[2]] * Fraction(1, 2)
+            prob = Fraction(1, 2)  # the coin
+            for token in proposals:
+                prob *= q_draft[token]
             x = selector(proposals, coin)
             accept = min(Fraction(1), p_target[x] / q_draft[x])
             law[x] += prob * accept
@@ -331,25 +367,30 @@ def first_token_law(selector) -> tuple[Fraction, Fraction]:
 
 
 def cherry_pick(proposals, coin) -> int:
-    return min(proposals[0], proposals[1])  # token 0 (= a, p = 0.6) whenever either draft proposed it
+    # token 0 (= a, p = 0.6) whenever either draft proposed it
+    return min(proposals[0], proposals[1])
 
 
 def by_coin(proposals, coin) -> int:
-    return proposals[coin]  # the draft is chosen by a coin that never saw the proposals
+    return proposals[coin]  # the draft is chosen by a coin that never saw them
 
 
 def by_scout(proposals, coin) -> int:
-    return proposals[proposals[2]]  # the scout's token (0 or 1) says which draft to take; it is never emitted
+    # the scout's token (0 or 1) says which draft to take; it is never emitted
+    return proposals[proposals[2]]
 
 
 def by_own_proposal(proposals, coin) -> int:
-    return proposals[0] if proposals[0] == 1 else proposals[1]  # draft 1 is taken when it proposed b
+    # draft 1 is taken when it proposed b
+    return proposals[0] if proposals[0] == 1 else proposals[1]
 
 
-CHOOSERS = {"cherry-pick": cherry_pick, "coin": by_coin, "scout": by_scout, "own proposal": by_own_proposal}
+CHOOSERS = {"cherry-pick": cherry_pick, "coin": by_coin, "scout": by_scout,
+            "own proposal": by_own_proposal}
 for label, selector in CHOOSERS.items():
     law = first_token_law(selector)
-    print(f"{label:12s} P(first token = a) = {law[0]} = {float(law[0]):.2f}   (target: {p_target[0]})")
+    print(f"{label:12s} P(first token = a) = {law[0]} = {float(law[0]):.2f}   "
+          f"(target: {p_target[0]})")
 
 # %% [markdown]
 # The cherry-picker proposes $a$ with probability $1-\tfrac14=\tfrac34$; $a$ is then always accepted
@@ -364,34 +405,51 @@ for label, selector in CHOOSERS.items():
 # %%
 COUNTEREXAMPLE_ROWS = 100_000
 params = fs.SamplingParams(temperature=1.0)
-target_logits = torch.tensor([0.6, 0.4]).log().expand(COUNTEREXAMPLE_ROWS, 2, 2).contiguous()
+target_logits = (torch.tensor([0.6, 0.4]).log()
+                 .expand(COUNTEREXAMPLE_ROWS, 2, 2).contiguous())
 draft_logits_row = torch.tensor([0.5, 0.5]).log().expand(COUNTEREXAMPLE_ROWS, 2)
 proposal_1, proposal_2, scout = (  # three drafts, each on its own random stream
-    fs.sampling.sample_from_logits(draft_logits_row, params, fs.rng.Key.from_seed(seed))[0] for seed in (11, 12, 14)
+    fs.sampling.sample_from_logits(
+        draft_logits_row, params, fs.rng.Key.from_seed(seed))[0]
+    for seed in (11, 12, 14)
 )
-coin = torch.rand(COUNTEREXAMPLE_ROWS, generator=torch.Generator().manual_seed(13)) < 0.5
+coin_rng = torch.Generator().manual_seed(13)
+coin = torch.rand(COUNTEREXAMPLE_ROWS, generator=coin_rng) < 0.5
 chosen = {
     "cherry-pick": torch.minimum(proposal_1, proposal_2),
     "coin": torch.where(coin, proposal_2, proposal_1),
     "scout": torch.where(scout == 1, proposal_2, proposal_1),
     "own proposal": torch.where(proposal_1 == 1, proposal_1, proposal_2),
 }
-Z_CRITICAL = NormalDist().inv_cdf(1 - 0.01 / (2 * len(chosen)))  # two-sided 1%, Bonferroni over the rules
+# two-sided 1%, Bonferroni over the rules
+Z_CRITICAL = NormalDist().inv_cdf(1 - 0.01 / (2 * len(chosen)))
 target_share = float(p_target[0])
+
+
+def z_score(share: float, expected: float) -> float:
+    standard_error = (expected * (1 - expected) / COUNTEREXAMPLE_ROWS) ** 0.5
+    return (share - expected) / standard_error
+
+
 print(f"a rule agrees with a value if |z| < {Z_CRITICAL:.2f}")
-print(f"{'rule':12s} {'P(a) sampled':>12s} {'exact':>6s} {'z vs exact':>10s} {'z vs target':>11s}  verdict")
+print(f"{'rule':12s} {'P(a) sampled':>12s} {'exact':>6s} {'z vs exact':>10s} "
+      f"{'z vs target':>11s}  verdict")
 matches_target = {}
 for label, draft_token in chosen.items():
-    out = fs.verify(target_logits, draft_logits_row.unsqueeze(1), draft_token.view(-1, 1), params, generator=7)
+    out = fs.verify(target_logits, draft_logits_row.unsqueeze(1),
+                    draft_token.view(-1, 1), params, generator=7)
     share = (out.tokens[:, 0] == 0).double().mean().item()
     exact_share = float(first_token_law(CHOOSERS[label])[0])
-    z_exact = (share - exact_share) / (exact_share * (1 - exact_share) / COUNTEREXAMPLE_ROWS) ** 0.5
-    z_target = (share - target_share) / (target_share * (1 - target_share) / COUNTEREXAMPLE_ROWS) ** 0.5
-    assert abs(z_exact) < Z_CRITICAL, f"{label}: the sampled frequency disagrees with its exact value"
+    z_exact = z_score(share, exact_share)
+    z_target = z_score(share, target_share)
+    assert abs(z_exact) < Z_CRITICAL, \
+        f"{label}: the sampled frequency disagrees with its exact value"
     matches_target[label] = abs(z_target) < Z_CRITICAL
-    print(f"{label:12s} {share:12.4f} {exact_share:6.2f} {z_exact:10.2f} {z_target:11.1f}  "
-          f"{'target law' if matches_target[label] else 'REJECTED'}")
-assert matches_target == {"cherry-pick": False, "coin": True, "scout": True, "own proposal": False}
+    verdict = "target law" if matches_target[label] else "REJECTED"
+    print(f"{label:12s} {share:12.4f} {exact_share:6.2f} {z_exact:10.2f} "
+          f"{z_target:11.1f}  {verdict}")
+assert matches_target == {"cherry-pick": False, "coin": True, "scout": True,
+                          "own proposal": False}
 
 # %% [markdown]
 # Each sampled frequency agrees with the exact value of its rule (|z| below the two-sided 1% threshold,
