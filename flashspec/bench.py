@@ -1,29 +1,23 @@
-"""Benchmarks. `python -m flashspec.bench verify --out results/verify_h200.json`
+"""The verification-step benchmark: one speculative verification timed three ways on bf16 logits.
 
-`verify` times one speculative verification step three ways, side by side in one run, on bf16
-logits: the Triton backend, the vectorised PyTorch reference (`backend="torch"`), and the
-per-token `.item()` host loop that the FlashSpec paper calls the CPU bottleneck. It measures
-the floors in the same run (one empty Triton launch; the bytes the step must read divided by
-the measured device-to-device copy bandwidth), checks on the GPU that Triton and torch emit
-the same tokens, and writes everything -- hardware, versions, git SHA, date, command -- to JSON.
+The Triton backend, the vectorised PyTorch reference (`backend="torch"`), and the per-token `.item()` host
+loop that the FlashSpec paper calls the CPU bottleneck, side by side, with the floors measured in the same
+run (one empty Triton launch; the bytes the step must read divided by the measured device-to-device copy
+bandwidth), and a check on the GPU that Triton and torch emit the same tokens.  Kernel times are device
+times (`triton.testing.do_bench`, CUDA events, L2 flushed) or CUDA-graph replays; `_wall_us` is the host
+clock a Python loop sustains.  ``flashspec bench verify`` (`experiments/bench_verify.py`) writes
+results/verify_h200.json from these functions.
 """
 from __future__ import annotations
 
-import argparse
-import datetime as dt
-import importlib.metadata
-import json
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
 
 import flashspec as fs
-from flashspec import provenance, rng
+from flashspec import rng
 from flashspec.sampling import SamplingParams, warp_logits
 
 
@@ -327,38 +321,6 @@ def plan_sweep(batch: int, gamma: int, vocab: int) -> list[dict]:
     return rows
 
 
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def environment(git_sha: str | None) -> dict:
-    driver = None
-    try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True, check=True).stdout.strip().splitlines()[0]
-    except (OSError, subprocess.CalledProcessError, IndexError):
-        pass
-    properties = torch.cuda.get_device_properties(0)
-    return {
-        "gpu": torch.cuda.get_device_name(0),
-        "sm_count": properties.multi_processor_count,
-        "gpu_memory_bytes": properties.total_memory,
-        "driver": driver,
-        "cuda": torch.version.cuda,
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "triton": _version("triton"),
-        "transformers": _version("transformers"),
-        "flashspec": fs.__version__,
-        "git_sha": provenance.git_sha(git_sha),
-        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, "-m", "flashspec.bench", *sys.argv[1:]]),
-    }
-
-
 def format_table(points: list[dict], floors: dict) -> str:
     lines = [
         f"empty Triton launch {floors['empty_launch_us']:.2f} us (graph replay {floors['empty_launch_graph_replay_us']:.2f} us); "
@@ -382,72 +344,3 @@ def format_table(points: list[dict], floors: dict) -> str:
                  "flush; wall/jitwall: host clock per call in a back-to-back loop with our cached launch / Triton's "
                  "own launch path")
     return "\n".join(lines)
-
-
-def _write(out: str | None, env: dict, floors: dict, checks: list[dict], points: list[dict],
-           table: str | None = None, sweep: list[dict] | None = None) -> None:
-    if not out:
-        return
-    result = {
-        "benchmark": "verify", "environment": env, "floors": floors, "correctness": checks, "points": points,
-        "table": table.splitlines() if table else None,
-        "plan_sweep": sweep,
-        "targets": {"triton_over_floor_max": 2.0, "torch_over_triton_min_for_batch_le_8": 30.0},
-        "notes": ("floor_us = max(empty_launch_us, logit_bytes / bandwidth): every logit read once. "
-                  "two_pass_bytes adds the sampled target and draft row per sequence, which the second "
-                  "launch re-reads. Times are medians; the Triton step is prepare_verify(...).run() "
-                  "(verify_triton), triton_api_us is fs.verify(backend='triton') with its argument checks."),
-    }
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(result, indent=1) + "\n")
-
-
-def run_verify(args: argparse.Namespace) -> int:
-    if not torch.cuda.is_available():
-        print("flashspec.bench verify needs a CUDA GPU (it times device kernels)", file=sys.stderr)
-        return 2
-    env = environment(args.git_sha)
-    print(json.dumps(env, indent=1))
-    floors = measure_floors()
-    checks = correctness_checks()
-    for check in checks:
-        print(check)
-    points = []
-    for vocab in args.vocab:
-        for batch in args.batch:
-            point = bench_point(batch, args.gamma, vocab, floors, host_loop=not args.skip_host_loop)
-            points.append(point)
-            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in point.items()}, flush=True)
-            _write(args.out, env, floors, checks, points)  # after every point: a crash keeps what ran
-    table = format_table(points, floors)
-    print(table)
-    _write(args.out, env, floors, checks, points, table)
-    if not args.skip_sweep:
-        sweep = plan_sweep(64, args.gamma, 128256)
-        _write(args.out, env, floors, checks, points, table, sweep)
-    mismatched = [c for c in checks if c["check"] == "triton_equals_torch" and c["rows_equal"] != c["rows"]]
-    not_one = [c for c in checks if c["check"] == "draft_equals_target_acceptance_rate" and c["acceptance_rate"] != 1.0]
-    return 1 if (mismatched or not_one) else 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m flashspec.bench", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    verify = commands.add_parser("verify", help="time one verification step: triton vs torch vs host loop")
-    verify.add_argument("--out", default=None, help="write the JSON result here (e.g. results/verify_h200.json)")
-    verify.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
-    verify.add_argument("--vocab", type=int, nargs="+", default=[32000, 128256])
-    verify.add_argument("--gamma", type=int, default=4)
-    verify.add_argument("--skip-host-loop", action="store_true", help="leave out the slow .item() baseline")
-    verify.add_argument("--skip-sweep", action="store_true", help="leave out the launch-plan sweep")
-    verify.add_argument("--git-sha", default=None, help="commit measured (default: $FLASHSPEC_GIT_SHA or git rev-parse)")
-    args = parser.parse_args(argv)
-    if args.command == "verify":
-        return run_verify(args)
-    parser.error(f"unknown command {args.command}")
-    return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,65 +1,32 @@
-"""Engine benchmark: FlashSpec vs Hugging Face assisted generation vs plain autoregressive decoding,
-same models, same sampling, side by side in one run.
+"""The engine benchmark's measurements: FlashSpec vs Hugging Face assisted generation vs plain autoregressive
+decoding, same models, same sampling.
 
 Models are built from config with random weights (no download): a TinyLlama-1.1B-shaped target
 (hidden 2048, 22 layers, 32 heads, 4 KV heads, V = 32000) and a llama-68m-shaped draft (hidden 768,
-2 layers, 12 heads), bf16. For each batch size and method: `--warmup` untimed warm-up runs (their times
+2 layers, 12 heads), bf16. For each batch size and method: `warmup` untimed warm-up runs (their times
 are recorded), then `repeats` timed runs, each instrumented; every number of a cell -- tokens/s, steps,
 tokens per step, acceptance, step latencies -- comes from the timed run with the median wall time
 (all runs are kept under "runs"), and each FlashSpec speed-up is judged by `stats.compare_runs`.
+Times are host wall clock around device-synchronised runs: the end-to-end rate a server sees.
 
-    flashspec bench engine                       # the H200 run: B in {1, 8}, γ = 4, 128 new tokens
-    flashspec bench engine --tiny --device cpu   # smoke test in seconds (tiny models)
-
-HF assisted generation only supports batch size 1 (transformers raises otherwise); at B > 1 the JSON
+HF assisted generation only supports batch size 1 (transformers raises otherwise); at B > 1 a cell
 records that error and, as `hf_assisted_sequential`, the B prompts served one after another: its
 tokens/s is all B rows' tokens over the whole loop's wall time, and its steps advance one row each.
+``flashspec bench engine`` (`experiments/bench_engine.py`) runs the grid and writes the results file.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import platform
-import re
-import subprocess
-import sys
 import time
-from dataclasses import asdict
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from flashspec import models, provenance, stats
+from flashspec import models, stats
 from flashspec.drafters import PromptLookupDrafter
 from flashspec.engine import SpeculativeDecoder
 from flashspec.sampling import SamplingParams
 
 METHODS = ("plain", "hf_assisted", "flashspec", "flashspec_pool")
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="flashspec bench engine", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", default=None, help="cuda or cpu (default: cuda if available)")
-    parser.add_argument("--tiny", action="store_true", help="tiny models, few tokens: a smoke test in seconds")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=None, help="default 1 8 (tiny: 1 2)")
-    parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (tiny: 12)")
-    parser.add_argument("--prompt-length", type=int, default=32)
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per cell (default 3; tiny: 1)")
-    parser.add_argument("--warmup", type=int, default=1,
-                        help="untimed runs per cell before timing (default 1); on the H200 the first FlashSpec "
-                             "cell of a batch size kept speeding up over about five runs")
-    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    parser.add_argument("--dtype", default=None, help="bf16 (default on CUDA) or fp32 (default on CPU)")
-    parser.add_argument("--out", default=None, help="JSON path (default results/bench_engine_<device>.json)")
-    parser.add_argument("--git-sha", default=None, help="record this SHA when the copy has no .git")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--verify-backend", default="auto", choices=["auto", "torch", "triton"],
-                        help="FlashSpec's verify backend (auto: Triton on CUDA)")
-    return parser.parse_args(argv)
 
 
 def build_models(tiny: bool, device: torch.device, dtype: torch.dtype) -> tuple[torch.nn.Module, torch.nn.Module, dict]:
@@ -270,38 +237,6 @@ def measure_sequential_assisted(
     return cell_from_runs(runs, warmup_s, rows_per_step=1)
 
 
-def metadata(argv: list[str], git_sha: str | None, device: torch.device) -> dict[str, Any]:
-    import transformers
-
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    hardware: dict[str, Any] = {"cpu": platform.processor() or platform.machine(), "device": str(device)}
-    if device.type == "cuda":
-        hardware["gpu"] = torch.cuda.get_device_name(device)
-        hardware["driver"] = _run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
-        hardware["cuda"] = torch.version.cuda
-    return {
-        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_sha": provenance.git_sha(git_sha),
-        "command": "flashspec bench engine " + " ".join(argv),
-        "hardware": hardware,
-        "versions": {"python": platform.python_version(), "torch": torch.__version__,
-                     "triton": triton_version, "transformers": transformers.__version__},
-    }
-
-
-def _run(command: list[str], cwd: Path | None = None) -> str | None:
-    try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=30, cwd=cwd, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.strip().splitlines()[0] if out.strip() else None
-
-
 def ratios(cells: dict[str, Any]) -> dict[str, float]:
     """FlashSpec tokens/s over each baseline's (same batch size)."""
     def rate(name: str) -> float | None:
@@ -350,64 +285,3 @@ def comparisons(cells: dict[str, Any]) -> dict[str, stats.Comparison]:
             if times.get(ours) and times.get(base):
                 found[f"{ours}/{base}"] = stats.compare_runs(times[base], times[ours], control=control)
     return found
-
-
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    args = parse_args(argv)
-    device = torch.device(args.device) if args.device else models.default_device()
-    dtype = models.resolve_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
-    batch_sizes = args.batch_sizes or ([1, 2] if args.tiny else [1, 8])
-    max_new_tokens = args.max_new_tokens or (12 if args.tiny else 128)
-    repeats = args.repeats or (1 if args.tiny else 3)
-    params = SamplingParams(temperature=args.temperature)
-    target, draft, shapes = build_models(args.tiny, device, dtype)
-    prompts = torch.randint(2, target.config.vocab_size, (max(batch_sizes), args.prompt_length),
-                            generator=torch.Generator().manual_seed(args.seed)).to(device)
-    record: dict[str, Any] = {
-        **metadata(argv, args.git_sha, device),
-        "settings": {"gamma": args.gamma, "max_new_tokens": max_new_tokens, "prompt_length": args.prompt_length,
-                     "temperature": args.temperature, "top_k": 0, "top_p": 1.0, "dtype": str(dtype),
-                     "repeats": repeats, "warmup": args.warmup, "batch_sizes": batch_sizes, "tiny": args.tiny,
-                     "weights": "random, built from config", "models": shapes,
-                     "hf_assistant_generation_config": configure_assistant(draft, args.gamma),
-                     "flashspec_policy": "thompson", "verify_backend": args.verify_backend, "flashspec_pools": {"flashspec": ["draft"],
-                                                                          "flashspec_pool": ["draft", "prompt-lookup"]}},
-        "results": {},
-    }
-    for batch in batch_sizes:
-        cells: dict[str, Any] = {}
-        for method in args.methods:
-            cells[method] = measure_cell(method, batch, target, draft, prompts, params, args.gamma,
-                                         max_new_tokens, repeats, device, args.seed, args.verify_backend,
-                                         args.warmup)
-            print(f"B={batch} {method}: {summarise(cells[method])}", file=sys.stderr)
-        judged = {name: asdict(comparison) for name, comparison in comparisons(cells).items()}
-        record["results"][f"B={batch}"] = {"cells": cells, "ratios": ratios(cells), "comparisons": judged}
-        for name, comparison in judged.items():
-            print(f"B={batch} {name}: {comparison['ratio']:.2f}x, {comparison['verdict']} ({comparison['reason']})",
-                  file=sys.stderr)
-    out = Path(args.out) if args.out else Path("results") / f"bench_engine_{slug(record['hardware'], args.tiny)}.json"
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=2, default=float) + "\n")
-    print(f"wrote {out}", file=sys.stderr)
-    return 0
-
-
-def summarise(cell: dict[str, Any]) -> str:
-    cell = cell.get("hf_assisted_sequential", cell)
-    parts = [f"{cell['tokens_per_s']:.1f} tok/s", f"{cell['tokens_per_step']:.2f} tokens/step",
-             f"p50 step {cell['p50_step_latency_ms']:.2f} ms"]
-    if cell.get("acceptance_rate") is not None:
-        parts.append(f"acceptance rate {cell['acceptance_rate']:.3f}, token acceptance {cell['token_acceptance']:.3f}")
-    return ", ".join(parts)
-
-
-def slug(hardware: dict[str, Any], tiny: bool) -> str:
-    name = hardware.get("gpu") or hardware.get("device", "cpu")
-    text = re.sub(r"[^a-z0-9]+", "_", str(name).lower()).strip("_")
-    return f"tiny_{text}" if tiny else text
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

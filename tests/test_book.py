@@ -73,9 +73,9 @@ def test_notebook_imports_flashspec(path: Path) -> None:
 
 
 def library_names() -> set[str]:
-    """Module-level public functions and classes defined in flashspec (and flashspec.kernels)."""
+    """Module-level public functions and classes defined in flashspec and its subpackages (zoo, kernels)."""
     names: set[str] = set()
-    modules = [flashspec.__name__ + "." + info.name for info in pkgutil.iter_modules(flashspec.__path__)]
+    modules = [info.name for info in pkgutil.walk_packages(flashspec.__path__, flashspec.__name__ + ".")]
     for module_name in modules:
         try:
             module = importlib.import_module(module_name)
@@ -91,7 +91,8 @@ def library_names() -> set[str]:
 
 def test_library_names_see_the_public_api() -> None:
     names = library_names()
-    assert {"verify", "warp_logits", "SamplingParams", "sample_sequences", "expected_tokens_per_step"} <= names
+    assert {"verify", "warp_logits", "SamplingParams", "sample_sequences", "expected_tokens_per_step",
+            "load_zoo", "prepare_verify", "caption"} <= names
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.name)

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 import types
 
@@ -51,9 +53,9 @@ def test_generate_reports_bad_input(capsys):
 
 def test_dispatch_calls_main_with_the_remaining_argv(monkeypatch):
     seen = {}
-    fake = types.ModuleType("flashspec.bench_engine")
+    fake = types.ModuleType("experiments.bench_engine")
     fake.main = lambda argv: seen.setdefault("argv", argv) and 0
-    monkeypatch.setitem(sys.modules, "flashspec.bench_engine", fake)
+    monkeypatch.setitem(sys.modules, "experiments.bench_engine", fake)
     assert cli.main(["bench", "engine", "--tiny", "--x"]) == 0
     assert seen["argv"] == ["--tiny", "--x"]
 
@@ -66,16 +68,23 @@ def test_dispatch_to_a_missing_module_is_a_clear_error(monkeypatch, capsys):
     assert cli.main(["bench"]) == 2
 
 
-def test_bench_engine_tiny_smoke(tmp_path, capsys):
-    from flashspec import bench_engine
+def test_experiments_run_from_the_checkout_whatever_the_working_directory(tmp_path):
+    """`experiments/` is not in the wheel: the command finds it next to the flashspec package it runs."""
+    run = subprocess.run([sys.executable, "-m", "flashspec.cli", "bandits", "--help"], cwd=tmp_path,
+                         capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": ""})
+    assert run.returncode == 0, run.stderr
+    assert "--experiments" in run.stdout
 
+
+def test_bench_engine_tiny_smoke(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    code = bench_engine.main(["--tiny", "--device", "cpu", "--batch-sizes", "1", "2", "--max-new-tokens", "4",
-                              "--prompt-length", "6", "--out", str(out)])
+    code = cli.main(["bench", "engine", "--tiny", "--device", "cpu", "--batch-sizes", "1", "2",
+                     "--max-new-tokens", "4", "--prompt-length", "6", "--out", str(out)])
     assert code == 0
     record = json.loads(out.read_text())
-    for key in ("date_utc", "git_sha", "command", "hardware", "versions", "settings"):
-        assert key in record
+    assert list(record) == ["provenance", "settings", "results"]
+    assert record["provenance"]["command"].startswith("flashspec bench engine --tiny")
+    assert record["provenance"]["versions"]["torch"] and record["settings"]["device"] == "cpu"
     one, two = record["results"]["B=1"], record["results"]["B=2"]
     for method in ("plain", "hf_assisted", "flashspec", "flashspec_pool"):
         assert method in one["cells"]

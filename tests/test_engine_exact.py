@@ -166,4 +166,6 @@ def test_greedy_equals_target_greedy_generate(pool, policy):
         prompts, attention_mask=mask, max_new_tokens=14, do_sample=False, eos_token_id=2, pad_token_id=2
     )
     assert torch.equal(result.sequences, expected)
-    assert len(set(result.stats.arm_trace)) >= 1
+    summary = result.stats.summary()
+    assert set(result.stats.arm_trace) <= {0, 1, 2} and len(result.stats.arm_trace) == summary["steps"] > 0
+    assert sum(arm["selections"] for arm in summary["per_arm"].values()) == summary["steps"]

@@ -15,8 +15,16 @@ from __future__ import annotations
 import pytest
 import torch
 
+from experiments.exactness import (
+    ALPHA_EACH,
+    CONFIGS,
+    NEGATIVE_CONFIGS,
+    TRITON_CONFIGS,
+    ChiSquareCase,
+    gate_target,
+    run_config,
+)
 from flashspec import exactness as ex
-from flashspec.exactness import ALPHA_EACH, CONFIGS, NEGATIVE_CONFIGS, TRITON_CONFIGS, Config, run_config
 
 BACKENDS = ("torch", "triton")
 TRITON_DEVICE = "cuda" if torch.cuda.is_available() else None  # compiled on a GPU, else the interpreter
@@ -28,13 +36,13 @@ def test_grid_is_large_enough():
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name)
-def test_joint_distribution_torch(config: Config):
+def test_joint_distribution_torch(config: ChiSquareCase):
     result = run_config(config, ex.library_verifier("torch"))
     assert result.passes(ALPHA_EACH), f"{config.name}: {result} (alpha {ALPHA_EACH:.2e})"
 
 
 @pytest.mark.parametrize("config", TRITON_CONFIGS, ids=lambda c: c.name)
-def test_joint_distribution_triton(config: Config):
+def test_joint_distribution_triton(config: ChiSquareCase):
     pytest.importorskip("triton")
     result = run_config(config, ex.library_verifier("triton", TRITON_DEVICE), seed=1)
     assert result.passes(ALPHA_EACH), f"{config.name}: {result} (alpha {ALPHA_EACH:.2e})"
@@ -64,11 +72,11 @@ def test_every_bug_has_a_control():
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_paper_gate_passes(backend: str):
-    result = ex.paper_gate(ex.library_verifier(backend, TRITON_DEVICE if backend == "triton" else None))
+    result = ex.paper_gate(ex.library_verifier(backend, TRITON_DEVICE if backend == "triton" else None), gate_target())
     assert result.passes(0.01), result
 
 
 @pytest.mark.parametrize("bug", sorted(ex.NEGATIVE_CONTROLS))
 def test_paper_gate_is_blind_to_the_bugs(bug: str):
     """Documents why the paper's own test is not enough: every buggy verifier passes it."""
-    assert ex.paper_gate(ex.NEGATIVE_CONTROLS[bug]).passes(0.01)
+    assert ex.paper_gate(ex.NEGATIVE_CONTROLS[bug], gate_target()).passes(0.01)

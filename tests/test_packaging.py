@@ -2,7 +2,10 @@
 (constraints.txt) satisfies every bound in pyproject.toml."""
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -52,3 +55,22 @@ def test_lock_pins_the_stack_and_satisfies_pyproject():
 def test_lock_has_no_local_version_labels():
     """`torch==2.13.0+cpu` would not install from PyPI; the lock drops local labels."""
     assert not re.search(r"==[^\s]*\+", (ROOT / "constraints.txt").read_text())
+
+
+def test_wheel_ships_the_library_and_every_subpackage_but_not_the_experiments():
+    packages = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    subpackages = {f"flashspec.{folder.name}" for folder in (ROOT / "flashspec").iterdir()
+                   if (folder / "__init__.py").is_file()}
+    assert set(packages) == {"flashspec", *subpackages}, "a subpackage missing here is missing from the wheel"
+    assert (ROOT / "experiments" / "__init__.py").is_file() and "experiments" not in packages
+
+
+def test_the_library_imports_without_scipy():
+    """scipy is a [dev] extra: only the statistics of the exactness harness need it, imported when they run."""
+    code = ("import sys; sys.modules['scipy'] = None\n"
+            "import importlib, pkgutil, flashspec\n"
+            "for module in pkgutil.walk_packages(flashspec.__path__, 'flashspec.'):\n"
+            "    importlib.import_module(module.name)\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1")})
+    assert run.returncode == 0, run.stderr[-2000:]

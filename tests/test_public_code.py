@@ -1,6 +1,6 @@
 """The book's verdicts on the paper's public code (PyPI `flashspec==0.1.4`), measured on that code.
 
-The wheel and sdist are downloaded once into `flashspec.public_code.cache_dir()` and their SHA-256 checked against
+The wheel and sdist are downloaded once into `experiments.public_code.cache_dir()` and their SHA-256 checked against
 the audited digests; the tests are skipped only when PyPI cannot be reached.  The public package runs in a child
 interpreter that cannot import ours.  Each negative control on the public code is paired, in the same test, with
 the positive control: our verifier or bandit through the same harness.
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from flashspec import public_code
+from experiments import public_code
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,7 +88,7 @@ def test_paper_gate_raises_on_public_code(public: public_code.PublicCode) -> Non
     sdist on the public code, does not pass: every draft is accepted, the code then samples a "residual" from
     (p - q)+ = 0 at the last slot, and torch.multinomial refuses the all-zero vector on the first draw.
     The same configuration through our harness raises the same error; our verifier passes it."""
-    gate = public_code.paper_gate(public)
+    gate = public_code.gate_report(public)
     outcome = gate["paper_test"]["outcomes"][public_code.PAPER_GATE_TEST]
     assert outcome["outcome"] == "failed", outcome
     assert outcome["message"] == "RuntimeError: invalid multinomial distribution (sum of probabilities <= 0)"

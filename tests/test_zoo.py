@@ -1,20 +1,20 @@
-"""Model zoo: offline corpora, deterministic builds, the cache (hit, corrupt, missing), loading through
-`flashspec.load_model`, specialisation of the cpu zoo, and the switching workload.
+"""Model zoo: deterministic builds, the cache (hit, corrupt, missing), loading through `flashspec.load_model`,
+specialisation of the cpu zoo, and its command line and report (`experiments/zoo.py`).
 
 The cpu zoo is built once (CI runs `flashspec zoo build --size cpu` first; here it is built on a cache
 miss); determinism and cache tests use the seconds-long "micro" config in a temporary cache.
 """
 from __future__ import annotations
 
-import ast
-
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
 import torch
 
-from flashspec import corpora, switching, zoo
+from experiments import zoo as zoo_experiments
+from flashspec import corpora, provenance, zoo
 
 
 @pytest.fixture()
@@ -31,33 +31,6 @@ def micro_corpora() -> dict[str, corpora.DomainCorpus]:
 @pytest.fixture(scope="module")
 def cpu_zoo() -> zoo.Zoo:
     return zoo.load_zoo("cpu", device="cpu", progress=False)
-
-
-def test_corpora_are_deterministic_split_and_licensed(micro_corpora: dict[str, corpora.DomainCorpus]) -> None:
-    again = corpora.assemble(zoo.SIZES["micro"].train_chars_per_domain)
-    assert set(micro_corpora) == set(corpora.DOMAINS)
-    for domain, corpus in micro_corpora.items():
-        assert corpus.sha256 == again[domain].sha256
-        assert len(corpus.train_text) == zoo.SIZES["micro"].train_chars_per_domain
-        assert corpus.heldout_text and corpus.licence == corpora.LICENCES[domain]
-        assert corpus.heldout_text[:200] not in corpus.train_text
-    assert "def " in micro_corpora["python"].train_text
-    assert "#include" in micro_corpora["cpp"].train_text or "namespace" in micro_corpora["cpp"].train_text
-    assert ">>>" not in micro_corpora["prose"].train_text
-    with pytest.raises(ValueError, match="domain"):
-        corpora.assemble_domain("poetry", 1000)
-
-
-def test_strip_docstrings_keeps_code_and_drops_prose() -> None:
-    source = ('"""Module doc."""\nimport os\n\n\nclass A:\n    """Class doc,\n    two lines."""\n\n'
-              '    def f(self):\n        """Only a docstring."""\n\n    def g(self):\n        \'\'\'Doc.\'\'\'\n'
-              '        return os.sep  # kept\n')
-    stripped = corpora.strip_docstrings(source)
-    assert "doc" not in stripped.lower() and "two lines" not in stripped
-    assert "import os" in stripped and "return os.sep  # kept" in stripped
-    assert "        pass\n" in stripped  # f's body was only its docstring
-    ast.parse(stripped)
-    assert corpora.strip_docstrings("def broken(:\n") == "def broken(:\n"  # unparsable text is left alone
 
 
 def test_micro_build_is_deterministic(tmp_path: Path, micro_corpora: dict[str, corpora.DomainCorpus]) -> None:
@@ -114,7 +87,7 @@ def test_models_load_through_flashspec_load_model(cpu_zoo: zoo.Zoo) -> None:
 
 
 def test_cpu_zoo_drafts_specialise(cpu_zoo: zoo.Zoo) -> None:
-    """The issue's target on the cpu zoo: each specialist's acceptance on its own domain beats every other
+    """The zoo's target on the cpu size: each specialist's acceptance on its own domain beats every other
     draft's, generalist included, by >= 0.10 (exact Σ min(p, q), T = 1, held-out text), and each specialist
     has the lowest held-out perplexity of all drafts on its domain."""
     context = cpu_zoo.manifest["config"]["context"]
@@ -135,56 +108,34 @@ def test_engine_acceptance_on_cpu_zoo(cpu_zoo: zoo.Zoo) -> None:
     assert own["generated_tokens"] == 4 * 16
 
 
-def test_workloads_and_margins() -> None:
-    prompts = {"a": [[1], [2]], "b": [[3]], "c": [[4]]}
-    blocks = switching.make_workload(prompts, "blocks", 7, block_size=2)
-    assert [r.domain for r in blocks] == ["a", "a", "b", "b", "c", "c", "a"]
-    assert [r.prompt_ids for r in blocks[:2]] == [[1], [2]] and blocks[6].prompt_ids == [1]
-    mixed = switching.make_workload(prompts, "mixed", 30, seed=3)
-    assert mixed == switching.make_workload(prompts, "mixed", 30, seed=3)
-    assert {r.domain for r in mixed} == {"a", "b", "c"}
-    with pytest.raises(ValueError, match="kind"):
-        switching.make_workload(prompts, "zigzag", 3)
-    oracle = switching.DomainOracle({"a": 0, "b": 2})
-    oracle.set_domain("b")
-    assert oracle.select() == 2
-    table = {"a": {"a": 0.7, "b": 0.2}, "b": {"a": 0.65, "b": 0.5}, "general": {"a": 0.5, "b": 0.45}}
-    result = zoo.specialisation_margins(table, ["a", "b"])
-    assert result["margins"] == pytest.approx({"a": 0.05, "b": 0.05}) and not result["passed"]
-
-
 def test_cli_info_and_bad_size(micro_cache: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert zoo.main(["info", "--size", "micro"]) == 0
+    assert zoo_experiments.main(["info", "--size", "micro"]) == 0
     assert "not built" in capsys.readouterr().out
     with pytest.raises(ValueError, match="size"):
         zoo.get_config("huge")
     with pytest.raises(SystemExit):
-        zoo.main(["build", "--size", "huge"])
+        zoo_experiments.main(["build", "--size", "huge"])
 
 
 def test_report_writes_files(micro_cache: Path, tmp_path: Path) -> None:
-    settings = zoo.ExperimentSettings(matrix_prompts=1, matrix_new_tokens=3, switching_requests=3,
-                                      switching_block=1, switching_new_tokens=3, bandits=("thompson",))
-    files = zoo.report("micro", tmp_path / "out", settings=settings, progress=False)
+    budget = zoo_experiments.MeasurementBudget(matrix_prompts=1, matrix_new_tokens=3, switching_requests=3,
+                                               switching_block=1, switching_new_tokens=3, bandits=("thompson",))
+    files = zoo_experiments.report("micro", tmp_path / "out", budget=budget, progress=False)
     assert len(files) == 6 and all(f.stat().st_size > 0 for f in files)
     record = json.loads((tmp_path / "out" / "zoo_micro_switching.json").read_text())
-    assert record["git_sha"] is None or len(record["git_sha"]) == 40
+    assert list(record) == list(provenance.RESULT_KEYS)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                          cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+    assert record["provenance"]["git_sha"] == head
+    acceptance = json.loads((tmp_path / "out" / "zoo_micro_acceptance.json").read_text())["results"]
+    exact = acceptance["teacher_forced_expected_acceptance"]
+    assert record["settings"]["oracle_arms"] == {d: max(exact, key=lambda name: exact[name][d])
+                                                 for d in acceptance["domains"]}
     runs = record["results"]["blocks"]["runs"]
     assert {"oracle", "thompson", "thompson+reset", "fixed:general"} <= set(runs)
 
 
-def test_switch_rate_and_cost_fit() -> None:
-    run = {"arm_trace": [0, 1, 1, 2, 2, 0], "request_of_step": [0, 0, 0, 1, 1, 1]}
-    assert switching.switches_per_step(run) == pytest.approx(2 / 6)  # 0->1 and 2->0; 1->2 is a new request
-
-    def contestant(arms: list[int], ms_per_step: float) -> dict:
-        return {"arm_trace": arms, "request_of_step": [0] * len(arms), "steps": len(arms),
-                "seconds": ms_per_step * len(arms) / 1000}
-
-    runs = {"fixed": contestant([0] * 10, 30.0), "half": contestant([0, 1] * 5, 30.0 + 20.0 * 0.9),
-            "some": contestant([0, 0, 1, 1, 1, 1, 1, 1, 1, 1], 30.0 + 20.0 * 0.1)}
-    fit = switching.switching_cost({"results": {"blocks": {"runs": runs}}})
-    assert fit["base_ms"] == pytest.approx(30.0) and fit["per_switch_ms"] == pytest.approx(20.0)
-    with pytest.raises(ValueError, match="different switching rates"):
-        switching.switching_cost({"results": {"blocks": {"runs": {"a": runs["fixed"], "b": runs["fixed"],
-                                                                  "c": runs["fixed"]}}}})
+def test_specialisation_margins() -> None:
+    table = {"a": {"a": 0.7, "b": 0.2}, "b": {"a": 0.65, "b": 0.5}, "general": {"a": 0.5, "b": 0.45}}
+    result = zoo.specialisation_margins(table, ["a", "b"])
+    assert result["margins"] == pytest.approx({"a": 0.05, "b": 0.05}) and not result["passed"]

@@ -4,7 +4,8 @@ Everything runs on the seconds-long "micro" config in a temporary FLASHSPEC_CACH
 per module and copied wherever a test needs a cached zoo.  The suite runs as root, which file modes do not
 stop, so a read-only cache is simulated by making folder creation and writes under it fail with EROFS
 (`read_only`); where the machine allows it, `test_read_only_mount_ends_in_message` also mounts the cache
-read-only for real in a private mount namespace (`unshare`) and runs the command line on it.
+read-only for real in a private mount namespace (`unshare`) and runs the command line (`experiments/zoo.py`)
+on it.
 """
 from __future__ import annotations
 
@@ -21,7 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from experiments import zoo as zoo_experiments
 from flashspec import corpora, zoo
+from flashspec.zoo import cache as zoo_cache
+from flashspec.zoo import training as zoo_training
 
 MICRO = zoo.SIZES["micro"]
 
@@ -65,7 +69,7 @@ def forbid_expensive_work(monkeypatch: pytest.MonkeyPatch, corpus: bool = True) 
 
     if corpus:
         monkeypatch.setattr(corpora, "assemble", expensive)
-    monkeypatch.setattr(zoo, "train_tokenizer", expensive)
+    monkeypatch.setattr(zoo_training, "train_tokenizer", expensive)
 
 
 def read_only(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
@@ -105,7 +109,7 @@ def read_only(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
 
 def assert_clean_exit(capsys: pytest.CaptureFixture[str], *phrases: str) -> None:
     """`flashspec zoo build` ended with exit code 2 and a message holding `phrases`, no traceback."""
-    assert zoo.main(["build", "--size", "micro", "--device", "cpu"]) == 2
+    assert zoo_experiments.main(["build", "--size", "micro", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
     for phrase in phrases:
@@ -126,7 +130,7 @@ def test_cache_env_naming_a_file_fails_before_any_work(tmp_path: Path, monkeypat
     assert isinstance(caught.value, ValueError)
     assert str(blocker) in str(caught.value) and "not a folder" in str(caught.value)
     assert_clean_exit(capsys, "FLASHSPEC_CACHE", "not a folder")
-    assert zoo.main(["info", "--size", "micro"]) == 2
+    assert zoo_experiments.main(["info", "--size", "micro"]) == 2
     assert "FLASHSPEC_CACHE" in capsys.readouterr().err
 
 
@@ -173,14 +177,14 @@ def _unshare_works() -> bool:
 @pytest.mark.skipif(not _unshare_works(), reason="needs `unshare -rm` (user + mount namespaces)")
 @pytest.mark.parametrize("content", ["empty", "corrupt"])
 def test_read_only_mount_ends_in_message(cache: Path, micro_build: Path, micro_key: str, content: str) -> None:
-    """The real thing: the cache folder bind-mounted read-only, `python -m flashspec.zoo build` run on it."""
+    """The real thing: the cache folder bind-mounted read-only, `python -m experiments.zoo build` run on it."""
     cache.mkdir()
     if content == "corrupt":
         path = install(micro_build, cache, micro_key)
         (path / zoo.MANIFEST).write_text("{")
     script = ('mount --bind "$CACHE" "$CACHE" && mount -o remount,ro,bind "$CACHE" || exit 77; '
               'touch "$CACHE/probe" 2>/dev/null && exit 77; '
-              'exec "$PYTHON" -m flashspec.zoo build --size micro --device cpu')
+              'exec "$PYTHON" -m experiments.zoo build --size micro --device cpu')
     env = {**os.environ, "CACHE": str(cache), "PYTHON": sys.executable, "FLASHSPEC_CACHE": str(cache)}
     run = subprocess.run(["unshare", "-rm", "sh", "-c", script], env=env, capture_output=True, text=True,
                          timeout=600, cwd=Path(__file__).resolve().parents[1])
@@ -241,7 +245,7 @@ def test_stale_build_folders_are_removed_and_live_ones_kept(cache: Path, micro_k
     try:
         folders = {
             "dead": root / f"{micro_key}.building-{_dead_pid()}",
-            "dead_elsewhere_named": root / f"0123456789abcdef.building-{zoo._host()}-{_dead_pid()}",
+            "dead_elsewhere_named": root / f"0123456789abcdef.building-{zoo_cache._host()}-{_dead_pid()}",
             "live": root / f"fedcba9876543210.building-{sleeper.pid}",
             "live_but_ancient": root / f"00000000000000ff.building-{sleeper.pid}",
             "other_host_recent": root / f"0000000000000aaa.building-elsewhere-{_dead_pid()}",
@@ -267,7 +271,7 @@ def test_stale_cleanup_outside_the_cache_touches_only_the_targets_folders(tmp_pa
     ours, users = tmp_path / f"zoo_x.building-{dead}", tmp_path / f"notes.building-{dead}"
     for folder in (ours, users):
         folder.mkdir()
-    zoo._remove_stale_builds(tmp_path / "zoo_x", in_cache=False, progress=False)
+    zoo_cache._remove_stale_builds(tmp_path / "zoo_x", in_cache=False, progress=False)
     assert not ours.exists() and users.exists()
 
 
@@ -275,7 +279,7 @@ def test_failed_build_removes_its_work_folder(cache: Path, monkeypatch: pytest.M
     def interrupted(*args: object, **kwargs: object) -> list[float]:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(zoo, "train_model", interrupted)
+    monkeypatch.setattr(zoo_training, "train_model", interrupted)
     with pytest.raises(KeyboardInterrupt):
         zoo.zoo_dir("micro", device="cpu", progress=False)
     assert not list((cache / "zoo").glob("*.building-*"))

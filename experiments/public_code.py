@@ -13,17 +13,15 @@ cannot see our code.  The child answers requests over a pipe:
 This process drives the first through the χ² harness of `flashspec.exactness` (same loop, same toy models,
 same exact enumeration, same test) and runs `flashspec.verify` through it as the positive control.
 
-`python -m flashspec.public_code` writes results/public_code_<version>.json.
+`python -m experiments.public_code` writes results/public_code_<version>.json.
 """
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import hashlib
 import io
 import json
 import os
-import platform
 import shutil
 import struct
 import subprocess
@@ -38,7 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from flashspec import exactness
+from experiments import exactness as grid
+from flashspec import exactness, provenance
 from flashspec.sampling import SamplingParams
 from flashspec.verify import VerifyOutput
 
@@ -52,7 +51,7 @@ PINNED_SHA256 = {
 }
 _REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# The χ² configurations of `flashspec.exactness.CONFIGS` run on the public verifier, and what each exercises
+# The χ² configurations of `experiments.exactness.CONFIGS` run on the public verifier, and what each exercises
 # (from reading sampling/rejection.py and engine/speculative.py of 0.1.4).
 EXERCISED = {
     # γ = 1 has no position after a first rejection, so nothing can leak; every all-accepted step emits a
@@ -521,19 +520,19 @@ class PublicCode:
 # Measurements
 
 
-def _config(name: str) -> exactness.Config:
-    return next(config for config in exactness.CONFIGS if config.name == name)
+def _config(name: str) -> grid.ChiSquareCase:
+    return next(config for config in grid.CONFIGS if config.name == name)
 
 
 def chi_square(public: PublicCode, name: str) -> dict[str, Any]:
     """One configuration through the χ² harness: the public verifier and, as the positive control, ours."""
     config = _config(name)
     public.events = Events()
-    public_fit = exactness.run_config(config, public.verifier())
-    ours_fit = exactness.run_config(config, exactness.library_verifier())
+    public_fit = grid.run_config(config, public.verifier())
+    ours_fit = grid.run_config(config, exactness.library_verifier())
     return {
         "config": name, "gamma": config.gamma, "temperature": config.params.temperature,
-        "num_sequences": config.num_sequences, "length": exactness.LENGTH, "vocab": exactness.VOCAB,
+        "num_sequences": config.num_sequences, "length": grid.LENGTH, "vocab": grid.VOCAB,
         "exercises": list(EXERCISED.get(name, ())), "events": vars(public.events).copy(),
         "public": _fit_row(public_fit), "ours": _fit_row(ours_fit),
     }
@@ -541,14 +540,14 @@ def chi_square(public: PublicCode, name: str) -> dict[str, Any]:
 
 def _fit_row(fit: exactness.FitResult) -> dict[str, Any]:
     return {"statistic": fit.statistic, "dof": fit.dof, "p_value": fit.p_value, "impossible": fit.impossible,
-            "passes": fit.passes(exactness.ALPHA_EACH)}
+            "passes": fit.passes(grid.ALPHA_EACH)}
 
 
 def residual_law_at_gamma1(public: PublicCode, num_sequences: int = 20_000, seed: int = 5) -> dict[str, Any]:
     """At γ = 1 the reading says every emitted token is a sample of the residual (p - q)+ / ||(p - q)+||,
     accepted draft or not.  χ² of the public verifier's first tokens against that law and against p."""
     config = _config("two-g1-T1.0")
-    target, drafts = exactness.grid_models(config)
+    target, drafts = grid.grid_models(config)
     first = exactness.sample_sequences(target, drafts, config.params, 1, num_sequences, 1, seed,
                                        verifier=public.verifier())
     p = exactness.marginal_first_token(target, config.params)
@@ -556,19 +555,19 @@ def residual_law_at_gamma1(public: PublicCode, num_sequences: int = 20_000, seed
     residual = np.maximum(p - q, 0.0) / np.maximum(p - q, 0.0).sum()
     return {"config": config.name, "num_sequences": num_sequences, "p": p.tolist(), "q": q.tolist(),
             "residual": residual.tolist(),
-            "against_residual": _fit_row(exactness.chi_square_test(first, residual, exactness.VOCAB)),
-            "against_target": _fit_row(exactness.chi_square_test(first, p, exactness.VOCAB))}
+            "against_residual": _fit_row(exactness.chi_square_test(first, residual, grid.VOCAB)),
+            "against_target": _fit_row(exactness.chi_square_test(first, p, grid.VOCAB))}
 
 
-def paper_gate(public: PublicCode) -> dict[str, Any]:
+def gate_report(public: PublicCode) -> dict[str, Any]:
     """The paper's γ = 1, draft = target KS gate: its own test run verbatim on its code, and the same
     configuration through this harness (`exactness.paper_gate`) on the public verifier and on ours."""
     verbatim = public.call("paper_tests", {"nodes": [PAPER_GATE_TEST]})
     try:
-        harness: dict[str, Any] = {"public": _fit_row(exactness.paper_gate(public.verifier()))}
+        harness: dict[str, Any] = {"public": _fit_row(exactness.paper_gate(public.verifier(), grid.gate_target()))}
     except PublicCodeError as error:
         harness = {"public": {"error": error.as_dict()}}
-    harness["ours"] = _fit_row(exactness.paper_gate(exactness.library_verifier()))
+    harness["ours"] = _fit_row(exactness.paper_gate(exactness.library_verifier(), grid.gate_target()))
     return {"paper_test": verbatim, "harness": harness}
 
 
@@ -577,7 +576,7 @@ def thompson(public: PublicCode, seed: int = 0, max_new_tokens: int = 64) -> dic
     same (arm, count) sequence fed to our ThompsonSampling through `update_step`."""
     from flashspec import bandits
 
-    target, drafts = exactness.grid_models(_config("two-g2-T1.0"))
+    target, drafts = grid.grid_models(_config("two-g2-T1.0"))
     arrays = {"target": target.table.numpy()} | {f"draft{i}": d.table.numpy() for i, d in enumerate(drafts)}
     vocab = target.vocab
     public_run = public.call("thompson_engine", {
@@ -636,7 +635,7 @@ def measure(package: PublicPackage) -> dict[str, Any]:
                                                         "python", "torch", "numpy")},
             "chi_square": [chi_square(public, name) for name in EXERCISED],
             "residual_law_at_gamma1": residual_law_at_gamma1(public),
-            "paper_gate": paper_gate(public),
+            "paper_gate": gate_report(public),
             "paper_tests": public.call("paper_tests", {"nodes": list(PAPER_TEST_FILES)}),
             "thompson": thompson(public),
         }
@@ -664,54 +663,18 @@ SOURCE_READING = {
 }
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _uncommitted(paths: tuple[str, ...]) -> list[str]:
-    """Which of `paths` differ from the recorded commit (should be none for a committed result)."""
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--", *paths], capture_output=True, text=True,
-                             check=True, cwd=_REPO_ROOT, timeout=30)
-        return [line[3:] for line in out.stdout.splitlines()]
-    except (OSError, subprocess.SubprocessError):
-        return []
-
-
-_MEASURING_FILES = ("flashspec/public_code.py", "flashspec/exactness.py", "flashspec/verify.py",
-                    "flashspec/sampling.py", "flashspec/rng.py", "flashspec/bandits.py")
-
-
 def main(argv: list[str] | None = None) -> int:
-    """`python -m flashspec.public_code [--version 0.1.4] [--out results/public_code_0.1.4.json]`."""
-    import scipy
-
-    from flashspec import provenance
-
-    parser = argparse.ArgumentParser(prog="python -m flashspec.public_code", description=main.__doc__)
+    """`python -m experiments.public_code [--version 0.1.4] [--out results/public_code_0.1.4.json]`."""
+    parser = argparse.ArgumentParser(prog="python -m experiments.public_code", description=main.__doc__)
     parser.add_argument("--version", default=AUDITED_VERSION, help="flashspec release on PyPI to audit")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default results/public_code_<version>.json)")
     args = parser.parse_args(argv)
     out = args.out or _REPO_ROOT / "results" / f"public_code_{args.version}.json"
     torch.set_num_threads(1)
-    git_sha, uncommitted = provenance.git_sha(), _uncommitted(_MEASURING_FILES)  # the code as the run starts
+    started = provenance.record(["python -m experiments.public_code", *(argv if argv is not None else sys.argv[1:])])
     package = fetch(args.version)
     report = measure(package)
-    record = {
-        "command": " ".join(["python -m flashspec.public_code", *(argv if argv is not None else sys.argv[1:])]),
-        "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        "git_sha": git_sha,
-        "uncommitted_files": uncommitted,
-        "hardware": {"cpu": _cpu_model(),
-                     "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None},
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__,
-                     "scipy": scipy.__version__},
+    settings = {
         "public_package": {
             "name": "flashspec", "version": package.version, "index": "PyPI (pip download --no-deps)",
             "archives": {kind: {"file": path.name, "sha256": package.sha256[kind]}
@@ -719,12 +682,9 @@ def main(argv: list[str] | None = None) -> int:
             "code_identical_in_wheel_and_sdist": package.code_identical(),
             "run_from": "wheel",
         },
-        "alpha_each": exactness.ALPHA_EACH,
-        "source_reading": SOURCE_READING,
-        "results": report,
+        "alpha_each": grid.ALPHA_EACH,
     }
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(record, indent=1) + "\n")
+    provenance.write_result(out, started, settings, {**report, "source_reading": SOURCE_READING})
     print(f"wrote {out}")
     for claim, verdict in report["verdicts"].items():
         print(f"  {claim}: {verdict}")

@@ -1,0 +1,118 @@
+"""What determines a zoo's weights: the model shapes, training budgets and seeds of each size."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from flashspec import corpora
+
+ZOO_FORMAT = 2  # 2: specialists fine-tuned from the generalist
+SPECIAL_TOKENS = ("<s>", "</s>", "<pad>")
+GENERALIST = "general"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Shape of one LlamaForCausalLM."""
+
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    intermediate_size: int
+    tie_embeddings: bool
+
+
+@dataclass(frozen=True)
+class ZooConfig:
+    """Everything that determines a zoo's weights (all of it goes into the cache key)."""
+
+    size: str
+    vocab_size: int
+    context: int
+    train_chars_per_domain: int
+    tokenizer_chars_per_domain: int
+    target: ModelSpec
+    draft: ModelSpec
+    target_steps: int
+    draft_steps: int            # the generalist's training steps on the mixture
+    specialist_steps: int       # fine-tuning steps of each specialist (from the generalist) on its domain
+    batch_size: int             # the target's batch (sequences of `context` tokens)
+    draft_batch_size: int       # the generalist's and the specialists' batch
+    target_lr: float
+    draft_lr: float
+    specialist_lr: float
+    warmup_fraction: float = 0.05
+    weight_decay: float = 0.1
+    num_prompts: int = 16
+    prompt_tokens: int = 32
+    eval_tokens: int = 16384
+    domains: tuple[str, ...] = corpora.DOMAINS
+    seed: int = 0
+
+    def key(self, corpus_sha256: str) -> str:
+        """Cache key: SHA-256 of the zoo format, this config and the corpus hash (16 hex digits)."""
+        blob = json.dumps({"format": ZOO_FORMAT, "config": dataclasses.asdict(self), "corpus": corpus_sha256},
+                          sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def with_overrides(self, **changes: Any) -> "ZooConfig":
+        return dataclasses.replace(self, **changes)
+
+
+SIZES: dict[str, ZooConfig] = {
+    # ~3 minutes on 2 quiet CPU cores (target ~2 of them), tokenizer included; tests, notebooks and CI use it.
+    "cpu": ZooConfig(
+        size="cpu", vocab_size=2048, context=128, train_chars_per_domain=2_000_000,
+        tokenizer_chars_per_domain=250_000,
+        target=ModelSpec(hidden_size=96, num_layers=3, num_heads=3, intermediate_size=256, tie_embeddings=False),
+        draft=ModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=96, tie_embeddings=True),
+        target_steps=1500, draft_steps=600, specialist_steps=1000, batch_size=12, draft_batch_size=12,
+        target_lr=4e-3, draft_lr=8e-3, specialist_lr=8e-3,
+        num_prompts=24, prompt_tokens=32, eval_tokens=8192,
+    ),
+    # Vocabulary of Llama-2/TinyLlama; ~2.5 minutes on one H200 (bf16 autocast), corpus assembly included.
+    "gpu": ZooConfig(
+        size="gpu", vocab_size=32000, context=256, train_chars_per_domain=6_000_000,
+        tokenizer_chars_per_domain=1_500_000,
+        target=ModelSpec(hidden_size=512, num_layers=8, num_heads=8, intermediate_size=1408, tie_embeddings=False),
+        draft=ModelSpec(hidden_size=128, num_layers=2, num_heads=2, intermediate_size=352, tie_embeddings=True),
+        target_steps=1200, draft_steps=400, specialist_steps=500, batch_size=64, draft_batch_size=32,
+        target_lr=1.5e-3, draft_lr=3e-3, specialist_lr=3e-3,
+        num_prompts=32, prompt_tokens=48, eval_tokens=65536,
+    ),
+    # A few seconds on a CPU: for tests of determinism and caching only (not specialised).
+    "micro": ZooConfig(
+        size="micro", vocab_size=384, context=32, train_chars_per_domain=20_000,
+        tokenizer_chars_per_domain=10_000,
+        target=ModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, tie_embeddings=False),
+        draft=ModelSpec(hidden_size=16, num_layers=1, num_heads=1, intermediate_size=32, tie_embeddings=True),
+        target_steps=6, draft_steps=4, specialist_steps=3, batch_size=6, draft_batch_size=4,
+        target_lr=3e-3, draft_lr=3e-3, specialist_lr=3e-3,
+        num_prompts=2, prompt_tokens=8, eval_tokens=256,
+    ),
+}
+
+
+def get_config(size: str | ZooConfig) -> ZooConfig:
+    """The ZooConfig for a size name ("cpu", "gpu", "micro") or the config itself."""
+    if isinstance(size, ZooConfig):
+        return size
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {sorted(SIZES)}, got {size!r}")
+    return SIZES[size]
+
+
+def draft_names(config: ZooConfig) -> list[str]:
+    """Specialists in domain order, then the generalist."""
+    return [*config.domains, GENERALIST]
+
+
+def component_seed(seed: int, label: str) -> int:
+    """A 31-bit seed for one component of a build (a model's init, its batch order), stable across platforms.
+
+    Keyed by a text label, unlike `flashspec.rng.derive_seed`, which keys the sampling streams by counters.
+    """
+    return int(hashlib.sha256(f"{seed}:{label}".encode()).hexdigest()[:8], 16) & 0x7FFFFFFF
