@@ -139,3 +139,21 @@ def test_specialisation_margins() -> None:
     table = {"a": {"a": 0.7, "b": 0.2}, "b": {"a": 0.65, "b": 0.5}, "general": {"a": 0.5, "b": 0.45}}
     result = zoo.specialisation_margins(table, ["a", "b"])
     assert result["margins"] == pytest.approx({"a": 0.05, "b": 0.05}) and not result["passed"]
+
+
+def test_design_sweeps_train_through_the_zoo_plan() -> None:
+    """experiments/zoo_design.py trains its recipes with the zoo's own plan: an empty recipe is the zoo's drafts."""
+    from experiments import zoo_design
+
+    config = zoo.SIZES["micro"]
+    same, plan = zoo_design.recipe_plan(config, {"name": "zoo"}, "fine-tuned")
+    assert same == config and plan == zoo.training_plan(config)[1:]
+    recipe = {"name": "s", "steps": 9, "lr": 0.1, "batch": 3, "draft": {"hidden_size": 24}}
+    _, scratch = zoo_design.recipe_plan(config, recipe, "from-scratch")
+    assert [step.name for step in scratch] == ["draft-general", "draft-python", "draft-prose", "draft-cpp"]
+    assert all((step.start_from, step.steps, step.lr, step.batch_size, step.spec.hidden_size) == (None, 9, 0.1, 3, 24)
+               for step in scratch)
+    _, tuned = zoo_design.recipe_plan(config, {"name": "t", "ft_steps": 7, "ft_lr": 0.2, "ft_batch": 5}, "fine-tuned")
+    assert [(step.start_from, step.steps, step.lr, step.batch_size) for step in tuned[1:]] == \
+        [("draft-general", 7, 0.2, 5)] * 3
+    assert tuned[0].batch_size == config.draft_batch_size
