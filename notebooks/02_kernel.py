@@ -35,14 +35,16 @@ import os
 import sys
 from pathlib import Path
 
-ON_COLAB = "google.colab" in sys.modules  # the Colab copy of this chapter installs the package first
+# the Colab copy of this chapter installs the package first
+ON_COLAB = "google.colab" in sys.modules
 
 import torch
 
 # %matplotlib inline
 
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton's CPU interpreter; must be set before triton is imported
+    # Triton's CPU interpreter; must be set before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import triton
 import triton.language as tl
@@ -51,9 +53,11 @@ import flashspec as fs
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
-print(f"flashspec {fs.__version__}, torch {torch.__version__}, triton {triton.__version__}; kernels "
-      f"{'in the Triton CPU interpreter' if INTERPRETED else 'compiled for ' + torch.cuda.get_device_name()}"
-      f"{' (Colab)' if ON_COLAB else ''}")
+kernels_run = ("in the Triton CPU interpreter" if INTERPRETED
+               else "compiled for " + torch.cuda.get_device_name())
+print(f"flashspec {fs.__version__}, torch {torch.__version__}, "
+      f"triton {triton.__version__}")
+print(f"kernels {kernels_run}{' (Colab)' if ON_COLAB else ''}")
 
 # %% [markdown]
 # ## The test batch and the reference
@@ -69,27 +73,34 @@ BATCH, GAMMA, VOCAB = 4, 3, 64
 PARAMS = fs.SamplingParams(temperature=0.8)
 SEED = 2024
 
-logit_generator = torch.Generator().manual_seed(0)
-target_logits = 3.0 * torch.randn(BATCH, GAMMA + 1, VOCAB, generator=logit_generator)
-draft_logits = 0.7 * target_logits[:, :GAMMA] + 1.5 * torch.randn(BATCH, GAMMA, VOCAB, generator=logit_generator)
+logit_rng = torch.Generator().manual_seed(0)
+target_logits = 3.0 * torch.randn(BATCH, GAMMA + 1, VOCAB, generator=logit_rng)
+draft_noise = 1.5 * torch.randn(BATCH, GAMMA, VOCAB, generator=logit_rng)
+draft_logits = 0.7 * target_logits[:, :GAMMA] + draft_noise
 draft_tokens, _ = fs.sampling.sample_from_logits(
-    draft_logits.reshape(-1, VOCAB), PARAMS, fs.rng.Key.from_seed(7), stream=fs.rng.STREAM_DRAFT
+    draft_logits.reshape(-1, VOCAB), PARAMS, fs.rng.Key.from_seed(7),
+    stream=fs.rng.STREAM_DRAFT,
 )
 draft_tokens = draft_tokens.view(BATCH, GAMMA)
 
-reference = fs.verify(target_logits, draft_logits, draft_tokens, PARAMS, generator=SEED, backend="torch")
+reference = fs.verify(target_logits, draft_logits, draft_tokens, PARAMS,
+                      generator=SEED, backend="torch")
 print("drafted tokens:\n", draft_tokens)
 print("reference: num_accepted =", reference.num_accepted.tolist())
 print("reference tokens (-1 = not emitted):\n", reference.tokens)
 
-# The uniforms the reference used, rebuilt from the key: the accept uniforms u[b, i] ...
+# The uniforms the reference used, rebuilt from the key: the accept uniforms
+# u[b, i] ...
 KEY = fs.rng.key_from_generator(SEED)
-accept_uniforms = fs.rng.uniforms(KEY, fs.rng.STREAM_ACCEPT, BATCH, GAMMA, 1)[..., 0]
+accept_uniforms = fs.rng.uniforms(KEY, fs.rng.STREAM_ACCEPT, BATCH, GAMMA, 1)
+accept_uniforms = accept_uniforms[..., 0]
 
 
 def sample_noise(rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-    """... and the residual/bonus noise [len(rows), V] for each row at the position it samples from."""
-    base = fs.rng.base_hash(KEY, fs.rng.STREAM_SAMPLE, rows.view(-1, 1), positions.view(-1, 1))
+    """... and the residual/bonus noise [len(rows), V] for each row at the
+    position it samples from."""
+    base = fs.rng.base_hash(KEY, fs.rng.STREAM_SAMPLE, rows.view(-1, 1),
+                            positions.view(-1, 1))
     return fs.rng.uniform_from_base(base, torch.arange(VOCAB).view(1, VOCAB))
 
 
@@ -102,8 +113,10 @@ def sample_noise(rows: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
 # {cite}`gumbel1954statistical`).
 
 # %%
-def naive_verify(target_logits, draft_logits, draft_tokens, temperature, accept_uniforms):
-    """Row-by-row speculative verification in probability space; every `.item()` is a device-to-host sync."""
+def naive_verify(target_logits, draft_logits, draft_tokens, temperature,
+                 accept_uniforms):
+    """Row-by-row speculative verification in probability space; every `.item()`
+    is a device-to-host sync."""
     batch, gamma = draft_tokens.shape
     tokens = torch.full((batch, gamma + 1), -1, dtype=torch.long)
     num_accepted = torch.zeros(batch, dtype=torch.long)
@@ -123,8 +136,13 @@ def naive_verify(target_logits, draft_logits, draft_tokens, temperature, accept_
             tokens[row, n] = x
             n += 1
         p = torch.softmax(target_logits[row, n] / temperature, dim=-1)
-        weights = (p - torch.softmax(draft_logits[row, n] / temperature, dim=-1)).clamp(min=0) if n < gamma else p
-        weights = torch.where(weights.any(), weights, p)  # (p - q)^+ rounded to zero everywhere: sample p instead
+        if n < gamma:  # rejected at n: the residual (p - q)^+
+            q = torch.softmax(draft_logits[row, n] / temperature, dim=-1)
+            weights = (p - q).clamp(min=0)
+        else:  # all accepted: the bonus token, from p
+            weights = p
+        # (p - q)^+ rounded to zero everywhere: sample p instead
+        weights = torch.where(weights.any(), weights, p)
         noise = sample_noise(torch.tensor([row]), torch.tensor([n]))[0]
         tokens[row, n] = fs.sampling.gumbel_argmax(weights.log(), noise).item()
         host_syncs += 1
@@ -135,8 +153,10 @@ def naive_verify(target_logits, draft_logits, draft_tokens, temperature, accept_
 naive_tokens, naive_accepted, host_syncs = naive_verify(
     target_logits, draft_logits, draft_tokens, PARAMS.temperature, accept_uniforms
 )
-assert torch.equal(naive_tokens, reference.tokens) and torch.equal(naive_accepted, reference.num_accepted)
-print(f"naive loop == reference on all {BATCH} rows; it needed {host_syncs} host syncs for {BATCH} rows")
+assert torch.equal(naive_tokens, reference.tokens)
+assert torch.equal(naive_accepted, reference.num_accepted)
+print(f"naive loop == reference on all {BATCH} rows; "
+      f"it needed {host_syncs} host syncs for {BATCH} rows")
 
 # %% [markdown]
 # Correct — and slow on a GPU for a reason unrelated to arithmetic: every `.item()` waits for the device to drain its
@@ -153,14 +173,19 @@ print(f"naive loop == reference on all {BATCH} rows; it needed {host_syncs} host
 
 # %%
 cold = fs.SamplingParams(temperature=0.25)
-row_target = torch.tensor([0.0, -30.0, 5.0])  # token 1 is unlikely under both models
+row_target = torch.tensor([0.0, -30.0, 5.0])  # token 1: unlikely under both models
 row_draft = torch.tensor([0.0, -28.0, 4.0])
 p_cold = torch.softmax(row_target / cold.temperature, dim=-1)
 q_cold = torch.softmax(row_draft / cold.temperature, dim=-1)
-log_p_cold, log_q_cold = fs.warp_logits(row_target, cold), fs.warp_logits(row_draft, cold)
-print(f"probability space: p(x)/q(x) = {p_cold[1].item():.3g}/{q_cold[1].item():.3g} = {(p_cold[1] / q_cold[1]).item()}")
-print(f"log space:         log p(x) - log q(x) = {(log_p_cold[1] - log_q_cold[1]).item():.3f}"
-      f"  ->  accept probability {torch.exp(log_p_cold[1] - log_q_cold[1]).clamp(max=1).item():.3g}")
+log_p_cold = fs.warp_logits(row_target, cold)
+log_q_cold = fs.warp_logits(row_draft, cold)
+ratio = (p_cold[1] / q_cold[1]).item()
+log_ratio = log_p_cold[1] - log_q_cold[1]
+accept_probability = torch.exp(log_ratio).clamp(max=1).item()
+print(f"probability space: p(x)/q(x) = "
+      f"{p_cold[1].item():.3g}/{q_cold[1].item():.3g} = {ratio}")
+print(f"log space:         log p(x) - log q(x) = {log_ratio.item():.3f}"
+      f"  ->  accept probability {accept_probability:.3g}")
 
 # %% [markdown]
 # **The temperature belongs before the normalisation.** The warped distribution is
@@ -175,20 +200,28 @@ print(f"log space:         log p(x) - log q(x) = {(log_p_cold[1] - log_q_cold[1]
 from flashspec import exactness
 
 logits_row = 3.0 * torch.randn(VOCAB, generator=torch.Generator().manual_seed(3))
-late = torch.log_softmax(logits_row, dim=-1) / 0.5
-print(f"sum of exp(log_softmax(z)/T) at T=0.5: {late.exp().sum().item():.4f}   "
-      f"sum of exp(warp_logits(z, T=0.5)): {fs.warp_logits(logits_row, fs.SamplingParams(temperature=0.5)).exp().sum().item():.4f}")
-
-toy_target, toy_draft = exactness.make_toy(4, seed=11), exactness.make_toy(4, seed=12)
 half = fs.SamplingParams(temperature=0.5)
+late = torch.log_softmax(logits_row, dim=-1) / 0.5
+warped = fs.warp_logits(logits_row, half)
+print(f"sum of exp(log_softmax(z)/T) at T=0.5: {late.exp().sum().item():.4f}")
+print(f"sum of exp(warp_logits(z, T=0.5)):     {warped.exp().sum().item():.4f}")
+
+toy_target = exactness.make_toy(4, seed=11)
+toy_draft = exactness.make_toy(4, seed=12)
 exact_law = exactness.exact_sequence_probs(toy_target, half, 3)
-for label, verifier in (("fs.verify", exactness.library_verifier("torch")),
-                        ("temperature after log-softmax", exactness.NEGATIVE_CONTROLS["temperature_after_log_softmax"])):
-    samples = exactness.sample_sequences(toy_target, [toy_draft], half, gamma=2, num_sequences=20_000, length=3,
-                                         seed=5, verifier=verifier)
+verifiers = {
+    "fs.verify": exactness.library_verifier("torch"),
+    "temperature after log-softmax":
+        exactness.NEGATIVE_CONTROLS["temperature_after_log_softmax"],
+}
+for label, verifier in verifiers.items():
+    samples = exactness.sample_sequences(
+        toy_target, [toy_draft], half, gamma=2, num_sequences=20_000, length=3,
+        seed=5, verifier=verifier)
     fit = exactness.chi_square_test(samples, exact_law, 4)
-    print(f"{label:30s} chi2 = {fit.statistic:8.1f} (dof {fit.dof}), p = {fit.p_value:.3g}"
-          f" -> {'target law' if fit.passes(0.01) else 'REJECTED'}")
+    verdict = "target law" if fit.passes(0.01) else "REJECTED"
+    print(f"{label:30s} chi2 = {fit.statistic:8.1f} (dof {fit.dof}), "
+          f"p = {fit.p_value:.3g} -> {verdict}")
 
 # %% [markdown]
 # ## Step 3: the accept kernel — two scalars per candidate
@@ -200,14 +233,17 @@ for label, verifier in (("fs.verify", exactness.library_verifier("torch")),
 # %%
 @triton.jit
 def accept_kernel(
-    log_p_x_ptr,        # [B, GAMMA] float32: log p_i(x_i), the target's warped log-prob of each drafted token
-    log_q_x_ptr,        # [B, GAMMA] float32: log q_i(x_i), the draft's warped log-prob of the same token
-    accept_u_ptr,       # [B, GAMMA] float32: the accept uniforms u_i, strictly inside (0, 1)
+    log_p_x_ptr,        # [B, GAMMA] float32: log p_i(x_i), the target's warped
+                        #   log-prob of each drafted token
+    log_q_x_ptr,        # [B, GAMMA] float32: log q_i(x_i), the draft's warped
+                        #   log-prob of the same token
+    accept_u_ptr,       # [B, GAMMA] float32: the accept uniforms u_i, in (0, 1)
     num_accepted_ptr,   # [B] int64 output: index of the first rejection, or GAMMA
     GAMMA: tl.constexpr,    # drafted tokens per row
     BLOCK_G: tl.constexpr,  # GAMMA rounded up to a power of two
 ):
-    row = tl.program_id(0).to(tl.int64)  # one program per row; int64 so row * GAMMA cannot overflow
+    # one program per row; int64 so that row * GAMMA cannot overflow
+    row = tl.program_id(0).to(tl.int64)
     i = tl.arange(0, BLOCK_G)
     in_range = i < GAMMA
     offsets = row * GAMMA + i
@@ -219,12 +255,16 @@ def accept_kernel(
     tl.store(num_accepted_ptr + row, first_rejection.to(tl.int64))
 
 
-def accept(log_p_x: torch.Tensor, log_q_x: torch.Tensor, uniforms: torch.Tensor) -> torch.Tensor:
-    """Thin wrapper: one program per row on DEVICE; returns num_accepted [B] (on the CPU, for the checks here)."""
+def accept(log_p_x: torch.Tensor, log_q_x: torch.Tensor,
+           uniforms: torch.Tensor) -> torch.Tensor:
+    """Thin wrapper: one program per row on DEVICE; returns num_accepted [B]
+    (on the CPU, for the checks here)."""
     batch, gamma = log_p_x.shape
-    log_p_x, log_q_x, uniforms = (t.to(DEVICE).contiguous() for t in (log_p_x, log_q_x, uniforms))
+    log_p_x, log_q_x, uniforms = (t.to(DEVICE).contiguous()
+                                  for t in (log_p_x, log_q_x, uniforms))
     num_accepted = torch.empty(batch, dtype=torch.int64, device=DEVICE)
-    accept_kernel[(batch,)](log_p_x, log_q_x, uniforms, num_accepted, GAMMA=gamma, BLOCK_G=triton.next_power_of_2(gamma))
+    accept_kernel[(batch,)](log_p_x, log_q_x, uniforms, num_accepted,
+                            GAMMA=gamma, BLOCK_G=triton.next_power_of_2(gamma))
     return num_accepted.cpu()
 
 
@@ -274,9 +314,12 @@ def row_logsumexp_kernel(
     running_sum = 0.0
     for start in range(0, VOCAB, BLOCK_V):
         v = start + tl.arange(0, BLOCK_V)
-        x = tl.load(logits_ptr + row * VOCAB + v, mask=v < VOCAB, other=float("-inf")).to(tl.float32) * inv_temperature
+        logits = tl.load(logits_ptr + row * VOCAB + v, mask=v < VOCAB,
+                         other=float("-inf"))
+        x = logits.to(tl.float32) * inv_temperature
         new_max = tl.maximum(running_max, tl.max(x, axis=0))
-        running_sum = running_sum * tl.exp(running_max - new_max) + tl.sum(tl.exp(x - new_max), axis=0)
+        running_sum = (running_sum * tl.exp(running_max - new_max)
+                       + tl.sum(tl.exp(x - new_max), axis=0))
         running_max = new_max
     tl.store(lse_ptr + row, running_max + tl.log(running_sum))
 
@@ -285,44 +328,57 @@ def row_logsumexp_kernel(
 def residual_sample_kernel(
     target_logits_ptr,  # [B, GAMMA+1, V] float: target logits
     draft_logits_ptr,   # [B, GAMMA, V] float: draft logits
-    target_lse_ptr,     # [B, GAMMA+1] float32: logsumexp(target logits / T) per position
-    draft_lse_ptr,      # [B, GAMMA] float32: logsumexp(draft logits / T) per position
-    num_accepted_ptr,   # [B] int64: first rejection per row (GAMMA = all accepted -> bonus)
-    noise_ptr,          # [B, V] float32: race uniforms of each row at its sampled position
+    target_lse_ptr,     # [B, GAMMA+1] float32: logsumexp(target logits / T)
+    draft_lse_ptr,      # [B, GAMMA] float32: logsumexp(draft logits / T)
+    num_accepted_ptr,   # [B] int64: first rejection per row (GAMMA: the bonus)
+    noise_ptr,          # [B, V] float32: race uniforms of each row at the
+                        #   position it samples
     out_ptr,            # [B] int64 output: the emitted token
     inv_temperature,    # float32: 1 / T
     VOCAB: tl.constexpr,    # V
     GAMMA: tl.constexpr,    # drafted tokens per row
     BLOCK_V: tl.constexpr,  # chunk width of the stream
-    FALL_BACK_TO_P: tl.constexpr,  # False leaves the empty-residual fallback out, to show what it prevents
+    FALL_BACK_TO_P: tl.constexpr,  # False leaves the empty-residual fallback out,
+                                   #   to show what it prevents
 ):
     row = tl.program_id(0).to(tl.int64)
-    n = tl.load(num_accepted_ptr + row)  # read on the device: the host never learns n
+    n = tl.load(num_accepted_ptr + row)  # read on the device: the host never sees n
     is_bonus = n == GAMMA
-    n_draft = tl.minimum(n, GAMMA - 1)    # a valid draft row even at the bonus position (unused there)
+    # a valid draft row even at the bonus position (unused there)
+    n_draft = tl.minimum(n, GAMMA - 1)
     target_row = (row * (GAMMA + 1) + n) * VOCAB
     draft_row = (row * GAMMA + n_draft) * VOCAB
     lse_p = tl.load(target_lse_ptr + row * (GAMMA + 1) + n)
     lse_q = tl.load(draft_lse_ptr + row * GAMMA + n_draft)
-    best_score = float("-inf")  # the race over log w (the residual, or p at the bonus position)
+    # the race over log w (the residual, or p at the bonus position)
+    best_score = float("-inf")
     best_index = 0
-    best_p_score = float("-inf")  # the race over log p on the same noise: the fallback's sample
+    # the race over log p on the same noise: the fallback's sample
+    best_p_score = float("-inf")
     best_p_index = 0
     for start in range(0, VOCAB, BLOCK_V):
         v = start + tl.arange(0, BLOCK_V)
         in_range = v < VOCAB
-        log_p = tl.load(target_logits_ptr + target_row + v, mask=in_range, other=float("-inf")).to(tl.float32) * inv_temperature - lse_p
-        log_q = tl.load(draft_logits_ptr + draft_row + v, mask=in_range, other=float("-inf")).to(tl.float32) * inv_temperature - lse_q
+        target_z = tl.load(target_logits_ptr + target_row + v, mask=in_range,
+                           other=float("-inf"))
+        draft_z = tl.load(draft_logits_ptr + draft_row + v, mask=in_range,
+                          other=float("-inf"))
+        log_p = target_z.to(tl.float32) * inv_temperature - lse_p
+        log_q = draft_z.to(tl.float32) * inv_temperature - lse_q
         positive = log_q < log_p
-        gap = tl.where(positive, log_q - log_p, -1.0)  # -1 keeps log() finite on lanes discarded below
-        log_residual = tl.where(positive, log_p + tl.log(1.0 - tl.exp(gap)), float("-inf"))
+        # -1 keeps log() finite on the lanes discarded below
+        gap = tl.where(positive, log_q - log_p, -1.0)
+        log_residual = tl.where(positive, log_p + tl.log(1.0 - tl.exp(gap)),
+                                float("-inf"))
         log_weight = tl.where(is_bonus, log_p, log_residual)
         u = tl.load(noise_ptr + row * VOCAB + v, mask=in_range, other=0.5)
         gumbel = tl.log(-tl.log(u))
         score = tl.where(in_range, log_weight - gumbel, float("-inf"))
         chunk_best = tl.max(score, axis=0)
-        chunk_index = tl.min(tl.where(score == chunk_best, v, VOCAB), axis=0)  # first index of the chunk's best
-        better = chunk_best > best_score  # strict: earlier chunks win ties, like torch.argmax
+        # the first index of the chunk's best
+        chunk_index = tl.min(tl.where(score == chunk_best, v, VOCAB), axis=0)
+        # strict: earlier chunks win ties, like torch.argmax
+        better = chunk_best > best_score
         best_index = tl.where(better, chunk_index, best_index)
         best_score = tl.where(better, chunk_best, best_score)
         score_p = tl.where(in_range, log_p - gumbel, float("-inf"))
@@ -331,39 +387,50 @@ def residual_sample_kernel(
         better_p = chunk_best_p > best_p_score
         best_p_index = tl.where(better_p, chunk_index_p, best_p_index)
         best_p_score = tl.where(better_p, chunk_best_p, best_p_score)
-    if FALL_BACK_TO_P:  # no token has positive residual weight: (p - q)^+ rounded to zero, sample p instead
+    if FALL_BACK_TO_P:
+        # no token has positive residual weight: (p - q)^+ rounded to zero,
+        # so sample p instead
         best_index = tl.where(best_score > float("-inf"), best_index, best_p_index)
     tl.store(out_ptr + row, best_index.to(tl.int64))
 
 
-def row_logsumexp(logits: torch.Tensor, temperature: float, block_v: int = 16) -> torch.Tensor:
+def row_logsumexp(logits: torch.Tensor, temperature: float,
+                  block_v: int = 16) -> torch.Tensor:
     rows = logits.reshape(-1, logits.shape[-1]).contiguous()
     lse = torch.empty(rows.shape[0], dtype=torch.float32, device=logits.device)
-    row_logsumexp_kernel[(rows.shape[0],)](rows, lse, 1.0 / temperature, VOCAB=rows.shape[1], BLOCK_V=block_v)
+    row_logsumexp_kernel[(rows.shape[0],)](rows, lse, 1.0 / temperature,
+                                           VOCAB=rows.shape[1], BLOCK_V=block_v)
     return lse.view(logits.shape[:-1])
 
 
-def residual_sample(target_logits, draft_logits, num_accepted, noise, temperature, block_v: int = 16,
-                    fall_back_to_p: bool = True):
-    """Normalisers, then one streaming sample per row, on DEVICE; returns (tokens [B], target lse) on the CPU."""
+def residual_sample(target_logits, draft_logits, num_accepted, noise, temperature,
+                    block_v: int = 16, fall_back_to_p: bool = True):
+    """Normalisers, then one streaming sample per row, on DEVICE; returns
+    (tokens [B], target lse) on the CPU."""
     batch, gamma = draft_logits.shape[:2]
     target_logits, draft_logits, num_accepted, noise = (
-        t.to(DEVICE).contiguous() for t in (target_logits, draft_logits, num_accepted, noise))
+        t.to(DEVICE).contiguous()
+        for t in (target_logits, draft_logits, num_accepted, noise))
     target_lse = row_logsumexp(target_logits, temperature, block_v)
     draft_lse = row_logsumexp(draft_logits, temperature, block_v)
     emitted = torch.empty(batch, dtype=torch.int64, device=DEVICE)
-    residual_sample_kernel[(batch,)](target_logits, draft_logits, target_lse, draft_lse, num_accepted, noise, emitted,
-                                     1.0 / temperature, VOCAB=target_logits.shape[-1], GAMMA=gamma, BLOCK_V=block_v,
-                                     FALL_BACK_TO_P=fall_back_to_p)
+    residual_sample_kernel[(batch,)](
+        target_logits, draft_logits, target_lse, draft_lse, num_accepted, noise,
+        emitted, 1.0 / temperature, VOCAB=target_logits.shape[-1], GAMMA=gamma,
+        BLOCK_V=block_v, FALL_BACK_TO_P=fall_back_to_p)
     return emitted.cpu(), target_lse.cpu()
 
 
 rows = torch.arange(BATCH)
-noise = sample_noise(rows, kernel_accepted)  # built from num_accepted on the device: no host sync
-emitted, target_lse = residual_sample(target_logits, draft_logits, kernel_accepted, noise, PARAMS.temperature)
-assert torch.allclose(target_lse, torch.logsumexp(target_logits / PARAMS.temperature, dim=-1), atol=1e-5)
+# built from num_accepted on the device: no host sync
+noise = sample_noise(rows, kernel_accepted)
+emitted, target_lse = residual_sample(target_logits, draft_logits, kernel_accepted,
+                                      noise, PARAMS.temperature)
+torch_lse = torch.logsumexp(target_logits / PARAMS.temperature, dim=-1)
+assert torch.allclose(target_lse, torch_lse, atol=1e-5)
 assert torch.equal(emitted, reference.tokens[rows, reference.num_accepted])
-print("online log-sum-exp == torch.logsumexp; streamed residual/bonus tokens", emitted.tolist(), "== reference")
+print("online log-sum-exp == torch.logsumexp")
+print("streamed residual/bonus tokens", emitted.tolist(), "== reference")
 
 # %% [markdown]
 # The fallback at work. Take the draft equal to the target, so that $p = q$ at every position and $(p-q)^+$ is zero
@@ -372,19 +439,24 @@ print("online log-sum-exp == torch.logsumexp; streamed residual/bonus tokens", e
 # winner of the race over $\log p$ on its own noise, i.e. a sample from $p$:
 
 # %%
-rejected_at_0 = torch.zeros(BATCH, dtype=torch.long)  # num_accepted = 0: every row samples its position-0 residual
+# num_accepted = 0: every row samples its position-0 residual
+rejected_at_0 = torch.zeros(BATCH, dtype=torch.long)
 noise_at_0 = sample_noise(rows, rejected_at_0)
 draft_equals_target = target_logits[:, :GAMMA]
-without_fallback, _ = residual_sample(target_logits, draft_equals_target, rejected_at_0, noise_at_0,
-                                      PARAMS.temperature, fall_back_to_p=False)
-with_fallback, _ = residual_sample(target_logits, draft_equals_target, rejected_at_0, noise_at_0, PARAMS.temperature)
-sample_from_p = fs.sampling.gumbel_argmax(log_p[:, 0], noise_at_0)  # the race over log p on the same noise
+without_fallback, _ = residual_sample(target_logits, draft_equals_target,
+                                      rejected_at_0, noise_at_0, PARAMS.temperature,
+                                      fall_back_to_p=False)
+with_fallback, _ = residual_sample(target_logits, draft_equals_target,
+                                   rejected_at_0, noise_at_0, PARAMS.temperature)
+# the race over log p on the same noise
+sample_from_p = fs.sampling.gumbel_argmax(log_p[:, 0], noise_at_0)
 assert torch.equal(without_fallback, torch.zeros(BATCH, dtype=torch.long))
 assert torch.equal(with_fallback, sample_from_p)
 print("p == q, rejected at position 0:")
 print("  without the fallback:", without_fallback.tolist())
 print("  with the fallback:   ", with_fallback.tolist())
-print("  race over log p:     ", sample_from_p.tolist(), "(a sample from p with the same noise)")
+print("  race over log p:     ", sample_from_p.tolist(),
+      "(a sample from p with the same noise)")
 
 # %% [markdown]
 # Three small kernels now reproduce the reference token for token. For temperature-only sampling, what they cost is:
@@ -400,19 +472,24 @@ print("  race over log p:     ", sample_from_p.tolist(), "(a sample from p with 
 # logits, $\gamma=4$ and temperature-only sampling:
 
 # %%
-def step_bytes(batch: int, gamma: int, vocab: int, logit_bytes: int = 2) -> dict[str, int]:
-    """Bytes each part of a temperature-only verification step must read (the floor any implementation pays)."""
+def step_bytes(batch: int, gamma: int, vocab: int,
+               logit_bytes: int = 2) -> dict[str, int]:
+    """Bytes each part of a temperature-only verification step must read (the
+    floor any implementation pays)."""
     return {
         "accept (2 log-probs + 1 uniform per candidate)": batch * gamma * 3 * 4,
-        "normalisers (every logit once)": batch * (2 * gamma + 1) * vocab * logit_bytes,
-        "sample (one target + one draft row per sequence)": batch * 2 * vocab * logit_bytes,
+        "normalisers (every logit once)":
+            batch * (2 * gamma + 1) * vocab * logit_bytes,
+        "sample (one target + one draft row per sequence)":
+            batch * 2 * vocab * logit_bytes,
     }
 
 
 def human(num_bytes: float) -> str:
     for unit in ("B", "kB", "MB", "GB"):
         if num_bytes < 1000 or unit == "GB":
-            return f"{num_bytes:.0f} {unit}" if unit == "B" else f"{num_bytes:.1f} {unit}"
+            decimals = 0 if unit == "B" else 1
+            return f"{num_bytes:.{decimals}f} {unit}"
         num_bytes /= 1000
 
 
@@ -420,7 +497,9 @@ print(f"{'B':>3s} {'V':>7s} {'accept':>10s} {'normalisers':>12s} {'sample':>10s}
 for batch in (1, 8, 64):
     for vocab in (32_000, 128_256):
         parts = list(step_bytes(batch, 4, vocab).values())
-        print(f"{batch:3d} {vocab:7d} {human(parts[0]):>10s} {human(parts[1]):>12s} {human(parts[2]):>10s}")
+        accept_b, normalisers_b, sample_b = (human(part) for part in parts)
+        print(f"{batch:3d} {vocab:7d} {accept_b:>10s} {normalisers_b:>12s} "
+              f"{sample_b:>10s}")
 
 # %% [markdown]
 # ## Step 5: the fused step in `flashspec.kernels`
@@ -446,25 +525,33 @@ for batch in (1, 8, 64):
 
 # %%
 truncated = fs.SamplingParams(temperature=0.8, top_k=20, top_p=0.9)
-truncated_tokens = fs.sampling.sample_from_logits(  # drafted from the truncated draft, as an engine would
-    draft_logits.reshape(-1, VOCAB), truncated, fs.rng.Key.from_seed(8))[0].view(BATCH, GAMMA)
+# drafted from the truncated draft, as an engine would
+truncated_tokens = fs.sampling.sample_from_logits(
+    draft_logits.reshape(-1, VOCAB), truncated, fs.rng.Key.from_seed(8)
+)[0].view(BATCH, GAMMA)
+batch_inputs = (target_logits, draft_logits, draft_tokens)
 checks = {
-    "T=0.8 (the batch above)": (target_logits, draft_logits, draft_tokens, PARAMS),
-    "T=0 greedy": (target_logits, draft_logits, draft_tokens, fs.SamplingParams(temperature=0.0)),
-    "T=1.3": (target_logits, draft_logits, draft_tokens, fs.SamplingParams(temperature=1.3)),
-    "T=0.8, top-k=20, top-p=0.9": (target_logits, draft_logits, truncated_tokens, truncated),
-    "deterministic drafts (q one-hot)": (target_logits, None, draft_tokens, fs.SamplingParams(temperature=1.0)),
+    "T=0.8 (the batch above)": (*batch_inputs, PARAMS),
+    "T=0 greedy": (*batch_inputs, fs.SamplingParams(temperature=0.0)),
+    "T=1.3": (*batch_inputs, fs.SamplingParams(temperature=1.3)),
+    "T=0.8, top-k=20, top-p=0.9":
+        (target_logits, draft_logits, truncated_tokens, truncated),
+    "deterministic drafts (q one-hot)":
+        (target_logits, None, draft_tokens, fs.SamplingParams(temperature=1.0)),
     "draft = target (all accepted)": (target_logits, target_logits[:, :GAMMA],
                                       log_p[:, :GAMMA].argmax(dim=-1), PARAMS),
 }
+print("triton == torch reference on 3 seeds each; accepted drafts per row:")
 for label, (t_logits, d_logits, d_tokens, params) in checks.items():
-    inputs = (t_logits.to(DEVICE), None if d_logits is None else d_logits.to(DEVICE), d_tokens.to(DEVICE), params)
-    for seed in range(3):  # both backends on the same device: torch rounds x / T differently on CPU and CUDA
+    d_logits = None if d_logits is None else d_logits.to(DEVICE)
+    inputs = (t_logits.to(DEVICE), d_logits, d_tokens.to(DEVICE), params)
+    # both backends on the same device: torch rounds x / T differently on CPU, CUDA
+    for seed in range(3):
         torch_out = fs.verify(*inputs, generator=seed, backend="torch")
         triton_out = fs.verify(*inputs, generator=seed, backend="triton")
         assert torch.equal(torch_out.tokens, triton_out.tokens), label
         assert torch.equal(torch_out.num_accepted, triton_out.num_accepted), label
-    print(f"{label:34s} triton == torch reference (3 seeds); accepted per row {triton_out.num_accepted.tolist()}")
+    print(f"  {label:34s} {triton_out.num_accepted.tolist()}")
 
 # %% [markdown]
 # ## What it costs
@@ -478,30 +565,66 @@ for label, (t_logits, d_logits, d_tokens, params) in checks.items():
 
 # %%
 import json
+import textwrap
 
 from IPython.display import Markdown, display
 
 from flashspec import bench, plots
 
-RESULTS = next(path / "results" for path in (Path.cwd(), *Path.cwd().parents) if (path / "_toc.yml").exists())
+
+def print_wide_table(lines: list[str], keys: int = 2, width: int = 84) -> None:
+    """Print a plain-text table too wide for the page: its columns in groups that
+    fit `width` characters, each group led again by the first `keys` columns.
+    Lines that are not rows of the table are printed as wrapped text."""
+    counts = [len(line.split()) for line in lines]
+    columns = max(set(counts), key=counts.count)  # the field count of the rows
+    rows = [line.split() for line, count in zip(lines, counts) if count == columns]
+    widths = [max(len(row[c]) for row in rows) + 2 for c in range(columns)]
+    groups, group = [], list(range(keys))
+    for c in range(keys, columns):
+        if len(group) > keys and sum(widths[k] for k in group) + widths[c] > width:
+            groups.append(group)
+            group = list(range(keys))
+        group.append(c)
+    groups.append(group)
+    table_printed = False
+    for line, count in zip(lines, counts):
+        if count != columns:
+            print(textwrap.fill(line, width))
+        elif not table_printed:
+            for number, group in enumerate(groups):
+                if number:
+                    print()
+                for row in rows:
+                    print("".join(row[c].rjust(widths[c]) for c in group))
+            table_printed = True
+
+
+RESULTS = next(path / "results" for path in (Path.cwd(), *Path.cwd().parents)
+               if (path / "_toc.yml").exists())
 if DEVICE == "cuda":
     floors = bench.measure_floors()
-    live_points = [bench.bench_point(batch, 4, 32_000, floors, host_loop=True) for batch in (1, 8)]
+    live_points = [bench.bench_point(batch, 4, 32_000, floors, host_loop=True)
+                   for batch in (1, 8)]
     print(f"LIVE on {torch.cuda.get_device_name()}:")
-    print(bench.format_table(live_points, floors))
+    print_wide_table(bench.format_table(live_points, floors).splitlines())
 else:
     print("No GPU here: no live timing; the committed H200 results follow.")
 
 verify_record = json.loads((RESULTS / "verify_h200.json").read_text())
 environment = verify_record["environment"]
-print(f"\nCommitted: {environment['gpu']}, driver {environment['driver']}, CUDA {environment['cuda']}, "
-      f"torch {environment['torch']}, triton {environment['triton']}, git {environment['git_sha'][:8]}, "
+print(f"\nCommitted: {environment['gpu']}, git {environment['git_sha'][:8]}, "
       f"{environment['date_utc']}")
-print("\n".join(verify_record["table"]))  # the table the benchmark printed, stored in its record
+print(f"driver {environment['driver']}, CUDA {environment['cuda']}, "
+      f"torch {environment['torch']}, triton {environment['triton']}")
+# the table the benchmark printed, stored in its record
+print_wide_table(verify_record["table"])
 display(plots.plot_verify_benchmark(verify_record))
-display(Markdown(f"**Figure.** One verification step on the {environment['gpu']} ({environment['date_utc']}, git "
-                 f"`{environment['git_sha'][:8]}`), log scale. Regenerate the data with "
-                 f"`{environment['command']}`, the figure with `flashspec.plots.plot_verify_benchmark`."))
+display(Markdown(
+    f"**Figure.** One verification step on the {environment['gpu']} "
+    f"({environment['date_utc']}, git `{environment['git_sha'][:8]}`), log scale. "
+    f"Regenerate the data with `{environment['command']}`, the figure with "
+    f"`flashspec.plots.plot_verify_benchmark`."))
 
 # %% [markdown]
 # Reading the committed numbers honestly:
@@ -509,16 +632,22 @@ display(Markdown(f"**Figure.** One verification step on the {environment['gpu']}
 # %%
 points = verify_record["points"]
 targets = verify_record["targets"]
-print(f"{'B':>3} {'V':>7} {'step/floor':>10} {'graph/floor':>11} {'reference/step':>14} {'host loop/step':>14}")
+print(f"{'B':>3} {'V':>7} {'step/floor':>10} {'graph/floor':>11} "
+      f"{'reference/step':>14} {'host loop/step':>14}")
 for point in points:
-    print(f"{point['batch']:>3} {point['vocab']:>7} {point['triton_over_floor']:>10.1f} {point['graph_over_floor']:>11.1f} "
-          f"{point['torch_over_triton']:>14.1f} {point['host_loop_over_triton']:>14.1f}")
+    print(f"{point['batch']:>3} {point['vocab']:>7} "
+          f"{point['triton_over_floor']:>10.1f} {point['graph_over_floor']:>11.1f} "
+          f"{point['torch_over_triton']:>14.1f} "
+          f"{point['host_loop_over_triton']:>14.1f}")
 small_batches = [p for p in points if p["batch"] <= 8]
-print(f"\ntarget 'within {targets['triton_over_floor_max']}x of the floor': met at "
-      f"{sum(p['triton_over_floor'] <= targets['triton_over_floor_max'] for p in points)} of {len(points)} points")
-print(f"target '>= {targets['torch_over_triton_min_for_batch_le_8']}x faster than the reference for B <= 8': met at "
-      f"{sum(p['torch_over_triton'] >= targets['torch_over_triton_min_for_batch_le_8'] for p in small_batches)} "
-      f"of {len(small_batches)} points")
+floor_max = targets["triton_over_floor_max"]
+speedup_min = targets["torch_over_triton_min_for_batch_le_8"]
+floor_met = sum(p["triton_over_floor"] <= floor_max for p in points)
+speedup_met = sum(p["torch_over_triton"] >= speedup_min for p in small_batches)
+print(f"\ntarget 'within {floor_max}x of the floor': "
+      f"met at {floor_met} of {len(points)} points")
+print(f"target '>= {speedup_min}x faster than the reference for B <= 8': "
+      f"met at {speedup_met} of {len(small_batches)} points")
 
 # %% [markdown]
 # Where the time goes, from the same file. The gap between the eager step and the CUDA-graph replay of the *same two
@@ -530,50 +659,63 @@ print(f"target '>= {targets['torch_over_triton_min_for_batch_le_8']}x faster tha
 empty_launch_us = verify_record["floors"]["empty_launch_us"]
 for point in points:
     point["launch_share"] = 1 - point["triton_graph_replay_us"] / point["triton_us"]
-    point["kernels_us"] = point["triton_stats_kernel_us"] + point["triton_sample_kernel_us"]
-print(f"{'B':>3} {'V':>7} {'floor us':>8} {'floor set by':>12} {'eager us':>8} {'graph us':>8} {'warm us':>7} "
-      f"{'kernels us':>10} {'launch share':>12}")
+    point["kernels_us"] = (point["triton_stats_kernel_us"]
+                           + point["triton_sample_kernel_us"])
+print(f"{'B':>3} {'V':>7} {'floor us':>8} {'floor set by':>12} {'eager us':>8} "
+      f"{'graph us':>8} {'warm us':>7} {'kernels us':>10} {'launch share':>12}")
 for point in points:
     floor_source = "bytes" if point["floor_us"] > empty_launch_us else "one launch"
-    print(f"{point['batch']:>3} {point['vocab']:>7} {point['floor_us']:8.1f} {floor_source:>12} {point['triton_us']:8.1f} "
-          f"{point['triton_graph_replay_us']:8.1f} {point['triton_graph_warm_us']:7.1f} {point['kernels_us']:10.1f} "
-          f"{point['launch_share']:12.0%}")
+    print(f"{point['batch']:>3} {point['vocab']:>7} {point['floor_us']:8.1f} "
+          f"{floor_source:>12} {point['triton_us']:8.1f} "
+          f"{point['triton_graph_replay_us']:8.1f} "
+          f"{point['triton_graph_warm_us']:7.1f} "
+          f"{point['kernels_us']:10.1f} {point['launch_share']:12.0%}")
 
 def span(key: str, fmt: str, chosen: list[dict] = points) -> str:
     """'min–max' of one field over some points, for the sentences below."""
-    return f"{min(p[key] for p in chosen):{fmt}}–{max(p[key] for p in chosen):{fmt}}"
+    low, high = min(p[key] for p in chosen), max(p[key] for p in chosen)
+    return f"{low:{fmt}}–{high:{fmt}}"
 
 
-launch_bound = [p for p in points if p["launch_share"] > 0.5]  # the graph replay removes most of the eager step
+# the graph replay removes most of the eager step
+launch_bound = [p for p in points if p["launch_share"] > 0.5]
 not_launch_bound = [p for p in points if p["launch_share"] <= 0.5]
 text = ""
 if launch_bound:
     text += (
         f"At {len(launch_bound)} of {len(points)} points, (B, V) = "
         + ", ".join(f"({p['batch']}, {p['vocab']})" for p in launch_bound)
-        + f", launch overhead is more than half of the eager step ({span('launch_share', '.0%', launch_bound)}): "
-        "there the step is bound by launches, and an engine that replays its decode step from a CUDA graph gets the "
-        "graph column instead of the eager one. "
+        + ", launch overhead is more than half of the eager step "
+        f"({span('launch_share', '.0%', launch_bound)}): there the step is bound "
+        "by launches, and an engine that replays its decode step from a CUDA graph "
+        "gets the graph column instead of the eager one. "
     )
 for p in not_launch_bound:
-    floor_source = "the bytes it must read" if p["floor_us"] > empty_launch_us else "one launch"
+    floor_source = ("the bytes it must read" if p["floor_us"] > empty_launch_us
+                    else "one launch")
     text += (
-        f"At B={p['batch']}, V={p['vocab']} the step is not launch-bound: eager {p['triton_us']:.0f} µs ≈ graph "
-        f"replay {p['triton_graph_replay_us']:.0f} µs ({p['triton_graph_warm_us']:.0f} µs warm), against a floor "
-        f"of {p['floor_us']:.0f} µs set by {floor_source}; the two kernels' device time ({p['kernels_us']:.0f} µs, "
-        f"each measured alone) accounts for the whole step, the replay is {p['graph_over_floor']:.1f}× the floor, "
-        "and a CUDA graph does not help it. "
+        f"At B={p['batch']}, V={p['vocab']} the step is not launch-bound: "
+        f"eager {p['triton_us']:.0f} µs ≈ graph replay "
+        f"{p['triton_graph_replay_us']:.0f} µs ({p['triton_graph_warm_us']:.0f} µs "
+        f"warm), against a floor of {p['floor_us']:.0f} µs set by {floor_source}; "
+        f"the two kernels' device time ({p['kernels_us']:.0f} µs, each measured "
+        "alone) accounts for the whole step, the replay is "
+        f"{p['graph_over_floor']:.1f}× the floor, and a CUDA graph does not help "
+        "it. "
     )
 floor_target = targets["triton_over_floor_max"]
-if not any(min(p["triton_over_floor"], p["graph_over_floor"]) <= floor_target for p in points):
+if not any(min(p["triton_over_floor"], p["graph_over_floor"]) <= floor_target
+           for p in points):
     text += (
-        f"No point meets the target of {floor_target}× the floor, eager or replayed (eager "
-        f"{span('triton_over_floor', '.1f')}×, graph replay {span('graph_over_floor', '.1f')}×): getting closer "
-        "needs faster kernels, not only fewer launches. "
+        f"No point meets the target of {floor_target}× the floor, eager or "
+        f"replayed (eager {span('triton_over_floor', '.1f')}×, graph replay "
+        f"{span('graph_over_floor', '.1f')}×): getting closer needs faster "
+        "kernels, not only fewer launches. "
     )
 text += (
-    f"Against the PyTorch reference the Triton step is {span('torch_over_triton', '.0f')}× faster, and against the "
-    f"per-token host loop of step 1 {span('host_loop_over_triton', '.1f')}×."
+    "Against the PyTorch reference the Triton step is "
+    f"{span('torch_over_triton', '.0f')}× faster, and against the per-token "
+    f"host loop of step 1 {span('host_loop_over_triton', '.1f')}×."
 )
 display(Markdown(text))
 
@@ -589,14 +731,17 @@ display(Markdown(text))
 # %%
 engine_record = json.loads((RESULTS / "bench_engine_nvidia_h200.json").read_text())
 engine_vocab = engine_record["settings"]["models"]["target"]["vocab_size"]
-print(f"engine benchmark: {engine_record['hardware']['gpu']}, git {engine_record['git_sha'][:8]}, "
-      f"{engine_record['date_utc']}; verification benchmark: git {environment['git_sha'][:8]}")
-print(f"{'B':>3} {'V':>7} {'plain step ms':>13} {'spec. step ms':>13} {'host loop ms':>12} {'Triton step ms':>14} "
-      f"{'saved / spec. step':>18}")
+print(f"engine benchmark: {engine_record['hardware']['gpu']}, "
+      f"git {engine_record['git_sha'][:8]}, {engine_record['date_utc']}")
+print(f"verification benchmark: git {environment['git_sha'][:8]}; "
+      f"both at V = {engine_vocab}")
+print(f"{'B':>3} {'plain step ms':>13} {'spec. step ms':>13} {'host loop ms':>12} "
+      f"{'Triton step ms':>14} {'saved / spec. step':>18}")
 end_to_end = {}
 for batch in engine_record["settings"]["batch_sizes"]:
     cells = engine_record["results"][f"B={batch}"]["cells"]
-    verify_point = next(p for p in points if p["batch"] == batch and p["vocab"] == engine_vocab)
+    verify_point = next(p for p in points
+                        if p["batch"] == batch and p["vocab"] == engine_vocab)
     saved_ms = (verify_point["host_loop_us"] - verify_point["triton_us"]) / 1000
     end_to_end[batch] = {
         "plain_ms": cells["plain"]["p50_step_latency_ms"],
@@ -605,21 +750,26 @@ for batch in engine_record["settings"]["batch_sizes"]:
         "saved_share": saved_ms / cells["flashspec"]["p50_step_latency_ms"],
     }
     row = end_to_end[batch]
-    print(f"{batch:>3} {engine_vocab:>7} {row['plain_ms']:13.1f} {row['spec_ms']:13.1f} {row['host_loop_ms']:12.2f} "
-          f"{verify_point['triton_us'] / 1000:14.2f} {row['saved_share']:18.1%}")
+    print(f"{batch:>3} {row['plain_ms']:13.1f} {row['spec_ms']:13.1f} "
+          f"{row['host_loop_ms']:12.2f} {verify_point['triton_us'] / 1000:14.2f} "
+          f"{row['saved_share']:18.1%}")
 
 one = end_to_end[1]
 display(Markdown(
-    f"At B=1 the per-token host loop costs {one['host_loop_ms']:.2f} ms, against engine steps of "
-    f"{one['plain_ms']:.0f} ms (plain decoding) to {one['spec_ms']:.0f} ms (speculative): replacing it with the "
-    f"Triton step saves at most {one['saved_share']:.1%} of a speculative step. **The verify kernel alone does not "
-    "change end-to-end throughput at B=1**; the rest of the step (the draft and target forward passes and the "
-    "engine's own host work) decides it. "
+    f"At B=1 the per-token host loop costs {one['host_loop_ms']:.2f} ms, against "
+    f"engine steps of {one['plain_ms']:.0f} ms (plain decoding) to "
+    f"{one['spec_ms']:.0f} ms (speculative): replacing it with the Triton step "
+    f"saves at most {one['saved_share']:.1%} of a speculative step. **The verify "
+    "kernel alone does not change end-to-end throughput at B=1**; the rest of the "
+    "step (the draft and target forward passes and the engine's own host work) "
+    "decides it. "
     + " ".join(
-        f"At B={batch} the host loop would cost {row['host_loop_ms']:.1f} ms of a {row['spec_ms']:.0f} ms "
-        f"speculative step: replacing it saves at most {row['saved_share']:.0%}, a larger share because the "
-        "loop's cost grows with the batch."
+        f"At B={batch} the host loop would cost {row['host_loop_ms']:.1f} ms of a "
+        f"{row['spec_ms']:.0f} ms speculative step: replacing it saves at most "
+        f"{row['saved_share']:.0%}, a larger share because the loop's cost grows "
+        "with the batch."
         for batch, row in end_to_end.items() if batch != 1
     )
-    + " These are two separate benchmarks: the engine's step time was not measured with the host loop in place."
+    + " These are two separate benchmarks: the engine's step time was not measured "
+    "with the host loop in place."
 ))
