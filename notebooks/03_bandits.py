@@ -34,7 +34,8 @@ import os
 import sys
 from pathlib import Path
 
-ON_COLAB = "google.colab" in sys.modules  # the Colab copy of this chapter installs the package first
+# the Colab copy of this chapter installs the package first
+ON_COLAB = "google.colab" in sys.modules
 
 # %matplotlib inline
 import numpy as np
@@ -44,16 +45,20 @@ import flashspec as fs
 from flashspec import bandits, plots, rewards
 from flashspec import simulate as sim
 
-RESULTS = next((p for p in (Path("../results"), Path("results")) if (p / "bandits_reproduce.json").exists()), None)
-print(f"flashspec {fs.__version__}; committed results: {RESULTS.resolve() if RESULTS else 'not found, computing small runs live'}")
+RESULTS = next((p for p in (Path("../results"), Path("results"))
+                if (p / "bandits_reproduce.json").exists()), None)
+found = RESULTS.resolve() if RESULTS else "not found, computing small runs live"
+print(f"flashspec {fs.__version__}; committed results: {found}")
 
 
 def load_or_run(name: str, rounds: int, seeds: int) -> dict:
-    """The committed record results/bandits_<name>.json, or a small live run of the same experiment."""
+    """The committed record results/bandits_<name>.json, or a small live run
+    of the same experiment."""
     if RESULTS is not None and (RESULTS / f"bandits_{name}.json").exists():
         return json.loads((RESULTS / f"bandits_{name}.json").read_text())
-    return {"settings": {"experiment": name, "n_rounds": rounds, "n_seeds": seeds, "live": True},
-            "results": sim.EXPERIMENTS[name](rounds, seeds)}
+    settings = {"experiment": name, "n_rounds": rounds, "n_seeds": seeds,
+                "live": True}
+    return {"settings": settings, "results": sim.EXPERIMENTS[name](rounds, seeds)}
 
 
 # %% [markdown]
@@ -76,12 +81,16 @@ def load_or_run(name: str, rounds: int, seeds: int) -> dict:
 
 # %%
 gamma = 4
+print(f"γ = {gamma}")
+print(f"{'token acceptance α':>18}  {'E[tokens/step]':>14}  "
+      f"{'γα+1 would claim':>16}  {'acceptance rate r':>17}  {'1 + γ·r':>7}")
 for alpha in (0.5, 0.7, 0.85):
     per_step = rewards.expected_tokens_per_step(alpha, gamma)
     rate = (per_step - 1) / gamma  # the same draft's accepted / drafted
-    print(f"token acceptance α={alpha}: E[tokens/step] = {per_step:.3f}; γα+1 would claim {gamma * alpha + 1:.2f}; "
-          f"its acceptance rate is {rate:.3f}, and 1 + γ·{rate:.3f} = {1 + gamma * rate:.3f}")
-print("rewards for n=2 of γ=4:", rewards.acceptance_fraction(2, 4), rewards.tokens_per_step(2, 4),
+    print(f"{alpha:18}  {per_step:14.3f}  {gamma * alpha + 1:16.2f}  "
+          f"{rate:17.3f}  {1 + gamma * rate:7.3f}")
+print("rewards for n=2 of γ=4:", rewards.acceptance_fraction(2, 4),
+      rewards.tokens_per_step(2, 4),
       round(rewards.throughput(2, 4, draft_cost=0.05), 4))
 
 # %% [markdown]
@@ -104,14 +113,18 @@ print("rewards for n=2 of γ=4:", rewards.acceptance_fraction(2, 4), rewards.tok
 
 # %%
 policy = bandits.ThompsonSampling(n_arms=3, seed=0)
-policy.update_step(arm=1, num_accepted=3, gamma=4)  # 3 of 4 accepted, then a rejection
-policy.update_step(arm=1, num_accepted=4, gamma=4)  # all 4 accepted: no failure observed
+# 3 of 4 accepted, then a rejection
+policy.update_step(arm=1, num_accepted=3, gamma=4)
+# all 4 accepted: no failure observed
+policy.update_step(arm=1, num_accepted=4, gamma=4)
 alpha_post, beta_post = policy.posterior()
 print("posterior a:", alpha_post[0], "b:", beta_post[0])
 try:
     policy.update(1, 3)
 except ValueError as error:
-    print("ValueError:", error)
+    import textwrap
+
+    print(textwrap.fill(f"ValueError: {error}", 84))
 
 # %% [markdown]
 # ## Reproducing the paper: Bernoulli arms [0.3, 0.7, 0.5], T = 10⁴
@@ -129,12 +142,19 @@ except ValueError as error:
 reproduce = load_or_run("reproduce", rounds=2000, seeds=50)
 data = reproduce["results"]
 for name, entry in data["policies"].items():
-    print(f"{name:9s} seeds 0-4 mean {entry['seeds_0_4_mean']:6.1f} | {entry['n_seeds']} seeds: "
-          f"{entry['final_regret_mean']:6.1f} ± {entry['final_regret_ci95']:.1f} (95% CI) | paper {entry['paper_reported']}")
-print(f"√(K·T·ln T) = {data['sqrt_kt_log_t']:.2f}  (the paper's '≈526': the order of UCB1's gap-free bound, "
-      f"constant left out; √(K·T) = {np.sqrt(len(data['arms']) * reproduce['settings']['n_rounds']):.1f} is the minimax order)")
+    print(f"{name:9s} seeds 0-4 mean {entry['seeds_0_4_mean']:6.1f} | "
+          f"{entry['n_seeds']} seeds: {entry['final_regret_mean']:6.1f} ± "
+          f"{entry['final_regret_ci95']:.1f} (95% CI) | "
+          f"paper {entry['paper_reported']}")
+sqrt_kt = np.sqrt(len(data["arms"]) * reproduce["settings"]["n_rounds"])
+print(f"√(K·T·ln T) = {data['sqrt_kt_log_t']:.2f}  (the paper's '≈526': "
+      "the order of UCB1's gap-free bound,")
+print(f"  constant left out; √(K·T) = {sqrt_kt:.1f} is the minimax order)")
 print(f"Auer et al. 2002 Theorem 1 bound for UCB1 = {data['auer_bound']:.1f}")
-print("settings:", reproduce["settings"], "| git", reproduce.get("git_sha", "live")[:8], "|", reproduce.get("hardware", ""))
+print("settings:", ", ".join(f"{key}={value}"
+                             for key, value in reproduce["settings"].items()))
+print("git", reproduce.get("git_sha", "live")[:8], "|",
+      reproduce.get("hardware", ""))
 
 # %%
 plots.plot_reproduced_regret(reproduce)
@@ -144,10 +164,12 @@ plots.plot_reproduced_regret(reproduce)
 # same policy classes the engine uses, with `batch_size` = number of seeds):
 
 # %%
-live = sim.simulate("thompson", sim.bernoulli_environment([0.3, 0.7, 0.5]), 3000, 30)
+live = sim.simulate("thompson", sim.bernoulli_environment([0.3, 0.7, 0.5]),
+                    3000, 30)
 mean, half_width = sim.mean_confidence_interval(live.final_regret)
+auer = sim.auer_ucb1_bound([0.3, 0.7, 0.5], 3000)
 print(f"Thompson, 30 seeds, T=3000: regret {mean:.1f} ± {half_width:.1f}; "
-      f"Auer bound for UCB1 at T=3000: {sim.auer_ucb1_bound([0.3, 0.7, 0.5], 3000):.0f}")
+      f"Auer bound for UCB1 at T=3000: {auer:.0f}")
 
 # %% [markdown]
 # ## Going past the paper: the best draft changes
@@ -175,25 +197,35 @@ ns = nonstationary["results"]
 for switch, regime in ns["regimes"].items():
     print(f"switch every {switch} steps:")
     for label, entry in regime["configs"].items():
-        print(f"  {entry['ratio_to_ucb1']:5.2f}× UCB1   {entry['final_regret_mean']:7.1f} ± {entry['final_regret_ci95']:5.1f}  {label}")
+        regret, ci95 = entry["final_regret_mean"], entry["final_regret_ci95"]
+        ratio = entry["ratio_to_ucb1"]
+        print(f"  {ratio:5.2f}× UCB1  {regret:6.1f} ± {ci95:4.1f}  {label}")
 best = ns["best_in_all_regimes"]
-print(f"best in both regimes: {best['label']} — worst ratio to UCB1 {best['worst_ratio_to_ucb1']:.2f} (target ≤ 0.5)")
+print(f"best in both regimes: {best['label']}")
+print(f"  worst ratio to UCB1 {best['worst_ratio_to_ucb1']:.2f} (target ≤ 0.5)")
 
-# What the sensitivity sweep varied: D-UCB's discount, SW-UCB's window, and the request re-prior ρ of the two
-# policies it sweeps it for (the sweep's series are labelled by policy).
+# What the sensitivity sweep varied: D-UCB's discount, SW-UCB's window, and the
+# request re-prior ρ of the two policies it sweeps it for (the sweep's series are
+# labelled by policy).
 sweeps = next(iter(sensitivity["results"]["regimes"].values()))["sweeps"]
 swept = {"d-ucb": {"discount"}, "sw-ucb": {"window"}}
 for series in sweeps.get("request_decay", {}):
     swept.setdefault(series.split(",")[0].lower(), set()).add("request_decay")
-print(f"\nsensitivity sweep ({sensitivity['settings']['n_seeds']} seeds from 0): "
-      + "; ".join(f"{name}: {', '.join(map(str, values))}" for name, values in
-                  (("D-UCB discount", sensitivity["results"]["discounts"]), ("SW-UCB window", sensitivity["results"]["windows"]),
-                   ("ρ", sensitivity["results"]["request_decays"]))))
-print(f"table above: {next(iter(ns['regimes'].values()))['configs']['UCB1 (1 bit)']['n_seeds']} seeds from "
+swept_values = {"D-UCB discount": sensitivity["results"]["discounts"],
+                "SW-UCB window": sensitivity["results"]["windows"],
+                "ρ": sensitivity["results"]["request_decays"]}
+print(f"\nsensitivity sweep ({sensitivity['settings']['n_seeds']} seeds from 0):")
+for name, values in swept_values.items():
+    print(f"  {name}: {', '.join(map(str, values))}")
+first_regime = next(iter(ns["regimes"].values()))["configs"]
+print(f"table above: {first_regime['UCB1 (1 bit)']['n_seeds']} seeds from "
       f"{ns.get('first_seed', 0)}")
-unswept = [label for label, entry in next(iter(ns["regimes"].values()))["configs"].items()
-           if set(entry["kwargs"]) - {"horizon"} - swept.get(entry["policy"], set())]
-print("settings in the table that the sweep never varied (single choices):", "; ".join(unswept))
+unswept = [label for label, entry in first_regime.items()
+           if set(entry["kwargs"]) - {"horizon"}
+           - swept.get(entry["policy"], set())]
+print("settings in the table that the sweep never varied (single choices):")
+for label in unswept:
+    print(f"  {label}")
 
 # %%
 plots.plot_nonstationary_regret(nonstationary)
@@ -203,22 +235,28 @@ plots.plot_nonstationary_regret(nonstationary)
 
 # %%
 def best_ratio(regime: dict, keep) -> tuple[float, str]:
-    candidates = [(entry["ratio_to_ucb1"], label) for label, entry in regime["configs"].items()
-                  if entry["policy"] != "oracle" and label != "UCB1 (1 bit)" and keep(entry)]
+    candidates = [(entry["ratio_to_ucb1"], label)
+                  for label, entry in regime["configs"].items()
+                  if entry["policy"] != "oracle" and label != "UCB1 (1 bit)"
+                  and keep(entry)]
     return min(candidates)
 
 
 groups = {
-    "1 bit, forgetting (SW-UCB / D-UCB / D-TS)": lambda e: e["observation"] == "bit" and e["feedback"] == "bandit"
-    and e["policy"] in ("sw-ucb", "d-ucb", "d-ts"),
+    "1 bit, forgetting (SW-UCB / D-UCB / D-TS)":
+        lambda e: e["observation"] == "bit" and e["feedback"] == "bandit"
+        and e["policy"] in ("sw-ucb", "d-ucb", "d-ts"),
     "bandit feedback, any information": lambda e: e["feedback"] == "bandit",
     "full feedback": lambda e: e["feedback"] == "full",
 }
 for switch, regime in ns["regimes"].items():
+    print(f"switch every {switch} steps, the best of each group:")
     for group, keep in groups.items():
         ratio, label = best_ratio(regime, keep)
-        print(f"switch every {switch:>4}: {group:45s} best {ratio:4.2f}× UCB1  ({label})")
-print("best with bandit feedback only, worst case over both regimes:", ns["best_with_bandit_feedback"])
+        print(f"  {group:43s} {ratio:4.2f}× UCB1\n      {label}")
+best = ns["best_with_bandit_feedback"]
+print("best with bandit feedback only, worst case over both regimes:")
+print(f"  {best['label']}: {best['worst_ratio_to_ucb1']:.2f}× UCB1")
 
 # %% [markdown]
 # What the numbers say:
@@ -255,15 +293,19 @@ for switch, regime in sensitivity["results"]["regimes"].items():
     by_window = dict(zip(series["x"], series["ratio"]))
     worst = max(by_window, key=by_window.get)
     at_switch = by_window.get(int(switch))
-    text = (f"switch every {switch}: " + ", ".join(f"W={w} {r:.2f}×" for w, r in by_window.items())
+    text = (f"switch every {switch}: "
+            + ", ".join(f"W={w} {r:.2f}×" for w, r in by_window.items())
             + f" — best W={min(by_window, key=by_window.get)}, worst W={worst}")
     if at_switch is not None:
         longer = [w for w in by_window if w > int(switch)]
-        text += (f"; W = the switch interval ({at_switch:.2f}×) is " + ("the worst" if worst == int(switch) else
-                 "not the worst: " + ", ".join(f"W={w} {by_window[w]:.2f}×" for w in longer if by_window[w] > at_switch)
-                 + " are worse"))
+        worse = ", ".join(f"W={w} {by_window[w]:.2f}×"
+                          for w in longer if by_window[w] > at_switch)
+        text += (f"; W = the switch interval ({at_switch:.2f}×) is "
+                 + ("the worst" if worst == int(switch)
+                    else "not the worst: " + worse + " are worse"))
     lines.append(text)
-display(Markdown("SW-UCB with full feedback, regret / UCB1 by window:\n\n" + "\n".join(f"* {line}" for line in lines)))
+display(Markdown("SW-UCB with full feedback, regret / UCB1 by window:\n\n"
+                 + "\n".join(f"* {line}" for line in lines)))
 
 # %% [markdown]
 # ## When the best-accepted draft is not the fastest
@@ -274,7 +316,10 @@ display(Markdown("SW-UCB with full feedback, regret / UCB1 by window:\n\n" + "\n
 
 # %%
 cost = load_or_run("cost", rounds=2000, seeds=20)
+print(f"{'policy, reward':36s}  {'share of steps per draft':24s}  "
+      "throughput regret")
 for label, entry in cost["results"]["policies"].items():
-    print(f"{label:40s} share of steps per draft {np.round(entry['pull_share'], 3)}, "
-          f"throughput regret {entry['final_regret_mean']:.1f} ± {entry['final_regret_ci95']:.1f}")
+    shares = str(np.round(entry["pull_share"], 3))
+    print(f"{label:36s}  {shares:24s}  {entry['final_regret_mean']:8.1f} ± "
+          f"{entry['final_regret_ci95']:.1f}")
 plots.plot_cost_aware_shares(cost)
