@@ -30,7 +30,8 @@ import socket
 import sys
 from pathlib import Path
 
-ON_COLAB = "google.colab" in sys.modules  # the Colab copy of this chapter installs the package first
+# the Colab copy of this chapter installs the package first
+ON_COLAB = "google.colab" in sys.modules
 
 from IPython.display import Markdown, display
 import torch
@@ -38,13 +39,16 @@ import torch
 # %matplotlib inline
 
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton's CPU interpreter; must be set before triton is imported
+    # Triton's CPU interpreter; must be set before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import flashspec as fs
 
-RESULTS = next(path / "results" for path in (Path.cwd(), *Path.cwd().parents) if (path / "_toc.yml").exists())
+RESULTS = next(path / "results" for path in (Path.cwd(), *Path.cwd().parents)
+               if (path / "_toc.yml").exists())
+device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
 print(f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
-      f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}{' (Colab)' if ON_COLAB else ''}")
+      f"{device_name}{' (Colab)' if ON_COLAB else ''}")
 
 # %% [markdown]
 # ## The paper's three numbers cannot all describe one run
@@ -65,40 +69,58 @@ print(f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
 # everything else is computed from them.
 
 # %%
+import textwrap
+
 from flashspec import stats
 
-PAPER_T4 = {"tokens_per_s": 44.2, "step_latency_s": 22.1e-3, "alpha": 0.75, "gamma": 4}  # quoted from the paper
+
+def print_wrapped(text: str, indent: str = "  ") -> None:
+    """Print `text` in lines that fit the page (84 characters)."""
+    print(textwrap.fill(text, 84, subsequent_indent=indent, break_on_hyphens=False))
+
+
+# quoted from the paper
+PAPER_T4 = {"tokens_per_s": 44.2, "step_latency_s": 22.1e-3,
+            "alpha": 0.75, "gamma": 4}
 
 for name, definition in stats.ACCEPTANCE.items():
-    print(f"{name}: {definition}")
+    print_wrapped(f"{name}: {definition}")
 gamma, alpha = PAPER_T4["gamma"], PAPER_T4["alpha"]
 measured_per_step = PAPER_T4["tokens_per_s"] * PAPER_T4["step_latency_s"]
 if_token_acceptance = stats.tokens_per_step_from_token_acceptance(alpha, gamma)
 if_acceptance_rate = 1 + gamma * alpha
 per_token_ms = 1e3 / PAPER_T4["tokens_per_s"]
-print(f"\ntokens/s x step latency = {PAPER_T4['tokens_per_s']} x {PAPER_T4['step_latency_s'] * 1e3} ms "
+step_ms = PAPER_T4["step_latency_s"] * 1e3
+print(f"\ntokens/s x step latency = {PAPER_T4['tokens_per_s']} x {step_ms} ms "
       f"= {measured_per_step:.3f} tokens per step")
-print(f"α = {alpha} as token acceptance:  (1 - α^(γ+1)) / (1 - α) = {if_token_acceptance:.3f} tokens per step")
-print(f"α = {alpha} as acceptance rate:   1 + γα = {if_acceptance_rate:.3f} tokens per step")
-print(f"1 / tokens/s = {per_token_ms:.1f} ms per token; quoted step latency {PAPER_T4['step_latency_s'] * 1e3} ms "
-      f"({abs(per_token_ms / (PAPER_T4['step_latency_s'] * 1e3) - 1):.0%} apart)")
+print(f"α = {alpha} as token acceptance:  (1 - α^(γ+1)) / (1 - α) = "
+      f"{if_token_acceptance:.3f} tokens per step")
+print(f"α = {alpha} as acceptance rate:   1 + γα = "
+      f"{if_acceptance_rate:.3f} tokens per step")
+print(f"1 / tokens/s = {per_token_ms:.1f} ms per token; quoted step latency "
+      f"{step_ms} ms ({abs(per_token_ms / step_ms - 1):.0%} apart)")
 display(Markdown(
-    f"Whichever α the paper meant, its throughput times its step latency is **{measured_per_step:.3f} tokens per "
-    f"step**, fewer than the one token every step emits, while α = {alpha} at γ = {gamma} means "
-    f"{if_token_acceptance:.2f} tokens per step (token acceptance) or {if_acceptance_rate:.2f} (acceptance rate). "
-    "So the three numbers cannot all describe one run with a per-step latency. One reading fits two of them: "
-    f"1 / {PAPER_T4['tokens_per_s']} tokens/s is {per_token_ms:.1f} ms per token, close to the quoted "
-    f"{PAPER_T4['step_latency_s'] * 1e3} ms, so the quoted latency may be the time per generated token rather than "
-    "per step; then throughput and latency agree with each other and say nothing about α. Other readings — a median "
-    "over a long-tailed step distribution, steps timed without synchronising the GPU, numbers taken from different "
-    "runs — cannot be excluded: the paper does not say how it measured."))
+    "Whichever α the paper meant, its throughput times its step latency is "
+    f"**{measured_per_step:.3f} tokens per step**, fewer than the one token every "
+    f"step emits, while α = {alpha} at γ = {gamma} means {if_token_acceptance:.2f} "
+    f"tokens per step (token acceptance) or {if_acceptance_rate:.2f} (acceptance "
+    "rate). So the three numbers cannot all describe one run with a per-step "
+    "latency. One reading fits two of them: "
+    f"1 / {PAPER_T4['tokens_per_s']} tokens/s is {per_token_ms:.1f} ms per token, "
+    f"close to the quoted {step_ms} ms, so the quoted latency may be the time per "
+    "generated token rather than per step; then throughput and latency agree with "
+    "each other and say nothing about α. Other readings — a median over a "
+    "long-tailed step distribution, steps timed without synchronising the GPU, "
+    "numbers taken from different runs — cannot be excluded: the paper does not "
+    "say how it measured."))
 
 # %% [markdown]
 # ## Which measurement this run can make
 
 # %%
 def hub_reachable(host: str = "huggingface.co", timeout_s: float = 3.0) -> bool:
-    """True when the Hugging Face hub answers on port 443 (no download happens here)."""
+    """True when the Hugging Face hub answers on port 443 (no download happens
+    here)."""
     try:
         socket.create_connection((host, 443), timeout=timeout_s).close()
         return True
@@ -109,12 +131,14 @@ def hub_reachable(host: str = "huggingface.co", timeout_s: float = 3.0) -> bool:
 HAS_CUDA = torch.cuda.is_available()
 LIVE = HAS_CUDA and hub_reachable()
 if LIVE:
-    print("CUDA GPU and hub access: the next cell can run TinyLlama-1.1B-Chat live (run it by hand; "
-          "the book build skips it).")
+    print_wrapped("CUDA GPU and hub access: the next cell can run "
+                  "TinyLlama-1.1B-Chat live (run it by hand; the book build skips "
+                  "it).", indent="")
 else:
-    print(f"No live TinyLlama run here ({'no CUDA GPU' if not HAS_CUDA else 'no hub access'}): this page shows "
-          "the committed NVIDIA H200 results (when committed) and, when the offline CPU zoo is built, a small live "
-          "run on it.")
+    missing = "no CUDA GPU" if not HAS_CUDA else "no hub access"
+    print_wrapped(f"No live TinyLlama run here ({missing}): this page shows the "
+                  "committed NVIDIA H200 results (when committed) and, when the "
+                  "offline CPU zoo is built, a small live run on it.", indent="")
 
 # %% [markdown]
 # ### Live: TinyLlama-1.1B-Chat in NF4 with small Llama-tokenizer drafts (GPU with internet only)
@@ -134,36 +158,46 @@ if LIVE:
     from flashspec.engine import SpeculativeDecoder
 
     TARGET_ID = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
-    DRAFT_IDS = ["JackFram/llama-68m", "JackFram/llama-160m"]  # Llama-2 tokenizer (V = 32000), like TinyLlama
+    # Llama-2 tokenizer (V = 32000), like TinyLlama
+    DRAFT_IDS = ["JackFram/llama-68m", "JackFram/llama-160m"]
     tokenizer = models.load_tokenizer(TARGET_ID)
     target = models.load_model(TARGET_ID, quantization="nf4")
 
     def load_draft(name: str):
-        """A small draft, or None when it cannot share the target's tokenizer (then it is left out, loudly)."""
+        """A small draft, or None when it cannot share the target's tokenizer
+        (then it is left out, loudly)."""
         draft = models.load_model(name, dtype="fp16")
         draft_tokenizer = models.load_tokenizer(name)
-        for field in ("bos_token_id", "eos_token_id"):  # some checkpoints' configs disagree with their own tokenizer
+        # some checkpoints' configs disagree with their own tokenizer
+        for field in ("bos_token_id", "eos_token_id"):
             for config in (draft.config, draft.generation_config):
                 setattr(config, field, getattr(draft_tokenizer, field))
         try:
-            models.check_compatible(target, draft, tokenizer, draft_tokenizer, draft_name=name)
+            models.check_compatible(target, draft, tokenizer, draft_tokenizer,
+                                    draft_name=name)
         except ValueError as error:
             print(f"left out {name}: {error}")
             return None
         return draft
 
     loaded = {name: load_draft(name) for name in DRAFT_IDS}
-    drafts = [draft for draft in loaded.values() if draft is not None] + [PromptLookupDrafter()]
-    print("draft pool:", [name for name, draft in loaded.items() if draft is not None], "+ prompt lookup")
-    messages = [{"role": "user", "content": "Explain in a paragraph why the sky is blue."}]
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+    drafts = [draft for draft in loaded.values() if draft is not None]
+    drafts.append(PromptLookupDrafter())
+    kept = [name for name, draft in loaded.items() if draft is not None]
+    print("draft pool:", kept, "+ prompt lookup")
+    messages = [{"role": "user",
+                 "content": "Explain in a paragraph why the sky is blue."}]
+    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                           return_tensors="pt")
     prompt = prompt if isinstance(prompt, torch.Tensor) else prompt["input_ids"]
     prompt = prompt.to(target.device)
     sampling = fs.SamplingParams(temperature=1.0)
 
-    decoder = SpeculativeDecoder(target, drafts, policy="thompson", gamma=PAPER_T4["gamma"])
-    target.generate(prompt, do_sample=True, max_new_tokens=8)  # warm-up: CUDA context, cuBLAS, bitsandbytes
-    decoder.generate(prompt, max_new_tokens=8, sampling=sampling, seed=1)  # warm-up: Triton compiles its kernels
+    decoder = SpeculativeDecoder(target, drafts, policy="thompson",
+                                 gamma=PAPER_T4["gamma"])
+    # warm-up: CUDA context, cuBLAS, bitsandbytes; then Triton compiles its kernels
+    target.generate(prompt, do_sample=True, max_new_tokens=8)
+    decoder.generate(prompt, max_new_tokens=8, sampling=sampling, seed=1)
     decoder.policy.reset()
 
     torch.cuda.synchronize()
@@ -171,15 +205,19 @@ if LIVE:
     target.generate(prompt, do_sample=True, max_new_tokens=128, min_new_tokens=128)
     torch.cuda.synchronize()
     plain_tokens_per_s = 128 / (time.perf_counter() - start)
-    result = decoder.generate(prompt, max_new_tokens=128, sampling=sampling, seed=0, ignore_eos=True, timing=True)
+    result = decoder.generate(prompt, max_new_tokens=128, sampling=sampling, seed=0,
+                              ignore_eos=True, timing=True)
     summary = result.stats.summary()
     print(f"LIVE run on {torch.cuda.get_device_name()} (target NF4, drafts fp16):")
     print(f"  plain autoregressive: {plain_tokens_per_s:.1f} tokens/s")
     print(result.stats.format_table())
-    print(f"  tokens/s x mean step latency = {summary['tokens_per_s'] * summary['mean_step_latency_s']:.2f} tokens "
-          f"(all from this one run; short of tokens per step by the prefill's share of the time), "
-          f"mean tokens per step = {summary['mean_tokens_per_step']:.2f}")
-    print(tokenizer.decode(result.sequences[0, prompt.shape[1]:], skip_special_tokens=True))
+    identity = summary["tokens_per_s"] * summary["mean_step_latency_s"]
+    print_wrapped(f"  tokens/s x mean step latency = {identity:.2f} tokens (all "
+                  "from this one run; short of tokens per step by the prefill's "
+                  "share of the time), mean tokens per step = "
+                  f"{summary['mean_tokens_per_step']:.2f}", indent="    ")
+    print(tokenizer.decode(result.sequences[0, prompt.shape[1]:],
+                           skip_special_tokens=True))
 else:
     print("skipped: needs a CUDA GPU and the Hugging Face hub")
 
@@ -200,17 +238,20 @@ else:
 # %%
 from flashspec import bench_engine, plots
 
-engine_files = sorted(path for path in RESULTS.glob("*engine*h200*.json") if "tiny" not in path.name)
+engine_files = sorted(path for path in RESULTS.glob("*engine*h200*.json")
+                      if "tiny" not in path.name)
 if engine_files:
     engine_path = engine_files[-1]
     engine_record = json.loads(engine_path.read_text())
     hardware, versions = engine_record["hardware"], engine_record["versions"]
     settings = engine_record["settings"]
-    print(f"Committed: {engine_path.name}: {hardware.get('gpu')}, torch {versions['torch']}, transformers "
-          f"{versions['transformers']}, git {engine_record['git_sha'][:8]}, {engine_record['date_utc']}")
-    print(f"{'batch':>6} {'method':>28} {'tokens/s':>9} {'acc.rate':>8} {'tok.acc.':>8} {'p50 step':>9} "
-          f"{'tok/step':>8} {'rows/step':>9} {'tok/s x p50 / rows':>18}  timed runs (s)")
-    mixed_runs = []  # rows where the paper's arithmetic gives more tokens per step than the row measured
+    print(f"Committed: {engine_path.name}: {hardware.get('gpu')},")
+    print(f"  torch {versions['torch']}, transformers {versions['transformers']}, "
+          f"git {engine_record['git_sha'][:8]}, {engine_record['date_utc']}")
+    # rows where the paper's arithmetic gives more tokens per step than the row
+    # measured
+    mixed_runs = []
+    table = []  # one row per cell, printed below as two tables of fewer columns
     for batch_label, block in engine_record["results"].items():
         batch = int(batch_label.split("=")[1])
         for method, raw in block["cells"].items():
@@ -220,24 +261,49 @@ if engine_files:
             sequential = "hf_assisted_sequential" in raw
             rows = cell.get("rows_per_step", 1 if sequential else batch)
             # older files: a sequential cell counted the steps of row 0 only
-            per_step = cell.get("tokens_per_step") or settings["max_new_tokens"] / cell["steps_row0"]
-            rate = cell.get("acceptance_rate", cell.get("alpha"))  # "alpha" is the acceptance rate's old name
-            token_acc = cell.get("token_acceptance", stats.token_acceptance_from_tokens_per_step(per_step, gamma))
-            identity = cell["tokens_per_s"] * cell["p50_step_latency_ms"] / 1e3 / rows
+            per_step = (cell.get("tokens_per_step")
+                        or settings["max_new_tokens"] / cell["steps_row0"])
+            # "alpha" is the acceptance rate's old name
+            rate = cell.get("acceptance_rate", cell.get("alpha"))
+            token_acc = cell.get(
+                "token_acceptance",
+                stats.token_acceptance_from_tokens_per_step(per_step, gamma))
+            identity = (cell["tokens_per_s"] * cell["p50_step_latency_ms"] / 1e3
+                        / rows)
             if identity > per_step * 1.001:
                 mixed_runs.append((batch_label, method, identity, per_step))
-            print(f"{batch_label:>6} {method + (' (rows one at a time)' if sequential else ''):>28} {cell['tokens_per_s']:9.1f} "
-                  f"{'-' if rate is None else format(rate, '.3f'):>8} {'-' if rate is None else format(token_acc, '.3f'):>8} "
-                  f"{cell['p50_step_latency_ms']:7.2f}ms {per_step:8.2f} {rows:9d} {identity:18.2f}  "
-                  + " ".join(f"{t:.2f}" for t in cell["times_s"]))
+            table.append({
+                "batch": batch_label,
+                "method": method + ("*" if sequential else ""),
+                "tokens/s": f"{cell['tokens_per_s']:.1f}",
+                "acc.rate": "-" if rate is None else f"{rate:.3f}",
+                "tok.acc.": "-" if rate is None else f"{token_acc:.3f}",
+                "p50 step": f"{cell['p50_step_latency_ms']:.2f}ms",
+                "tok/step": f"{per_step:.2f}", "rows/step": f"{rows:d}",
+                "tok/s x p50 / rows": f"{identity:.2f}",
+                "timed runs (s)": " ".join(f"{t:.2f}" for t in cell["times_s"]),
+            })
+    columns = list(table[0])
+    widths = {name: max(len(name), *(len(row[name]) for row in table))
+              for name in columns}
+    for group in (columns[:7], columns[:2] + columns[7:]):
+        print()
+        for row in [dict(zip(columns, columns)), *table]:  # the header, then rows
+            print("  ".join(f"{row[name]:>{widths[name]}}" for name in group))
+    if any(row["method"].endswith("*") for row in table):
+        print("* Hugging Face assisted generation, rows one at a time")
     display(plots.plot_engine_benchmark(engine_record))
-    display(Markdown(f"**Figure.** Decoding throughput on the {hardware.get('gpu')} ({engine_record['date_utc']}, git "
-                     f"`{engine_record['git_sha'][:8]}`), random-weight TinyLlama-1.1B-shaped target and "
-                     f"llama-68m-shaped draft, bf16; bars are labelled with the acceptance rate. Regenerate: "
-                     f"`{engine_record['command']}`."))
+    display(Markdown(
+        f"**Figure.** Decoding throughput on the {hardware.get('gpu')} "
+        f"({engine_record['date_utc']}, git `{engine_record['git_sha'][:8]}`), "
+        "random-weight TinyLlama-1.1B-shaped target and llama-68m-shaped draft, "
+        "bf16; bars are labelled with the acceptance rate. Regenerate: "
+        f"`{engine_record['command']}`."))
 else:
-    print("The H200 engine benchmark is not committed yet (results/bench_engine_nvidia_h200.json from "
-          "`flashspec bench engine` on the H200): this page shows no GPU throughput measurement.")
+    print_wrapped("The H200 engine benchmark is not committed yet "
+                  "(results/bench_engine_nvidia_h200.json from `flashspec bench "
+                  "engine` on the H200): this page shows no GPU throughput "
+                  "measurement.", indent="")
 
 # %% [markdown]
 # **Which run each number comes from.** Within one run, tokens/s × mean step time = tokens per step × the share of
@@ -247,24 +313,33 @@ else:
 # %%
 if engine_files:
     one_run = all("runs" in bench_engine.cell_of(block["cells"], method)
-                  for block in engine_record["results"].values() for method in block["cells"])
+                  for block in engine_record["results"].values()
+                  for method in block["cells"])
     if one_run:
-        text = ("Every number of a cell in this file comes from one timed run, the one with the median wall time "
-                "(all runs are kept in the file), so each row's arithmetic describes one run.")
+        text = ("Every number of a cell in this file comes from one timed run, the "
+                "one with the median wall time (all runs are kept in the file), so "
+                "each row's arithmetic describes one run.")
     else:
-        text = (f"In this file, **tokens/s is the median of {settings['repeats']} timed runs**, while the acceptance, "
-                "the p50 step latency and tokens per step come from **one more, instrumented run** (FlashSpec with a "
-                "device synchronisation around every step; Hugging Face and plain decoding with one before every "
-                "target forward). For Hugging Face assisted generation at B > 1, tokens/s comes from a single timed "
-                "loop over the rows, and the p50 and acceptance from one further run of row 0 alone. So a row's "
-                "arithmetic mixes runs")
+        text = ("In this file, **tokens/s is the median of "
+                f"{settings['repeats']} timed runs**, while the acceptance, the "
+                "p50 step latency and tokens per step come from **one more, "
+                "instrumented run** (FlashSpec with a device synchronisation "
+                "around every step; Hugging Face and plain decoding with one "
+                "before every target forward). For Hugging Face assisted "
+                "generation at B > 1, tokens/s comes from a single timed loop "
+                "over the rows, and the p50 and acceptance from one further run "
+                "of row 0 alone. So a row's arithmetic mixes runs")
         if mixed_runs:
-            text += (": " + "; ".join(f"{method} at {label} gives {identity:.2f} tokens per step against "
-                                      f"{per_step:.2f} measured" for label, method, identity, per_step in mixed_runs)
-                     + " — more than one run with regular steps could give, so the timed runs stepped faster than "
-                     "the instrumented one")
-        text += (". `flashspec bench engine` now reports every number of a cell from its median timed run (every run "
-                 "instrumented, none extra), so the next file it writes will not mix runs.")
+            text += (": " + "; ".join(f"{method} at {label} gives {identity:.2f} "
+                                      f"tokens per step against {per_step:.2f} "
+                                      "measured"
+                                      for label, method, identity, per_step
+                                      in mixed_runs)
+                     + " — more than one run with regular steps could give, so the "
+                     "timed runs stepped faster than the instrumented one")
+        text += (". `flashspec bench engine` now reports every number of a cell "
+                 "from its median timed run (every run instrumented, none extra), "
+                 "so the next file it writes will not mix runs.")
     display(Markdown(text))
 
 # %% [markdown]
@@ -288,20 +363,26 @@ if engine_files:
         judged = bench_engine.comparisons(block["cells"])
         for name, comparison in judged.items():
             label = f"{name} (control)" if name == bench_engine.CONTROL else name
-            print(f"{batch_label:>5} {label:34s} {comparison.ratio:5.2f}x  runs {comparison.low:.2f}-{comparison.high:.2f}x"
-                  f"  {comparison.verdict}: {comparison.reason}")
+            print(f"{batch_label:>5} {label:34s} {comparison.ratio:5.2f}x  "
+                  f"runs {comparison.low:.2f}-{comparison.high:.2f}x  "
+                  f"{comparison.verdict}")
+            print_wrapped(f"      {comparison.reason}", indent="      ")
         control = judged.get(bench_engine.CONTROL)
         if control is not None and control.verdict != "inconclusive":
-            undecided[batch_label] = (control, bench_engine.cell_of(block["cells"], "flashspec")["times_s"])
+            own_times = bench_engine.cell_of(block["cells"], "flashspec")["times_s"]
+            undecided[batch_label] = (control, own_times)
     if undecided:
         display(Markdown(
             "In this file the control fails: " + "; ".join(
-                f"at {label}, identical work ran {control.ratio:.2f}× faster as flashspec_pool (runs "
-                f"{control.low:.2f}–{control.high:.2f}×) and FlashSpec's own repeats took "
+                f"at {label}, identical work ran {control.ratio:.2f}× faster as "
+                f"flashspec_pool (runs {control.low:.2f}–{control.high:.2f}×) and "
+                "FlashSpec's own repeats took "
                 + " → ".join(f"{t:.2f}" for t in times) + " s"
                 for label, (control, times) in undecided.items())
-            + ". The differences between these cells measure warm-up and run order, not FlashSpec: this file decides "
-            "no speed-up or slow-down of FlashSpec against plain decoding or Hugging Face, in either direction."))
+            + ". The differences between these cells measure warm-up and run "
+            "order, not FlashSpec: this file decides no speed-up or slow-down of "
+            "FlashSpec against plain decoding or Hugging Face, in either "
+            "direction."))
 
 # %% [markdown]
 # ## Taking the CPU out of the loop
@@ -319,8 +400,11 @@ if engine_files:
 
 # %%
 def body(record: dict) -> dict:
-    """A results file's payload (files keep it under "results" or at the top level)."""
-    return record.get("results", record) if isinstance(record.get("results"), dict) else record
+    """A results file's payload (files keep it under "results" or at the top
+    level)."""
+    if isinstance(record.get("results"), dict):
+        return record.get("results", record)
+    return record
 
 
 def result_file(name: str) -> dict | None:
@@ -331,14 +415,17 @@ def result_file(name: str) -> dict | None:
 runner_record = result_file("bench_runner_h200.json")
 if runner_record:
     cells = body(runner_record)["cells"]
-    print(f"{'model':14s} {'q':>2s} {'HF eager':>9s} {'graph':>7s} {'floor':>7s}  eager/graph  graph/floor (ms, median)")
+    print(f"{'model':14s} {'q':>2s} {'HF eager':>9s} {'graph':>7s} {'floor':>7s}  "
+          "eager/graph  graph/floor (ms, median)")
     for model_name, block in cells.items():
         for row in block["results"]:
             if row["batch"] != 1:
                 continue
-            eager, graph, floor = row["hf_eager"]["median_ms"], row["runner_graph"]["median_ms"], row["floor_ms"]
-            print(f"{model_name:14s} {row['q']:2d} {eager:9.2f} {graph:7.2f} {floor:7.3f}  {eager / graph:10.1f}x"
-                  f"  {graph / floor:10.1f}x")
+            eager = row["hf_eager"]["median_ms"]
+            graph = row["runner_graph"]["median_ms"]
+            floor = row["floor_ms"]
+            print(f"{model_name:14s} {row['q']:2d} {eager:9.2f} {graph:7.2f} "
+                  f"{floor:7.3f}  {eager / graph:10.1f}x  {graph / floor:10.1f}x")
 
 # %% [markdown]
 # Now whole generations, side by side in one run (`experiments/bench_fast.py`: Hugging Face `generate`, Hugging
@@ -347,27 +434,38 @@ if runner_record:
 # 256 new tokens, one warm-up request, three timed repeats; the speed-up verdicts use the repeats' spread as above):
 
 # %%
-fast_records = {batch: result_file(f"bench_fast_b{batch}_h200.json") for batch in (1, 8)}
+fast_records = {batch: result_file(f"bench_fast_b{batch}_h200.json")
+                for batch in (1, 8)}
 fast_records = {batch: record for batch, record in fast_records.items() if record}
+pairs = (("fast_plain", "hf_plain"), ("fast_speculative", "hf_assisted"),
+         ("fast_speculative", "fast_plain"),
+         ("fast_speculative", "flashspec_eager"))
 for batch, record in fast_records.items():
     cell = body(record)["cells"][0]
     methods = cell["methods"]
-    print(f"B = {batch}: " + ", ".join(f"{name} {entry['tok_s_median']:.0f} tok/s" for name, entry in methods.items()))
-    for candidate, baseline in (("fast_plain", "hf_plain"), ("fast_speculative", "hf_assisted"),
-                                ("fast_speculative", "fast_plain"), ("fast_speculative", "flashspec_eager")):
+    print_wrapped(f"B = {batch}, tok/s: " + ", ".join(
+        f"{name}={entry['tok_s_median']:.0f}" for name, entry in methods.items()),
+        indent="   ")
+    for candidate, baseline in pairs:
         if candidate in methods and baseline in methods:
-            verdict = stats.compare_runs(methods[baseline]["seconds"], methods[candidate]["seconds"])
-            print(f"   {candidate} / {baseline}: {verdict.ratio:5.2f}x (runs {verdict.low:.2f}-{verdict.high:.2f}x) "
-                  f"{verdict.verdict}")
+            verdict = stats.compare_runs(methods[baseline]["seconds"],
+                                         methods[candidate]["seconds"])
+            print(f"   {candidate} / {baseline}: {verdict.ratio:5.2f}x "
+                  f"(runs {verdict.low:.2f}-{verdict.high:.2f}x) {verdict.verdict}")
     spec = methods["fast_speculative"]
-    print(f"   fast speculative: acceptance rate {spec['acceptance_rate']:.2f}, {spec['mean_tokens_per_step']:.2f} "
-          f"tokens/step, step p50 {1e3 * spec['p50_step_latency_s']:.2f} ms; roofline "
-          f"{100 * cell['roofline_fraction']:.0f}% of (tokens/step) / (bytes per step / copy bandwidth)")
+    print(f"   fast speculative: acceptance rate {spec['acceptance_rate']:.2f}, "
+          f"{spec['mean_tokens_per_step']:.2f} tokens/step, "
+          f"step p50 {1e3 * spec['p50_step_latency_s']:.2f} ms;")
+    print(f"   roofline {100 * cell['roofline_fraction']:.0f}% of "
+          "(tokens/step) / (bytes per step / copy bandwidth)")
 if fast_records:
     first = next(iter(fast_records.values()))
     meta = first.get("metadata", first.get("provenance", {}))
-    print("hardware:", meta.get("hardware", {}).get("gpu"), "| versions:", meta.get("versions"), "| git",
+    versions = meta.get("versions") or {}
+    print("hardware:", meta.get("hardware", {}).get("gpu"), "| git",
           str(meta.get("git_sha"))[:7], "|", meta.get("date_utc"))
+    print("versions:", ", ".join(f"{name} {version}"
+                                 for name, version in versions.items()) or None)
 
 # %% [markdown]
 # Three repeats a side is the fewest the rule accepts (a chance separation has probability 0.1), so every
@@ -384,63 +482,100 @@ if fast_records and runner_record:
     cells = body(runner_record)["cells"]
 
     def forward_ms(model_name: str, q: int, column: str) -> float:
-        return next(row[column]["median_ms"] for row in cells[model_name]["results"] if row["batch"] == 1 and row["q"] == q)
+        return next(row[column]["median_ms"] for row in cells[model_name]["results"]
+                    if row["batch"] == 1 and row["q"] == q)
 
     cell = body(fast_records[1])["cells"][0]
-    parts, gamma = cell["anatomy_ms"], body(fast_records[1]).get("settings", fast_records[1].get("settings"))["gamma"]
+    parts = cell["anatomy_ms"]
+    gamma = body(fast_records[1]).get("settings",
+                                      fast_records[1].get("settings"))["gamma"]
     eager_step = 1e3 * cell["methods"]["flashspec_eager"]["p50_step_latency_s"]
-    eager_parts = {"target forward (γ+1)": forward_ms("tinyllama-1b", 5, "hf_eager"),
-                   "draft forwards": gamma * forward_ms("llama-68m", 1, "hf_eager")}
+    eager_parts = {
+        "target forward (γ+1)": forward_ms("tinyllama-1b", 5, "hf_eager"),
+        "draft forwards": gamma * forward_ms("llama-68m", 1, "hf_eager"),
+    }
     eager_parts["verify + host"] = max(eager_step - sum(eager_parts.values()), 0.0)
-    graph_parts = {"target forward (γ+1)": parts["target_forward_q"],
-                   "draft forwards": parts["draft_window_q"] + (gamma - 1) * parts["draft_forward_1"],
-                   "verify + host": parts["verify"] + max(cell["step_ms_fixed_draft_p50"] - parts["sum_of_parts_ms"], 0)}
+    untimed = max(cell["step_ms_fixed_draft_p50"] - parts["sum_of_parts_ms"], 0)
+    graph_parts = {
+        "target forward (γ+1)": parts["target_forward_q"],
+        "draft forwards":
+            parts["draft_window_q"] + (gamma - 1) * parts["draft_forward_1"],
+        "verify + host": parts["verify"] + untimed,
+    }
     figure, axis = plt.subplots(figsize=(6.5, 2.6))
     left = {"eager engine": 0.0, "fast path (graphs)": 0.0}
-    colours = {"target forward (γ+1)": "#4c72b0", "draft forwards": "#dd8452", "verify + host": "#8c8c8c"}
+    colours = {"target forward (γ+1)": "#4c72b0", "draft forwards": "#dd8452",
+               "verify + host": "#8c8c8c"}
     for part, colour in colours.items():
-        for label, values in (("eager engine", eager_parts), ("fast path (graphs)", graph_parts)):
-            axis.barh(label, values[part], left=left[label], color=colour, label=part if label == "eager engine" else None)
+        for label, values in (("eager engine", eager_parts),
+                              ("fast path (graphs)", graph_parts)):
+            axis.barh(label, values[part], left=left[label], color=colour,
+                      label=part if label == "eager engine" else None)
             left[label] += values[part]
     axis.set_xlabel("ms per speculative step (B = 1, γ = 4, NVIDIA H200)")
     axis.legend(fontsize=8, loc="lower right")
     figure.tight_layout()
     plt.show()
-    print(f"eager step {eager_step:.1f} ms; fast step {cell['step_ms_fixed_draft_p50']:.2f} ms = "
-          f"{cell['step_over_parts']:.2f} x the sum of its graphed parts ({parts['sum_of_parts_ms']:.2f} ms)")
-    print(f"alternating between the draft and prompt lookup every step: p50 {cell['step_ms_alternating_p50']:.2f} ms "
-          f"(every model draft re-reads the last γ+1 tokens each step, so a switch has nothing to catch up)")
+    print(f"eager step {eager_step:.1f} ms; "
+          f"fast step {cell['step_ms_fixed_draft_p50']:.2f} ms")
+    print(f"  = {cell['step_over_parts']:.2f} x the sum of its graphed parts "
+          f"({parts['sum_of_parts_ms']:.2f} ms)")
+    print_wrapped("alternating between the draft and prompt lookup every step: p50 "
+                  f"{cell['step_ms_alternating_p50']:.2f} ms (every model draft "
+                  "re-reads the last γ+1 tokens each step, so a switch has nothing "
+                  "to catch up)")
 
 # %%
 if fast_records and runner_record:
     b1 = body(fast_records[1])["cells"][0]
-    ratio = lambda cell, a, b: cell["methods"][a]["tok_s_median"] / cell["methods"][b]["tok_s_median"]  # noqa: E731
+
+    def ratio(cell: dict, a: str, b: str) -> float:
+        methods = cell["methods"]
+        return methods[a]["tok_s_median"] / methods[b]["tok_s_median"]
+
     b8 = body(fast_records[8])["cells"][0] if 8 in fast_records else None
     graph_over_floor = [row["runner_graph"]["median_ms"] / row["floor_ms"]
-                        for row in cells["tinyllama-1b"]["results"] if row["batch"] == 1]
-    eager_over_graph = [row["hf_eager"]["median_ms"] / row["runner_graph"]["median_ms"]
-                        for block in cells.values() for row in block["results"] if row["batch"] == 1]
+                        for row in cells["tinyllama-1b"]["results"]
+                        if row["batch"] == 1]
+    eager_over_graph = [
+        row["hf_eager"]["median_ms"] / row["runner_graph"]["median_ms"]
+        for block in cells.values() for row in block["results"] if row["batch"] == 1
+    ]
     plain_step = 1e3 / b1["methods"]["fast_plain"]["tok_s_median"]
+    spec_per_step = b1["methods"]["fast_speculative"]["mean_tokens_per_step"]
     display(Markdown(
         "What this shows, and what it does not:\n\n"
-        f"* The host is gone from the step: the fast step is {b1['step_over_parts']:.2f}× the sum of its own graphed "
-        "parts, and a GPU test (`tests/test_fast.py::test_graph_replayed_steps_make_no_host_sync`) replays 16 steps "
-        "under `torch.cuda.set_sync_debug_mode(\"error\")` without a synchronisation. Graphs alone make each forward "
-        f"{min(eager_over_graph):.0f}–{max(eager_over_graph):.0f}× faster than Hugging Face's eager forward.\n"
-        f"* Fast plain decoding is {ratio(b1, 'fast_plain', 'hf_plain'):.1f}× Hugging Face's `generate` at B = 1"
-        + (f" and {ratio(b8, 'fast_plain', 'hf_plain'):.1f}× at B = 8" if b8 else "")
-        + f"; fast speculative decoding is {ratio(b1, 'fast_speculative', 'hf_assisted'):.1f}× Hugging Face's assisted "
-        "generation at B = 1 (whose own repeats spread widely). Against fast plain decoding, speculation gains only "
+        "* The host is gone from the step: the fast step is "
+        f"{b1['step_over_parts']:.2f}× the sum of its own graphed parts, and a GPU "
+        "test (`tests/test_fast.py::test_graph_replayed_steps_make_no_host_sync`) "
+        "replays 16 steps under `torch.cuda.set_sync_debug_mode(\"error\")` "
+        "without a synchronisation. Graphs alone make each forward "
+        f"{min(eager_over_graph):.0f}–{max(eager_over_graph):.0f}× faster than "
+        "Hugging Face's eager forward.\n"
+        f"* Fast plain decoding is {ratio(b1, 'fast_plain', 'hf_plain'):.1f}× "
+        "Hugging Face's `generate` at B = 1"
+        + (f" and {ratio(b8, 'fast_plain', 'hf_plain'):.1f}× at B = 8"
+           if b8 else "")
+        + "; fast speculative decoding is "
+        f"{ratio(b1, 'fast_speculative', 'hf_assisted'):.1f}× Hugging Face's "
+        "assisted generation at B = 1 (whose own repeats spread widely). Against "
+        "fast plain decoding, speculation gains only "
         f"{ratio(b1, 'fast_speculative', 'fast_plain'):.2f}× at B = 1"
-        + (f" and {ratio(b8, 'fast_speculative', 'fast_plain'):.2f}× at B = 8" if b8 else "")
-        + f": with random weights the acceptance is an artefact ({b1['methods']['fast_speculative']['mean_tokens_per_step']:.2f} "
-        f"tokens per step), and each {b1['step_ms_fixed_draft_p50']:.1f} ms step pays the target's (γ+1)-token forward "
-        f"({b1['anatomy_ms']['target_forward_q']:.1f} ms) and the drafts, against a {plain_step:.1f} ms plain step.\n"
-        f"* What is left to the floor is the forward itself: the graphed TinyLlama-shaped forward is "
-        f"{min(graph_over_floor):.1f}–{max(graph_over_floor):.1f}× its HBM floor, because each layer is still a dozen "
-        "small kernels. `torch.compile` before capture cuts it further (`results/bench_runner_h200_compile.json`) "
-        "but costs about a minute per shape; the fast path does not use it yet.\n"
-        "* Not measured here: a trained pair with meaningful acceptance on the fast path, and NF4 targets on it."))
+        + (f" and {ratio(b8, 'fast_speculative', 'fast_plain'):.2f}× at B = 8"
+           if b8 else "")
+        + ": with random weights the acceptance is an artefact "
+        f"({spec_per_step:.2f} tokens per step), and each "
+        f"{b1['step_ms_fixed_draft_p50']:.1f} ms step pays the target's "
+        f"(γ+1)-token forward ({b1['anatomy_ms']['target_forward_q']:.1f} ms) and "
+        f"the drafts, against a {plain_step:.1f} ms plain step.\n"
+        "* What is left to the floor is the forward itself: the graphed "
+        "TinyLlama-shaped forward is "
+        f"{min(graph_over_floor):.1f}–{max(graph_over_floor):.1f}× its HBM floor, "
+        "because each layer is still a dozen small kernels. `torch.compile` before "
+        "capture cuts it further (`results/bench_runner_h200_compile.json`) but "
+        "costs about a minute per shape; the fast path does not use it yet.\n"
+        "* Not measured here: a trained pair with meaningful acceptance on the "
+        "fast path, and NF4 targets on it."))
 
 # %% [markdown]
 # **A trained pair.** Random weights make acceptance an artefact, so the same benchmark ran on the trained GPU
@@ -452,28 +587,39 @@ zoo_record = result_file("bench_fast_zoo_gpu_h200.json")
 if zoo_record:
     for cell in body(zoo_record)["cells"]:
         methods = cell["methods"]
-        print(f"B = {cell['batch']}: " + ", ".join(f"{name} {entry['tok_s_median']:.0f}" for name, entry in methods.items())
-              + " tok/s")
+        plain_step_ms = 1e3 * methods["fast_plain"]["p50_step_latency_s"]
+        speeds = ", ".join(f"{name}={entry['tok_s_median']:.0f}"
+                           for name, entry in methods.items())
+        print_wrapped(f"B = {cell['batch']}, tok/s: {speeds}", indent="   ")
         for candidate in ("fast_speculative", "fast_speculative_one_draft"):
-            verdict = stats.compare_runs(methods["fast_plain"]["seconds"], methods[candidate]["seconds"])
+            verdict = stats.compare_runs(methods["fast_plain"]["seconds"],
+                                         methods[candidate]["seconds"])
             entry = methods[candidate]
-            print(f"   {candidate} / fast_plain: {verdict.ratio:.2f}x ({verdict.verdict}); acceptance rate "
-                  f"{entry['acceptance_rate']:.2f}, {entry['mean_tokens_per_step']:.2f} tokens/step, step "
-                  f"{1e3 * entry['p50_step_latency_s']:.2f} ms vs a plain step of "
-                  f"{1e3 * methods['fast_plain']['p50_step_latency_s']:.2f} ms")
+            print(f"   {candidate} / fast_plain: {verdict.ratio:.2f}x "
+                  f"({verdict.verdict})")
+            print(f"     acceptance rate {entry['acceptance_rate']:.2f}, "
+                  f"{entry['mean_tokens_per_step']:.2f} tokens/step, "
+                  f"step {1e3 * entry['p50_step_latency_s']:.2f} ms "
+                  f"vs a plain step of {plain_step_ms:.2f} ms")
     cell = body(zoo_record)["cells"][0]
     parts = cell["anatomy_ms"]
-    breakeven = cell["methods"]["fast_speculative_one_draft"]["p50_step_latency_s"] / cell["methods"]["fast_plain"]["p50_step_latency_s"]
+    breakeven = (cell["methods"]["fast_speculative_one_draft"]["p50_step_latency_s"]
+                 / cell["methods"]["fast_plain"]["p50_step_latency_s"])
     display(Markdown(
-        f"Here speculation loses. The zoo's target is small: its (γ+1)-token forward takes {parts['target_forward_q']:.2f} ms "
-        f"and one draft forward {parts['draft_forward_1']:.2f} ms — at these sizes every forward is a few dozen small "
-        "kernels, so a draft with a small fraction of the parameters is only a few times cheaper in time. A one-draft "
-        f"step costs {breakeven:.1f} plain steps and would need that many tokens per step to break even; the pool adds "
-        f"a window forward per draft per step. The step is also {cell['step_over_parts']:.2f}× its timed parts (the "
-        "forwards and verify): the rest — the drafts' on-device sampling, a counter-based hash over the whole "
-        "vocabulary per drafted token in PyTorch ops, and the commit — was not timed separately and is the next "
-        "thing to fuse. Speculative decoding pays off when the target is far costlier per forward than "
-        "the drafts, as for the 1.1B-shaped target above; the trained pair here is not such a pair."))
+        "Here speculation loses. The zoo's target is small: its (γ+1)-token "
+        f"forward takes {parts['target_forward_q']:.2f} ms and one draft forward "
+        f"{parts['draft_forward_1']:.2f} ms — at these sizes every forward is a "
+        "few dozen small kernels, so a draft with a small fraction of the "
+        "parameters is only a few times cheaper in time. A one-draft step costs "
+        f"{breakeven:.1f} plain steps and would need that many tokens per step to "
+        "break even; the pool adds a window forward per draft per step. The step "
+        f"is also {cell['step_over_parts']:.2f}× its timed parts (the forwards and "
+        "verify): the rest — the drafts' on-device sampling, a counter-based hash "
+        "over the whole vocabulary per drafted token in PyTorch ops, and the "
+        "commit — was not timed separately and is the next thing to fuse. "
+        "Speculative decoding pays off when the target is far costlier per forward "
+        "than the drafts, as for the 1.1B-shaped target above; the trained pair "
+        "here is not such a pair."))
 
 # %% [markdown]
 # ### On this machine: the offline model zoo
@@ -488,7 +634,12 @@ if zoo_record:
 
 # %%
 import time
+import warnings
 from datetime import datetime, timezone
+
+# tqdm's notebook progress bars need ipywidgets, which the book does not install;
+# its warning about that (raised while the models load) says nothing about this run
+warnings.filterwarnings("ignore", message="IProgress not found")
 
 from flashspec import corpora, plots, zoo
 from flashspec.drafters import ModelDrafter, PromptLookupDrafter
@@ -501,37 +652,50 @@ try:
     ZOO_READY = True
 except ValueError as reason:
     ZOO_READY = False
-    print(f"The CPU zoo is not built on this machine ({reason}); run `flashspec zoo build --size cpu` to see a live "
-          "CPU run here.")
+    print_wrapped(f"The CPU zoo is not built on this machine ({reason}); run "
+                  "`flashspec zoo build --size cpu` to see a live CPU run here.",
+                  indent="")
 
 if ZOO_READY:
     cpu_zoo = zoo.load_zoo("cpu", device="cpu", path=zoo_path, progress=False)
-    prompts = torch.cat([zoo.prompt_batch(cpu_zoo, domain, 1) for domain in cpu_zoo.domains])
+    prompts = torch.cat([zoo.prompt_batch(cpu_zoo, domain, 1)
+                         for domain in cpu_zoo.domains])
     new_tokens = 32
     torch.manual_seed(0)
     start = time.perf_counter()
-    cpu_zoo.target.generate(prompts, do_sample=True, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+    cpu_zoo.target.generate(prompts, do_sample=True, max_new_tokens=new_tokens,
+                            min_new_tokens=new_tokens,
                             attention_mask=torch.ones_like(prompts), pad_token_id=0)
-    plain_tokens_per_s = prompts.shape[0] * new_tokens / (time.perf_counter() - start)
-    drafts = [ModelDrafter(model, name=name) for name, model in cpu_zoo.drafts.items()] + [PromptLookupDrafter()]
-    decoder = fs.SpeculativeDecoder(cpu_zoo.target, drafts, policy="thompson", gamma=4)
-    result = decoder.generate(prompts, max_new_tokens=new_tokens, sampling=fs.SamplingParams(temperature=1.0),
+    plain_seconds = time.perf_counter() - start
+    plain_tokens_per_s = prompts.shape[0] * new_tokens / plain_seconds
+    drafts = [ModelDrafter(model, name=name)
+              for name, model in cpu_zoo.drafts.items()]
+    drafts.append(PromptLookupDrafter())
+    decoder = fs.SpeculativeDecoder(cpu_zoo.target, drafts, policy="thompson",
+                                    gamma=4)
+    result = decoder.generate(prompts, max_new_tokens=new_tokens,
+                              sampling=fs.SamplingParams(temperature=1.0),
                               seed=0, ignore_eos=True, timing=True)
     summary = result.stats.summary()
-    print(f"LIVE on this CPU ({os.cpu_count()} cores), zoo size 'cpu', B = {prompts.shape[0]} (one prompt per domain), "
-          f"{new_tokens} new tokens per row, T = 1:")
+    print(f"LIVE on this CPU ({os.cpu_count()} cores), zoo size 'cpu', "
+          f"B = {prompts.shape[0]} (one prompt per domain),")
+    print(f"  {new_tokens} new tokens per row, T = 1:")
     print(f"plain sampling (target.generate): {plain_tokens_per_s:.1f} tokens/s")
     print(result.stats.format_table())
     alpha_token = summary["token_acceptance"]
-    print(f"identity: decode tokens/s x mean step time = "
-          f"{summary['decode_tokens_per_s'] * summary['mean_step_latency_s']:.2f} tokens per step over all "
-          f"{prompts.shape[0]} rows")
-    print(f"token acceptance α = {alpha_token:.3f}, γ = 4 -> (1 - α^(γ+1)) / (1 - α) = "
-          f"{stats.tokens_per_step_from_token_acceptance(alpha_token, 4):.2f} tokens per row-step expected; "
-          f"acceptance rate {summary['acceptance_rate']:.3f} -> 1 + γ x rate = {1 + 4 * summary['acceptance_rate']:.2f}; "
-          f"{summary['mean_tokens_per_step']:.2f} kept per active row-step (the token budget trims the last steps)")
+    identity = summary["decode_tokens_per_s"] * summary["mean_step_latency_s"]
+    print(f"identity: decode tokens/s x mean step time = {identity:.2f} tokens per "
+          f"step over all {prompts.shape[0]} rows")
+    expected = stats.tokens_per_step_from_token_acceptance(alpha_token, 4)
+    rate = summary["acceptance_rate"]
+    print_wrapped(f"token acceptance α = {alpha_token:.3f}, γ = 4 -> "
+                  f"(1 - α^(γ+1)) / (1 - α) = {expected:.2f} tokens per row-step "
+                  f"expected; acceptance rate {rate:.3f} -> 1 + γ x rate = "
+                  f"{1 + 4 * rate:.2f}; {summary['mean_tokens_per_step']:.2f} kept "
+                  "per active row-step (the token budget trims the last steps)")
     display(plots.plot_generation_trace(result.stats))
-    display(Markdown(f"**Figure.** Arm chosen and acceptance per step of the run above, measured live on this CPU "
-                     f"({os.cpu_count()} cores, torch {torch.__version__}) on "
-                     f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC while this page was built; rerun this cell "
-                     "to regenerate it."))
+    display(Markdown(
+        "**Figure.** Arm chosen and acceptance per step of the run above, measured "
+        f"live on this CPU ({os.cpu_count()} cores, torch {torch.__version__}) on "
+        f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC while this page was "
+        "built; rerun this cell to regenerate it."))
