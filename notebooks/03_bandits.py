@@ -124,7 +124,7 @@ try:
 except ValueError as error:
     import textwrap
 
-    print(textwrap.fill(f"ValueError: {error}", 84))
+    print(textwrap.fill(f"ValueError: {error}", 84, break_on_hyphens=False))
 
 # %% [markdown]
 # ## Reproducing the paper: Bernoulli arms [0.3, 0.7, 0.5], T = 10⁴
