@@ -26,10 +26,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_runner import copy_bandwidth, floor_bytes, metadata, time_calls  # noqa: E402
+from bench_runner import copy_bandwidth, floor_bytes, time_calls  # noqa: E402
 
 import flashspec as fs  # noqa: E402
-from flashspec import models  # noqa: E402
+from flashspec import models, provenance  # noqa: E402
 from flashspec.drafters import PromptLookupDrafter  # noqa: E402
 from flashspec.engine import SpeculativeDecoder  # noqa: E402
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
@@ -172,9 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     draft = drafts[0]
     params = fs.SamplingParams(temperature=1.0)
     bandwidth = copy_bandwidth(device)
-    record: dict[str, Any] = {"metadata": metadata(argv, args, device), "settings": vars(args), "cells": []}
-    record["metadata"]["command"] = " ".join(["python", "experiments/bench_fast.py", *argv])
-    record["copy_bandwidth_bytes_per_s"] = bandwidth
+    origin = provenance.record(["python", "experiments/bench_fast.py", *argv], args.git_sha)
+    record: dict[str, Any] = {"cells": [], "copy_bandwidth_bytes_per_s": bandwidth}
     vocab = target.lm_head.out_features
     for batch in args.batches:
         if zoo is not None:  # held-out Python prompts of the zoo, cycled to fill the batch
@@ -235,8 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"B={batch} ratios {json.dumps({k: round(v, 2) for k, v in ratios.items()})}", flush=True)
         record["cells"].append(cell)
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(record, indent=1, default=str))
+        provenance.write_result(args.out, origin, {**vars(args), "device": str(device)}, record)
         print(f"wrote {args.out}")
     return 0
 

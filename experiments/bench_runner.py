@@ -24,15 +24,10 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
-import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable
-from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -255,42 +250,6 @@ def attention_variants(config: Any, batch: int, q: int, filled: int, args: argpa
     return found
 
 
-# -------------------------------------------------------------------------------------- metadata
-
-
-def _first_line(command: list[str]) -> str | None:
-    try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.splitlines()[0] if out else None
-
-
-def metadata(argv: list[str], args: argparse.Namespace, device: torch.device) -> dict[str, Any]:
-    import transformers
-
-    try:
-        import triton
-
-        triton_version = triton.__version__
-    except ImportError:
-        triton_version = None
-    hardware: dict[str, Any] = {"device": str(device), "cpu": platform.processor() or platform.machine()}
-    if device.type == "cuda":
-        hardware.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
-                        driver=_first_line(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]))
-    else:
-        hardware["threads"] = torch.get_num_threads()
-    return {
-        "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "git_sha": provenance.git_sha(args.git_sha),
-        "command": " ".join(["python", "experiments/bench_runner.py", *argv]),
-        "hardware": hardware,
-        "versions": {"python": platform.python_version(), "torch": torch.__version__, "triton": triton_version,
-                     "transformers": transformers.__version__},
-    }
-
-
 def summary_line(name: str, cell: dict[str, Any]) -> str:
     parts = [f"{name:13s} B={cell['batch']:<2d} q={cell['q']}"]
     for key in ("hf_eager", "runner_eager", "runner_graph", "runner_graph_fold", "runner_graph_gqa",
@@ -314,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = models.resolve_dtype(args.dtype or ("bf16" if device.type == "cuda" else "fp32"))
     if args.compile:
         torch._dynamo.config.cache_size_limit = 64
-    result: dict[str, Any] = {**metadata(argv, args, device), "dtype": str(dtype), "cells": {}}
+    record = provenance.record(["python", "experiments/bench_runner.py", *argv], args.git_sha)
+    result: dict[str, Any] = {"cells": {}}
     bandwidth = copy_bandwidth(device)
     result["copy_bandwidth_bytes_per_s"] = bandwidth
     start = time.perf_counter()
@@ -339,9 +299,9 @@ def main(argv: list[str] | None = None) -> int:
         del model, reference32
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    result["wall_s"] = time.perf_counter() - start
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    record["wall_seconds"] = time.perf_counter() - start
+    settings = {**vars(args), "device": str(device), "dtype": str(dtype)}
+    provenance.write_result(args.out, record, settings, result)
     print(f"wrote {args.out}")
     return 0
 

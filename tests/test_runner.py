@@ -272,7 +272,7 @@ def test_bench_script_smoke(tmp_path):
     out = tmp_path / "smoke.json"
     assert bench.main(["--smoke", "--queries", "1", "3", "--out", str(out)]) == 0
     result = json.loads(out.read_text())
-    cells = result["cells"]["smoke"]["results"]
+    cells = result["results"]["cells"]["smoke"]["results"]
     assert [cell["q"] for cell in cells] == [1, 3]
     assert all(cell["check_eager_vs_hf"]["max_abs_error"] <= TOL for cell in cells)
-    assert result["git_sha"] and result["versions"]["torch"] == torch.__version__
+    assert result["provenance"]["git_sha"] and result["provenance"]["versions"]["torch"] == torch.__version__
