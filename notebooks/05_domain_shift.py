@@ -35,7 +35,8 @@ import os
 import sys
 from pathlib import Path
 
-ON_COLAB = "google.colab" in sys.modules  # the Colab copy of this chapter installs the package first
+# the Colab copy of this chapter installs the package first
+ON_COLAB = "google.colab" in sys.modules
 
 import torch
 
@@ -45,18 +46,24 @@ from IPython.display import Markdown, display
 import flashspec as fs
 from flashspec import plots, switching, zoo
 
-RESULTS = next(path / "results" for path in (Path.cwd(), *Path.cwd().parents) if (path / "_toc.yml").exists())
+RESULTS = next(path / "results" for path in (Path.cwd(), *Path.cwd().parents)
+               if (path / "_toc.yml").exists())
+device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
 print(f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
-      f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}{' (Colab)' if ON_COLAB else ''}")
+      f"{device_name}{' (Colab)' if ON_COLAB else ''}")
 
 
 def caption(record: dict, what: str) -> Markdown:
-    """A figure caption naming the hardware, the date and the command that regenerates the file."""
-    return Markdown(f"**{what}** Measured on {record['hardware']}, {record['date_utc']} (git "
-                    f"`{(record.get('git_sha') or 'unknown')[:8]}`). Regenerate: `{record['command']}`.")
+    """A figure caption naming the hardware, the date and the command that
+    regenerates the file."""
+    git_sha = (record.get("git_sha") or "unknown")[:8]
+    return Markdown(f"**{what}** Measured on {record['hardware']}, "
+                    f"{record['date_utc']} (git `{git_sha}`). "
+                    f"Regenerate: `{record['command']}`.")
 
 
-SIZES = [size for size in ("gpu", "cpu") if (RESULTS / f"zoo_{size}_acceptance.json").exists()]
+SIZES = [size for size in ("gpu", "cpu")
+         if (RESULTS / f"zoo_{size}_acceptance.json").exists()]
 print("committed zoo results:", ", ".join(SIZES) if SIZES else "none yet")
 
 # %% [markdown]
@@ -70,20 +77,31 @@ print("committed zoo results:", ", ".join(SIZES) if SIZES else "none yet")
 # made. The build record lists the corpora (licences, SHA-256), the models and how each was trained.
 
 # %%
+import textwrap
+
+
+def print_wrapped(text: str, indent: str = "  ") -> None:
+    """Print `text` in lines that fit the page (84 characters)."""
+    print(textwrap.fill(text, 84, subsequent_indent=indent, break_on_hyphens=False))
+
+
 for size in SIZES:
     build = json.loads((RESULTS / f"zoo_{size}_build.json").read_text())
     models = build["results"]["models"]
-    print(f"zoo size '{size}' built on {build['hardware']} ({build['date_utc']}):")
+    print_wrapped(f"zoo size '{size}' built on {build['hardware']} "
+                  f"({build['date_utc']}):")
+    print(f"  {'model':<14} {'parameters':>10}  {'steps':>5}  {'trained on':<18}"
+          "initialised from")
     for name, model in models.items():
         start = model.get("initialised_from", "random")
-        print(f"  {name:<14} {model['parameters']:>12,} parameters, {model['steps']:>5} steps on "
-              f"{'+'.join(model['domains']):<18} from {start}")
+        print(f"  {name:<14} {model['parameters']:>10,}  {model['steps']:>5}  "
+              f"{'+'.join(model['domains']):<18}{start}")
     for domain, corpus in build["results"]["corpora"].items():
         licence = corpus.get("licence", "") if isinstance(corpus, dict) else ""
-        print(f"  corpus {domain:<8} {licence}")
+        print_wrapped(f"  corpus {domain:<8} {licence}", indent=" " * 18)
 if not SIZES:
-    print("The zoo's result files (results/zoo_<size>_*.json) are not committed yet; "
-          "`flashspec zoo report --size cpu` produces them.")
+    print_wrapped("The zoo's result files (results/zoo_<size>_*.json) are not "
+                  "committed yet; `flashspec zoo report --size cpu` produces them.")
 
 # %% [markdown]
 # ### Why the specialists are fine-tuned, not trained from scratch
@@ -101,7 +119,8 @@ for path in sorted(SWEEPS.glob("*.json")):
     print(path.name)
     for variant in sweep["variants"]:
         margins = variant["margins"]
-        print(f"  {variant['variant']['name']:<20}" + "  ".join(f"{d} {m:+.3f}" for d, m in margins.items()))
+        print(f"  {variant['variant']['name']:<20}"
+              + "  ".join(f"{d} {m:+.3f}" for d, m in margins.items()))
 
 # %% [markdown]
 # Two more lessons are in those files. The old CPU zoo's positive margins (row `base` of
@@ -131,11 +150,17 @@ for size in SIZES:
     display(plots.plot_acceptance_matrix(record))
     display(caption(record, f"Acceptance matrix, zoo size '{size}'."))
     settings = record["settings"]
-    print(f"zoo '{size}': engine cells of {settings['prompts']} prompts x {settings['new_tokens']} new tokens")
-    for label, key in (("engine token acceptance", "engine_margins"), ("exact Σmin(p,q)      ", "teacher_forced_margins")):
-        margins = record["results"][key]
-        print(f"  {label} margins:", ", ".join(f"{d} {m:+.3f}" for d, m in margins["margins"].items()),
-              f"(target >= {margins['required']}: {'met' if margins['passed'] else 'NOT met'})")
+    print(f"zoo '{size}': engine cells of {settings['prompts']} prompts x "
+          f"{settings['new_tokens']} new tokens")
+    rows = {"engine token acceptance": record["results"]["engine_margins"],
+            "exact Σmin(p,q)": record["results"]["teacher_forced_margins"]}
+    domains = list(rows["engine token acceptance"]["margins"])
+    print(f"  {'margins':<24}" + "".join(f"{d:>8}" for d in domains) + "  target")
+    for label, margins in rows.items():
+        verdict = "met" if margins["passed"] else "NOT met"
+        print(f"  {label:<24}"
+              + "".join(f"{margins['margins'][d]:>+8.3f}" for d in domains)
+              + f"  >= {margins['required']}: {verdict}")
 
 # %% [markdown]
 # ## The switching workload
@@ -158,77 +183,119 @@ import inspect
 
 from flashspec import stats
 
-SHIPPED = inspect.signature(fs.SpeculativeDecoder.__init__).parameters["policy"].default
-CALL = {"reproduced": "higher, beyond 2 s.e.", "not reproduced": "lower, beyond 2 s.e.",
-        "inconclusive": "inconclusive, within 2 s.e."}  # paired_difference's verdicts, read as a difference
+decoder_parameters = inspect.signature(fs.SpeculativeDecoder.__init__).parameters
+SHIPPED = decoder_parameters["policy"].default
+# paired_difference's verdicts, read as a difference
+CALL = {"reproduced": "higher, beyond 2 s.e.",
+        "not reproduced": "lower, beyond 2 s.e.",
+        "inconclusive": "inconclusive, within 2 s.e."}
 print(f"shipped policy (SpeculativeDecoder's default): {SHIPPED}")
 
 
 def request_values(record: dict, run: dict, block: dict) -> list[float]:
     """Tokens per step of each request of one contestant's run."""
-    return stats.per_request_tokens_per_step(run["request_of_step"], record["settings"]["switching_new_tokens"],
-                                             len(block["requests"]))
+    return stats.per_request_tokens_per_step(
+        run["request_of_step"], record["settings"]["switching_new_tokens"],
+        len(block["requests"]))
 
 
-switching_records = {size: json.loads((RESULTS / f"zoo_{size}_switching.json").read_text())
-                     for size in SIZES if (RESULTS / f"zoo_{size}_switching.json").exists()}
-gaps = []  # (size, kind, contestant, share of the best-fixed-to-oracle gap closed, paired difference)
+switching_records = {
+    size: json.loads((RESULTS / f"zoo_{size}_switching.json").read_text())
+    for size in SIZES if (RESULTS / f"zoo_{size}_switching.json").exists()
+}
+# (size, kind, contestant, share of the best-fixed-to-oracle gap closed,
+#  paired difference, number of requests)
+gaps = []
 for size, record in switching_records.items():
     display(plots.plot_arm_trace(record))
-    display(caption(record, f"Arm choice over the switching workload, zoo size '{size}'."))
+    display(caption(record, "Arm choice over the switching workload, "
+                            f"zoo size '{size}'."))
     for kind, block in record["results"].items():
         runs, summary = block["runs"], block["summary"]
-        per_request = {label: request_values(record, run, block) for label, run in runs.items()}
+        per_request = {label: request_values(record, run, block)
+                       for label, run in runs.items()}
         fixed = [label for label in runs if label.startswith("fixed:")]
-        best_step = max(fixed, key=lambda label: runs[label]["tokens_per_step"])  # best single draft in tokens/step
-        print(f"[{size} / {kind}] {len(block['requests'])} requests; targets: a bandit >= 0.95x oracle and "
-              f">= 1.15x best fixed draft in tokens/s")
-        print(f"  {'contestant':<16}{'tokens/s':>9}{'tokens/step':>13}{'per request ± s.e.':>20}{'ms/step':>9}"
-              f"{'switches/step':>15}{'tok.acc.':>9}")
+        # the best single draft in tokens/step
+        best_step = max(fixed, key=lambda label: runs[label]["tokens_per_step"])
+        print(f"[{size} / {kind}] {len(block['requests'])} requests")
+        print("  targets: a bandit >= 0.95x oracle and >= 1.15x best fixed draft "
+              "in tokens/s")
+        print(f"  {'contestant':<14}{'tokens/s':>9}{'tokens/step':>12}"
+              f"{'per req. ± s.e.':>16}{'ms/step':>8}{'switches/step':>14}"
+              f"{'tok.acc.':>9}")
         for label, run in runs.items():
             mean, error = stats.mean_and_standard_error(per_request[label])
-            print(f"  {label:<16}{run['tokens_per_s']:>9.1f}{run['tokens_per_step']:>13.3f}{mean:>13.3f} ± {error:.3f}"
-                  f"{1000 * run['seconds'] / run['steps']:>9.1f}{switching.switches_per_step(run):>15.2f}"
+            ms_per_step = 1000 * run["seconds"] / run["steps"]
+            print(f"  {label:<14}{run['tokens_per_s']:>9.1f}"
+                  f"{run['tokens_per_step']:>12.3f}{mean:>8.3f} ± {error:.3f}"
+                  f"{ms_per_step:>8.1f}{switching.switches_per_step(run):>14.2f}"
                   f"{run['token_acceptance']:>9.3f}")
         best_fixed = summary["best_fixed"]
-        shipped = runs[SHIPPED]
-        print(f"  shipped policy ({SHIPPED}): {shipped['tokens_per_s'] / runs['oracle']['tokens_per_s']:.3f}x oracle, "
-              f"{shipped['tokens_per_s'] / runs[best_fixed]['tokens_per_s']:.3f}x best fixed ({best_fixed}) in tokens/s")
+        shipped = runs[SHIPPED]["tokens_per_s"]
+        print_wrapped(f"  shipped policy ({SHIPPED}): "
+                      f"{shipped / runs['oracle']['tokens_per_s']:.3f}x oracle, "
+                      f"{shipped / runs[best_fixed]['tokens_per_s']:.3f}x best "
+                      f"fixed ({best_fixed}) in tokens/s", indent="    ")
         ratios = summary["tokens_per_s"]
-        print(f"  best bandit picked after the fact ({summary['best_bandit']}): {ratios['best_bandit_vs_oracle']:.3f}x "
-              f"oracle, {ratios['best_bandit_vs_best_fixed']:.3f}x best fixed in tokens/s")
-        full_gap = runs["oracle"]["tokens_per_step"] - runs[best_step]["tokens_per_step"]
-        print(f"  tokens/step against the best single draft there ({best_step}), paired over requests:")
+        print_wrapped("  best bandit picked after the fact "
+                      f"({summary['best_bandit']}): "
+                      f"{ratios['best_bandit_vs_oracle']:.3f}x oracle, "
+                      f"{ratios['best_bandit_vs_best_fixed']:.3f}x best fixed in "
+                      "tokens/s", indent="    ")
+        best_step_tokens = runs[best_step]["tokens_per_step"]
+        full_gap = runs["oracle"]["tokens_per_step"] - best_step_tokens
+        print_wrapped(f"  tokens/step against the best single draft there "
+                      f"({best_step}), paired over requests:", indent="    ")
+        print(f"    {'':<15}{'gap closed':>14}  per-request difference")
         for label in [label for label in runs if label not in fixed]:
-            closed = (runs[label]["tokens_per_step"] - runs[best_step]["tokens_per_step"]) / full_gap
-            difference = stats.paired_difference(per_request[label], per_request[best_step])
-            gaps.append((size, kind, label, closed, difference, len(block["requests"])))
-            share = "the gap itself     " if label == "oracle" else f"closes {closed:5.0%} of the gap"
-            print(f"    {label:<16} {share}; per-request difference {difference.mean:+.3f} ± "
-                  f"{difference.standard_error:.3f} ({CALL[difference.verdict]})")
+            closed = (runs[label]["tokens_per_step"] - best_step_tokens) / full_gap
+            difference = stats.paired_difference(per_request[label],
+                                                 per_request[best_step])
+            gaps.append((size, kind, label, closed, difference,
+                         len(block["requests"])))
+            share = "the gap itself" if label == "oracle" else f"{closed:.0%}"
+            print(f"    {label:<15}{share:>14}  {difference.mean:+.3f} ± "
+                  f"{difference.standard_error:.3f}  {CALL[difference.verdict]}")
 
 # %%
-# What the standard errors allow: which gaps lie outside two standard errors of zero.
+# What the standard errors allow: which gaps lie outside two standard errors of
+# zero.
 if gaps:
-    decided = [(size, kind, label, d) for size, kind, label, closed, d, n in gaps if d.verdict != "inconclusive"]
-    closing = [(size, kind, label, closed) for size, kind, label, closed, d, n in gaps if label != "oracle" and closed > 0]
+    decided = [(size, kind, label, d) for size, kind, label, closed, d, n in gaps
+               if d.verdict != "inconclusive"]
+    closing = [(size, kind, label, closed)
+               for size, kind, label, closed, d, n in gaps
+               if label != "oracle" and closed > 0]
     bandit_decided = [entry for entry in decided if entry[2] != "oracle"]
-    oracle = [(size, kind, d) for size, kind, label, closed, d, n in gaps if label == "oracle"]
+    oracle = [(size, kind, d) for size, kind, label, closed, d, n in gaps
+              if label == "oracle"]
     errors = [d.standard_error for size, kind, label, closed, d, n in gaps]
     requests = sorted({n for *_, n in gaps})
+    if not bandit_decided:
+        verdicts = (
+            "No bandit's difference from the best single draft lies outside two "
+            "standard errors: every one is **inconclusive** — on these "
+            f"{'/'.join(map(str, requests))}-request streams, no bandit is shown "
+            "to gain or to lose tokens per step against the best single draft. ")
+    else:
+        verdicts = (
+            "Outside two standard errors: "
+            + "; ".join(f"{label} on {size} {kind} ({d.mean:+.3f} ± "
+                        f"{d.standard_error:.3f})"
+                        for size, kind, label, d in bandit_decided)
+            + "; every other bandit difference is **inconclusive**. ")
     display(Markdown(
-        "By tokens per step, the bandits that close part of the gap between the best single draft and the oracle: "
-        + "; ".join(f"{label} on {size} {kind} ({closed:.0%})" for size, kind, label, closed in closing)
-        + f". The per-request standard errors of these differences run from {min(errors):.2f} to {max(errors):.2f} "
-        "tokens per step, as large as the gaps themselves. "
-        + ("No bandit's difference from the best single draft lies outside two standard errors: every one is "
-           f"**inconclusive** — on these {'/'.join(map(str, requests))}-request streams, no bandit is shown to gain or to lose tokens per step "
-           "against the best single draft. " if not bandit_decided else
-           "Outside two standard errors: " + "; ".join(f"{label} on {size} {kind} ({d.mean:+.3f} ± "
-                                                          f"{d.standard_error:.3f})" for size, kind, label, d in bandit_decided)
-           + "; every other bandit difference is **inconclusive**. ")
+        "By tokens per step, the bandits that close part of the gap between the "
+        "best single draft and the oracle: "
+        + "; ".join(f"{label} on {size} {kind} ({closed:.0%})"
+                    for size, kind, label, closed in closing)
+        + ". The per-request standard errors of these differences run from "
+        f"{min(errors):.2f} to {max(errors):.2f} tokens per step, as large as the "
+        "gaps themselves. "
+        + verdicts
         + "The oracle's own lead, the most any policy could gain: "
-        + "; ".join(f"{size} {kind} {d.mean:+.3f} ± {d.standard_error:.3f} ({CALL[d.verdict]})" for size, kind, d in oracle)
+        + "; ".join(f"{size} {kind} {d.mean:+.3f} ± {d.standard_error:.3f} "
+                    f"({CALL[d.verdict]})" for size, kind, d in oracle)
         + "."))
 
 # %% [markdown]
@@ -248,33 +315,42 @@ if earlier.exists():
     cost_files["gpu, earlier run"] = json.loads(earlier.read_text())
 for name, record in cost_files.items():
     cost = switching.switching_cost(record)
-    rates = sorted({round(switching.switches_per_step(run), 2) for block in record["results"].values()
+    rates = sorted({round(switching.switches_per_step(run), 2)
+                    for block in record["results"].values()
                     for run in block["runs"].values()})
-    print(f"[{name}] ms/step = {cost['base_ms']:.1f} {cost['per_switch_ms']:+.1f} x switches/step "
-          f"(least squares over {cost['contestants']} contestants, correlation {cost['correlation']:.2f}); "
-          f"switches/step seen: {', '.join(f'{rate:.2f}' for rate in rates)}")
+    print_wrapped(f"[{name}] ms/step = {cost['base_ms']:.1f} "
+                  f"{cost['per_switch_ms']:+.1f} x switches/step (least squares "
+                  f"over {cost['contestants']} contestants, correlation "
+                  f"{cost['correlation']:.2f}); switches/step seen: "
+                  f"{', '.join(f'{rate:.2f}' for rate in rates)}")
 drift = []
 if earlier.exists() and "gpu" in switching_records:
     later = switching_records["gpu"]
     for kind, block in later["results"].items():
-        cold = next(iter(block["runs"]))  # the earlier run timed each workload's first contestant cold
+        # the earlier run timed each workload's first contestant cold
+        cold = next(iter(block["runs"]))
         for label, run in block["runs"].items():
             other = cost_files["gpu, earlier run"]["results"][kind]["runs"][label]
-            if label != cold and other["steps"] == run["steps"]:  # same seeds, same choices: the same work
+            # same seeds, same choices: the same work
+            if label != cold and other["steps"] == run["steps"]:
                 drift.append((run["seconds"] / other["seconds"], kind, label))
     ratio, kind, label = max(drift, key=lambda entry: max(entry[0], 1 / entry[0]))
-    print(f"same work in the two H200 runs: {len(drift)} contestants with identical steps (each workload's first, "
-          f"timed cold in the earlier run, left out); ms/step differs by up to {max(ratio, 1 / ratio) - 1:.0%} "
-          f"({label} on {kind}: {ratio:.2f}x in the later run)")
+    print_wrapped(f"same work in the two H200 runs: {len(drift)} contestants with "
+                  "identical steps (each workload's first, timed cold in the "
+                  "earlier run, left out); ms/step differs by up to "
+                  f"{max(ratio, 1 / ratio) - 1:.0%} ({label} on {kind}: "
+                  f"{ratio:.2f}x in the later run)")
     # the shipped policy against the best single draft, with the two runs as repeats
     for kind, block in later["results"].items():
         best_fixed = block["summary"]["best_fixed"]
-        times = {label: [record["results"][kind]["runs"][label]["seconds"] for record in (later, cost_files["gpu, earlier run"])]
+        times = {label: [record["results"][kind]["runs"][label]["seconds"]
+                         for record in (later, cost_files["gpu, earlier run"])]
                  for label in (best_fixed, SHIPPED)}
         judged = stats.compare_runs(times[best_fixed], times[SHIPPED])
-        print(f"[gpu / {kind}] {SHIPPED} vs {best_fixed}, both H200 runs: "
-              + ", ".join(f"{b / a:.2f}x" for a, b in zip(times[SHIPPED], times[best_fixed]))
-              + f" in tokens/s -> {judged.verdict} ({judged.reason})")
+        print_wrapped(f"[gpu / {kind}] {SHIPPED} vs {best_fixed}, both H200 runs: "
+                      + ", ".join(f"{b / a:.2f}x" for a, b
+                                  in zip(times[SHIPPED], times[best_fixed]))
+                      + f" in tokens/s -> {judged.verdict} ({judged.reason})")
 
 # %% [markdown]
 # The fit's contestants fall into two clusters: those that never switch within a request (the fixed drafts and the
