@@ -42,22 +42,26 @@ import os
 import sys
 from pathlib import Path
 
-ON_COLAB = "google.colab" in sys.modules  # the Colab copy of this chapter installs the package first
+# the Colab copy of this chapter installs the package first
+ON_COLAB = "google.colab" in sys.modules
 
 import torch
 
 if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # Triton's CPU interpreter; must be set before triton is imported
+    # Triton's CPU interpreter; must be set before triton is imported
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from IPython.display import Markdown, display
 
 import flashspec as fs
 from flashspec import bandits, bench_engine, exactness, stats
 
-ROOT = next(path for path in (Path.cwd(), *Path.cwd().parents) if (path / "_toc.yml").exists())
+ROOT = next(path for path in (Path.cwd(), *Path.cwd().parents)
+            if (path / "_toc.yml").exists())
 RESULTS = ROOT / "results"
+device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
 print(f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
-      f"{torch.cuda.get_device_name() if torch.cuda.is_available() else 'CPU'}{' (Colab)' if ON_COLAB else ''}")
+      f"{device_name}{' (Colab)' if ON_COLAB else ''}")
 
 LEDGER: list[dict[str, str]] = []
 
@@ -88,21 +92,30 @@ exact_law = exactness.exact_sequence_probs(toy_target, params, 3)
 joint = {}
 for label, selector in (("round-robin", exactness.round_robin_selector),
                         ("cherry-pick", exactness.cherry_picking_selector)):
-    samples = exactness.sample_sequences(toy_target, toy_drafts, params, gamma=3, num_sequences=30_000, length=3,
-                                         seed=31, selector=selector)
+    samples = exactness.sample_sequences(toy_target, toy_drafts, params, gamma=3,
+                                         num_sequences=30_000, length=3, seed=31,
+                                         selector=selector)
     joint[label] = exactness.chi_square_test(samples, exact_law, 4)
-    print(f"{label:12s} chi2 = {joint[label].statistic:8.1f} (dof {joint[label].dof}), p = {joint[label].p_value:.3g}")
+    print(f"{label:12s} chi2 = {joint[label].statistic:8.1f} "
+          f"(dof {joint[label].dof}), p = {joint[label].p_value:.3g}")
 
-exact_ok = joint["round-robin"].passes(0.01) and not joint["cherry-pick"].passes(0.01)
-record("Theorem 1: the output has exactly the target's distribution, with drafts chosen online",
-       "reproduced, with the condition made precise" if exact_ok else "NOT reproduced on this build",
-       "chapter 1 (proof, exact enumeration, χ² through `fs.verify`); the cell above "
-       f"(round-robin p = {joint['round-robin'].p_value:.3g}); `tests/test_exactness.py::test_joint_distribution_torch`"
+exact_ok = (joint["round-robin"].passes(0.01)
+            and not joint["cherry-pick"].passes(0.01))
+record("Theorem 1: the output has exactly the target's distribution, with drafts "
+       "chosen online",
+       "reproduced, with the condition made precise" if exact_ok
+       else "NOT reproduced on this build",
+       "chapter 1 (proof, exact enumeration, χ² through `fs.verify`); the cell "
+       f"above (round-robin p = {joint['round-robin'].p_value:.3g}); "
+       "`tests/test_exactness.py::test_joint_distribution_torch`"
        ", `::test_joint_distribution_triton`")
 record("(implicit) any draft-selection rule keeps exactness",
-       "contradicted" if not joint["cherry-pick"].passes(0.01) else "not contradicted on this build",
-       "chapter 1: choosing by the current proposals gives P(a) = 0.8 instead of 0.6; the cell above "
-       f"(cherry-pick χ² = {joint['cherry-pick'].statistic:.0f}); `tests/test_exactness.py::test_cherry_picking_selector_fails`")
+       "contradicted" if not joint["cherry-pick"].passes(0.01)
+       else "not contradicted on this build",
+       "chapter 1: choosing by the current proposals gives P(a) = 0.8 instead of "
+       "0.6; the cell above "
+       f"(cherry-pick χ² = {joint['cherry-pick'].statistic:.0f}); "
+       "`tests/test_exactness.py::test_cherry_picking_selector_fails`")
 
 # %% [markdown]
 # **The paper's own test** draws 10,000 first tokens with $\gamma=1$ and the draft equal to the target, and applies
@@ -115,13 +128,16 @@ record("(implicit) any draft-selection rule keeps exactness",
 gate_rows = {}
 for bug in ("post_rejection_leak", "bonus_from_residual"):
     verifier = exactness.NEGATIVE_CONTROLS[bug]
-    gate = exactness.paper_gate(verifier, toy_target, params)  # the paper's test: γ = 1, draft = target, KS
-    samples = exactness.sample_sequences(toy_target, toy_drafts[:1], params, gamma=3, num_sequences=30_000, length=3,
+    # the paper's test: γ = 1, draft = target, KS
+    gate = exactness.paper_gate(verifier, toy_target, params)
+    samples = exactness.sample_sequences(toy_target, toy_drafts[:1], params,
+                                         gamma=3, num_sequences=30_000, length=3,
                                          seed=41, verifier=verifier)
     fit = exactness.chi_square_test(samples, exact_law, 4)
     gate_rows[bug] = (gate.passes(0.01), fit.passes(0.01))
-    print(f"{bug:22s} paper's KS gate: D = {gate.statistic:.4f}, p = {gate.p_value:.3f} -> "
-          f"{'passes' if gate.passes(0.01) else 'fails'};  joint chi2 = {fit.statistic:.0f}, p = {fit.p_value:.3g} -> "
+    print(f"{bug:22s} paper's KS gate: D = {gate.statistic:.4f}, "
+          f"p = {gate.p_value:.3f} -> {'passes' if gate.passes(0.01) else 'fails'}")
+    print(f"{'':22s} joint chi2 = {fit.statistic:.0f}, p = {fit.p_value:.3g} -> "
           f"{'passes' if fit.passes(0.01) else 'fails'}")
 
 # %% [markdown]
@@ -131,36 +147,66 @@ for bug in ("post_rejection_leak", "bonus_from_residual"):
 # its samples through the same joint χ² harness; `tests/test_public_code.py` repeats it in CI. The committed run:
 
 # %%
+import textwrap
+
+
+def print_wrapped(text: str, indent: str = "  ") -> None:
+    """Print `text` in lines that fit the page (84 characters)."""
+    print(textwrap.fill(text, 84, subsequent_indent=indent, break_on_hyphens=False))
+
+
 public = load_result("public_code_0.1.4.json")
 public = public.get("results", public) if public else None
 if public:
     for row in public["chi_square"]:
-        print(f"{row['config']:12s} exercises {', '.join(row['exercises']):38s} public chi2 = "
-              f"{row['public']['statistic']:9.0f} (dof {row['public']['dof']}), p = {row['public']['p_value']:.2g}; "
-              f"ours chi2 = {row['ours']['statistic']:.0f}, p = {row['ours']['p_value']:.2f}")
+        print(f"{row['config']:12s} exercises {', '.join(row['exercises'])}")
+        print(f"{'':12s} public chi2 = {row['public']['statistic']:6.0f} "
+              f"(dof {row['public']['dof']}), p = {row['public']['p_value']:.2g}; "
+              f"ours chi2 = {row['ours']['statistic']:.0f}, "
+              f"p = {row['ours']['p_value']:.2f}")
     gate_error = public["paper_gate"]["harness"]["public"].get("error")
-    print("the paper's own γ = 1, draft = target test on the paper's code:",
-          f"{gate_error['type']}: {gate_error['message']} at {gate_error['where'][-1]}" if gate_error else "ran")
+    gate_outcome = (f"{gate_error['type']}: {gate_error['message']} "
+                    f"at {gate_error['where'][-1]}" if gate_error else "ran")
+    print_wrapped("the paper's own γ = 1, draft = target test on the paper's code: "
+                  + gate_outcome)
     thompson = public["thompson"]["public"]
-    print("the paper's Thompson sampling fed accepted counts:", thompson.get("error", {}).get("type"),
-          thompson.get("error", {}).get("message"), "after updates", thompson["updates"])
+    thompson_error = thompson.get("error", {})
+    print_wrapped("the paper's Thompson sampling fed accepted counts: "
+                  f"{thompson_error.get('type')} {thompson_error.get('message')} "
+                  f"after updates {thompson['updates']}")
 
-public_exact = public is not None and not any(row["public"]["passes"] for row in public["chi_square"])
-blind = all(gate_passes and not joint_passes for gate_passes, joint_passes in gate_rows.values())
-gate_error = public["paper_gate"]["harness"]["public"].get("error") if public else None
-record("The paper's distribution test (γ = 1, draft = target, KS) validates the implementation",
-       ("contradicted: it cannot see the leak (γ = 1 has no position after a rejection) and passes our "
-        "re-implementations of both bugs; on the paper's own code it does not pass at all — it raises "
-        f"({gate_error['type']}: {gate_error['message']}) on its first draw, because with draft = target the "
-        "code samples an empty residual instead of a bonus token") if (blind and gate_error) else
-       "contradicted: the test cannot detect re-implementations of the bugs" if blind else "not contradicted",
-       "the two cells above; `results/public_code_0.1.4.json` (`paper_gate`, `paper_tests`); "
-       "`tests/test_public_code.py`, `tests/test_exactness.py::test_paper_gate_is_blind_to_the_bugs`")
+public_exact = public is not None and not any(row["public"]["passes"]
+                                              for row in public["chi_square"])
+blind = all(gate_passes and not joint_passes
+            for gate_passes, joint_passes in gate_rows.values())
+gate_error = (public["paper_gate"]["harness"]["public"].get("error")
+              if public else None)
+if blind and gate_error:
+    gate_verdict = (
+        "contradicted: it cannot see the leak (γ = 1 has no position after a "
+        "rejection) and passes our re-implementations of both bugs; on the paper's "
+        "own code it does not pass at all — it raises "
+        f"({gate_error['type']}: {gate_error['message']}) on its first draw, "
+        "because with draft = target the code samples an empty residual instead of "
+        "a bonus token")
+elif blind:
+    gate_verdict = ("contradicted: the test cannot detect re-implementations of "
+                    "the bugs")
+else:
+    gate_verdict = "not contradicted"
+record("The paper's distribution test (γ = 1, draft = target, KS) validates the "
+       "implementation",
+       gate_verdict,
+       "the two cells above; `results/public_code_0.1.4.json` (`paper_gate`, "
+       "`paper_tests`); `tests/test_public_code.py`, "
+       "`tests/test_exactness.py::test_paper_gate_is_blind_to_the_bugs`")
 record("The public code's verifier is exact",
-       "contradicted, measured on the paper's own package: every configuration fails the joint χ² "
-       "(the leak and the residual-for-bonus bug both occur)" if public_exact else "not measured here",
-       "`results/public_code_0.1.4.json` (`chi_square`, with event counts); `tests/test_public_code.py`; "
-       "`flashspec.verify` passes the same harness in the same run")
+       "contradicted, measured on the paper's own package: every configuration "
+       "fails the joint χ² (the leak and the residual-for-bonus bug both occur)"
+       if public_exact else "not measured here",
+       "`results/public_code_0.1.4.json` (`chi_square`, with event counts); "
+       "`tests/test_public_code.py`; `flashspec.verify` passes the same harness in "
+       "the same run")
 
 # %% [markdown]
 # ## The kernel
@@ -176,31 +222,45 @@ import inspect
 
 from flashspec.kernels import verify as triton_verify
 
-# With top-k / top-p the Triton path first truncates the logits in torch: full float32 copies, sorted.
+# With top-k / top-p the Triton path first truncates the logits in torch: full
+# float32 copies, sorted.
 truncates = "truncate_logits(" in inspect.getsource(triton_verify.prepare_verify)
+if truncates:
+    with_truncation = (
+        "contradicted with top-k or top-p: the Triton path then makes full "
+        "float32 copies of the target and draft logits and sorts them in torch, "
+        "O(V) memory per row and O(V log V) work")
+else:
+    with_truncation = "top-k / top-p also stay in the kernels"
 record("The accept kernel needs O(1) memory in V",
-       "reproduced for temperature-only sampling: the accept test is O(1) and the whole step O(V) reads with O(1) "
-       "on-chip state; " + ("contradicted with top-k or top-p: the Triton path then makes full float32 copies of "
-                            "the target and draft logits and sorts them in torch, O(V) memory per row and "
-                            "O(V log V) work" if truncates else "top-k / top-p also stay in the kernels"),
-       "chapter 2, steps 3–5 and the byte accounting; `flashspec.kernels.verify.prepare_verify` (top-k / top-p go "
-       "through `flashspec.sampling.truncate_logits`); `tests/test_kernels.py::test_long_rows_split_into_several_chunks`")
+       "reproduced for temperature-only sampling: the accept test is O(1) and the "
+       "whole step O(V) reads with O(1) on-chip state; " + with_truncation,
+       "chapter 2, steps 3–5 and the byte accounting; "
+       "`flashspec.kernels.verify.prepare_verify` (top-k / top-p go through "
+       "`flashspec.sampling.truncate_logits`); "
+       "`tests/test_kernels.py::test_long_rows_split_into_several_chunks`")
 
 sync_test = (ROOT / "tests" / "test_verify.py").read_text()
 sync_log = RESULTS / "exactness_kernels_tests_h200.log"
-sync_ran = sync_log.exists() and "test_triton_verify_makes_no_host_sync" in sync_log.read_text() \
-    and " passed" in sync_log.read_text() and " failed" not in sync_log.read_text()
-assert "set_sync_debug_mode" in sync_test and "test_triton_verify_makes_no_host_sync" in sync_test
+SYNC_TEST = "test_triton_verify_makes_no_host_sync"
+sync_ran = (sync_log.exists() and SYNC_TEST in sync_log.read_text()
+            and " passed" in sync_log.read_text()
+            and " failed" not in sync_log.read_text())
+assert "set_sync_debug_mode" in sync_test and SYNC_TEST in sync_test
 record("Verification runs with no device–host synchronisation",
-       "reproduced for the verify call: a test runs `fs.verify(..., backend='triton')` with "
-       "`torch.cuda.set_sync_debug_mode('error')`, which raises on a synchronising call"
-       + (" — it passed on the H200" if sync_ran else " (GPU only; no committed GPU run of it)")
-       + " (torch calls that mode a prototype that does not catch every synchronising operation). Not for the "
-       "eager engine: its decoding loop synchronises once per step, reading the accepted lengths on the "
-       "host for its cache rollback",
-       "`tests/test_verify.py::test_triton_verify_makes_no_host_sync`"
-       + (f" (`results/{sync_log.name}`)" if sync_ran else "") + "; chapter 2, step 4; `flashspec/engine.py` "
-       "(the one host read of a step)")
+       "reproduced for the verify call: a test runs "
+       "`fs.verify(..., backend='triton')` with "
+       "`torch.cuda.set_sync_debug_mode('error')`, which raises on a synchronising "
+       "call"
+       + (" — it passed on the H200" if sync_ran
+          else " (GPU only; no committed GPU run of it)")
+       + " (torch calls that mode a prototype that does not catch every "
+       "synchronising operation). Not for the eager engine: its decoding loop "
+       "synchronises once per step, reading the accepted lengths on the host for "
+       "its cache rollback",
+       f"`tests/test_verify.py::{SYNC_TEST}`"
+       + (f" (`results/{sync_log.name}`)" if sync_ran else "")
+       + "; chapter 2, step 4; `flashspec/engine.py` (the one host read of a step)")
 
 # %% [markdown]
 # **No CPU in the loop, for the whole step.** The paper's central promise concerns the step, not only the verify
@@ -210,58 +270,81 @@ record("Verification runs with no device–host synchronisation",
 # %%
 fast_b1 = load_result("bench_fast_b1_h200.json")
 if fast_b1:
-    fast_cell = fast_b1.get("results", fast_b1)["cells"][0] if isinstance(fast_b1.get("results"), dict) \
-        else fast_b1["cells"][0]
+    if isinstance(fast_b1.get("results"), dict):
+        fast_cell = fast_b1.get("results", fast_b1)["cells"][0]
+    else:
+        fast_cell = fast_b1["cells"][0]
     methods = fast_cell["methods"]
-    plain_vs_hf = stats.compare_runs(methods["hf_plain"]["seconds"], methods["fast_plain"]["seconds"])
-    spec_vs_plain = stats.compare_runs(methods["fast_plain"]["seconds"], methods["fast_speculative"]["seconds"])
+    plain_vs_hf = stats.compare_runs(methods["hf_plain"]["seconds"],
+                                     methods["fast_plain"]["seconds"])
+    spec_vs_plain = stats.compare_runs(methods["fast_plain"]["seconds"],
+                                       methods["fast_speculative"]["seconds"])
     record("No CPU in the loop: the whole speculative step runs on the device",
-           f"reproduced on the fast path (Llama-family models): the step is {fast_cell['step_over_parts']:.2f}× the "
-           "sum of its graphed parts and replays without a host synchronisation; fast plain decoding "
-           f"{plain_vs_hf.ratio:.1f}× Hugging Face `generate` ({plain_vs_hf.verdict}), fast speculative "
-           f"{spec_vs_plain.ratio:.2f}× fast plain ({spec_vs_plain.verdict}, random weights: acceptance is an "
+           "reproduced on the fast path (Llama-family models): the step is "
+           f"{fast_cell['step_over_parts']:.2f}× the sum of its graphed parts and "
+           "replays without a host synchronisation; fast plain decoding "
+           f"{plain_vs_hf.ratio:.1f}× Hugging Face `generate` "
+           f"({plain_vs_hf.verdict}), fast speculative {spec_vs_plain.ratio:.2f}× "
+           f"fast plain ({spec_vs_plain.verdict}, random weights: acceptance is an "
            "artefact). The eager engine still synchronises once per step",
-           "chapter 4; `results/bench_fast_b1_h200.json`, `results/bench_fast_b8_h200.json`; "
-           "`tests/test_fast.py::test_graph_replayed_steps_make_no_host_sync` (ran on the H200: "
-           "`results/fast_gpu_tests_h200_b1.log`)")
+           "chapter 4; `results/bench_fast_b1_h200.json`, "
+           "`results/bench_fast_b8_h200.json`; "
+           "`tests/test_fast.py::test_graph_replayed_steps_make_no_host_sync` "
+           "(ran on the H200: `results/fast_gpu_tests_h200_b1.log`)")
 
 verify_bench = load_result("verify_h200.json")
-engine_files = sorted(path for path in RESULTS.glob("*engine*h200*.json") if "tiny" not in path.name)
+engine_files = sorted(path for path in RESULTS.glob("*engine*h200*.json")
+                      if "tiny" not in path.name)
 engine_record = json.loads(engine_files[-1].read_text()) if engine_files else None
+HOST_LOOP_CLAIM = ("On-device verification removes the CPU bottleneck of a "
+                   "per-token host loop")
 if verify_bench is None:
-    record("On-device verification removes the CPU bottleneck of a per-token host loop",
-           "pending: `python -m flashspec.bench verify --out results/verify_h200.json` on the H200",
+    record(HOST_LOOP_CLAIM,
+           "pending: `python -m flashspec.bench verify --out "
+           "results/verify_h200.json` on the H200",
            "`results/verify_h200.json` (not committed yet)")
 else:
     points = verify_bench["points"]
     loop_ratio = [p["host_loop_over_triton"] for p in points]
     gpu = verify_bench["environment"]["gpu"]
-    # (batch, ms the host loop costs over the Triton step, ms of the fastest FlashSpec step measured at that B and
-    # V): the fastest step gives the largest share the loop could have of a step
+    # (batch, ms the host loop costs over the Triton step, ms of the fastest
+    # FlashSpec step measured at that B and V): the fastest step gives the
+    # largest share the loop could have of a step
     shares = []
     if engine_record is not None:
         vocab = engine_record["settings"]["models"]["target"]["vocab_size"]
         for batch_label, block in engine_record["results"].items():
             batch = int(batch_label.split("=")[1])
-            point = next((p for p in points if p["batch"] == batch and p["vocab"] == vocab), None)
-            steps = [block["cells"][name]["p50_step_latency_ms"] for name in ("flashspec", "flashspec_pool")
+            point = next((p for p in points
+                          if p["batch"] == batch and p["vocab"] == vocab), None)
+            steps = [block["cells"][name]["p50_step_latency_ms"]
+                     for name in ("flashspec", "flashspec_pool")
                      if name in block["cells"]]
             if point is not None and steps:
-                shares.append((batch, (point["host_loop_us"] - point["triton_us"]) / 1e3, min(steps)))
-    end_to_end = ("; end to end it is not shown: " + "; ".join(
-        f"at B = {batch} the loop costs {saved:.2f} ms more than the Triton step, against a median FlashSpec "
-        f"step of {step:.0f} ms ({saved / step:.0%})" for batch, saved, step in shares)
-        + ", so the verify kernel alone cannot change end-to-end throughput by more than that") if shares else ""
-    record("On-device verification removes the CPU bottleneck of a per-token host loop",
-           f"reproduced for the verify step alone on the {gpu}: the Triton step is {min(loop_ratio):.1f}–"
-           f"{max(loop_ratio):.0f}× faster than the `.item()` loop (least at B = 1), itself launch-bound at "
-           f"{min(p['triton_over_floor'] for p in points):.0f}–{max(p['triton_over_floor'] for p in points):.0f}× "
+                saved_ms = (point["host_loop_us"] - point["triton_us"]) / 1e3
+                shares.append((batch, saved_ms, min(steps)))
+    end_to_end = (
+        "; end to end it is not shown: "
+        + "; ".join(f"at B = {batch} the loop costs {saved:.2f} ms more than "
+                    "the Triton step, against a median FlashSpec step of "
+                    f"{step:.0f} ms ({saved / step:.0%})"
+                    for batch, saved, step in shares)
+        + ", so the verify kernel alone cannot change end-to-end throughput by "
+        "more than that") if shares else ""
+    floor_ratios = [p["triton_over_floor"] for p in points]
+    record(HOST_LOOP_CLAIM,
+           f"reproduced for the verify step alone on the {gpu}: the Triton step is "
+           f"{min(loop_ratio):.1f}–{max(loop_ratio):.0f}× faster than the "
+           "`.item()` loop (least at B = 1), itself launch-bound at "
+           f"{min(floor_ratios):.0f}–{max(floor_ratios):.0f}× "
            "its memory/launch floor" + end_to_end,
            "chapter 2, \"What it costs\"; `results/verify_h200.json`"
            + (f"; `results/{engine_files[-1].name}`" if shares else ""))
-    print(f"{gpu}: host loop / Triton step = " + ", ".join(f"{r:.1f}x" for r in loop_ratio))
+    print(f"{gpu}: host loop / Triton step = "
+          + ", ".join(f"{r:.1f}x" for r in loop_ratio))
     for batch, saved, step in shares:
-        print(f"B = {batch}: host loop - Triton step = {saved:.2f} ms per step; fastest FlashSpec step p50 {step:.1f} ms")
+        print(f"B = {batch}: host loop - Triton step = {saved:.2f} ms per step;")
+        print(f"  fastest FlashSpec step p50 {step:.1f} ms")
 
 # %% [markdown]
 # ## Bandits
@@ -277,38 +360,54 @@ sqrt_ktlnt = math.sqrt(K * T * math.log(T))
 print(f"sqrt(K T ln T) for K = {K}, T = {T}: {sqrt_ktlnt:.2f}")
 if reproduce is not None:
     results = reproduce["results"]
-    print(f"Auer et al.'s UCB1 bound for arms {results['arms']}: {results['auer_bound']:.1f}  "
-          f"({reproduce['hardware']}, {reproduce['date']}, `{reproduce['command']}`)")
+    print(f"Auer et al.'s UCB1 bound for arms {results['arms']}: "
+          f"{results['auer_bound']:.1f}")
+    print(f"  ({reproduce['hardware']}, {reproduce['date']},")
+    print(f"   `{reproduce['command']}`)")
     for name, paper_value in (("ucb1", 100.2), ("thompson", 18.9)):
         policy = results["policies"][name]
-        low = policy["final_regret_mean"] - policy["final_regret_ci95"]
-        high = policy["final_regret_mean"] + policy["final_regret_ci95"]
+        regret, ci95 = policy["final_regret_mean"], policy["final_regret_ci95"]
+        low = regret - ci95
+        high = regret + ci95
         inside = low <= paper_value <= high
-        print(f"{name:9s} paper {paper_value:6.1f} | ours {policy['final_regret_mean']:.1f} ± {policy['final_regret_ci95']:.1f}"
-              f" (95% CI, {policy['n_seeds']} seeds); seeds 0-4: {policy['seeds_0_4_mean']:.1f}")
-        record(f"{'UCB1' if name == 'ucb1' else 'Thompson sampling'} regret {paper_value} (K = 3, T = 10⁴)",
+        print(f"{name:9s} paper {paper_value:6.1f} | ours {regret:.1f} ± {ci95:.1f}"
+              f" (95% CI, {policy['n_seeds']} seeds); "
+              f"seeds 0-4: {policy['seeds_0_4_mean']:.1f}")
+        policy_name = "UCB1" if name == "ucb1" else "Thompson sampling"
+        record(f"{policy_name} regret {paper_value} (K = 3, T = 10⁴)",
                "reproduced (inside our 95% CI)" if inside else
-               f"not reproduced: ours {policy['final_regret_mean']:.1f} ± {policy['final_regret_ci95']:.1f}",
-               f"`results/bandits_reproduce.json` ({policy['n_seeds']} seeds; seeds 0–4 mean "
-               f"{policy['seeds_0_4_mean']:.1f}); chapter 3")
+               f"not reproduced: ours {regret:.1f} ± {ci95:.1f}",
+               f"`results/bandits_reproduce.json` ({policy['n_seeds']} seeds; "
+               f"seeds 0–4 mean {policy['seeds_0_4_mean']:.1f}); chapter 3")
     record("\"a theoretical bound of ≈526\"",
-           f"contradicted as a label: 526 is √(K·T·ln T) = {sqrt_ktlnt:.2f}, the order of UCB1's gap-free regret "
-           f"bound with its constant left out (the minimax rate is Θ(√(K·T)), √(K·T) = {math.sqrt(K * T):.0f}), "
-           f"not a bound for these arms; Auer et al.'s bound for these arms is {results['auer_bound']:.0f}",
-           "the cell above; `results/bandits_reproduce.json`; `tests/test_simulate.py::test_reference_curves`, "
+           f"contradicted as a label: 526 is √(K·T·ln T) = {sqrt_ktlnt:.2f}, the "
+           "order of UCB1's gap-free regret bound with its constant left out (the "
+           f"minimax rate is Θ(√(K·T)), √(K·T) = {math.sqrt(K * T):.0f}), not a "
+           "bound for these arms; Auer et al.'s bound for these arms is "
+           f"{results['auer_bound']:.0f}",
+           "the cell above; `results/bandits_reproduce.json`; "
+           "`tests/test_simulate.py::test_reference_curves`, "
            "`::test_ucb1_mean_regret_is_below_auer_bound`")
 else:
-    record("UCB1 regret 100.2 and Thompson 18.9", "pending: `python -m flashspec.simulate`",
+    record("UCB1 regret 100.2 and Thompson 18.9",
+           "pending: `python -m flashspec.simulate`",
            "`results/bandits_reproduce.json` (not committed yet)")
 
 public_thompson = (public or {}).get("thompson", {}).get("public", {}).get("error")
+if public_thompson:
+    thompson_verdict = (
+        "contradicted, measured on the paper's package: its engine feeds counts, β "
+        "goes negative and the next select raises "
+        f"{public_thompson['type']}: {public_thompson['message']}; ours raises a "
+        "ValueError that names `update_step`, the conjugate update "
+        "Beta(a + n, b + [n < γ])")
+else:
+    thompson_verdict = "not measured here: `python -m flashspec.public_code`"
 record("Thompson sampling fed with accepted counts (public code)",
-       (f"contradicted, measured on the paper's package: its engine feeds counts, β goes negative and the next "
-        f"select raises {public_thompson['type']}: {public_thompson['message']}; ours raises a ValueError that names "
-        "`update_step`, the conjugate update Beta(a + n, b + [n < γ])") if public_thompson else
-       "not measured here: `python -m flashspec.public_code`",
-       "`results/public_code_0.1.4.json` (`thompson`); `tests/test_public_code.py`; "
-       "`tests/test_bandits.py::test_accepted_count_fed_as_reward_is_a_clear_error`, "
+       thompson_verdict,
+       "`results/public_code_0.1.4.json` (`thompson`); "
+       "`tests/test_public_code.py`; `tests/test_bandits.py::"
+       "test_accepted_count_fed_as_reward_is_a_clear_error`, "
        "`::test_thompson_step_update_is_beta_geometric_conjugate`; the cell below")
 
 # %%
@@ -316,9 +415,10 @@ policy = bandits.ThompsonSampling(n_arms=3)
 try:
     policy.update(0, 3)  # 3 accepted tokens fed as if it were a reward in [0, 1]
 except ValueError as error:
-    print("ValueError:", error)
+    print_wrapped(f"ValueError: {error}", indent="")
 policy.update_step(0, 3, 4)  # the supported way: 3 of γ = 4 accepted
-print("after update_step(arm 0, n = 3, γ = 4): Beta parameters", [p[0].tolist() for p in policy.posterior()])
+print("after update_step(arm 0, n = 3, γ = 4): Beta parameters")
+print(" ", [p[0].tolist() for p in policy.posterior()])
 
 # %% [markdown]
 # ## Throughput
@@ -329,22 +429,30 @@ print("after update_step(arm 0, n = 3, γ = 4): Beta parameters", [p[0].tolist()
 # the per-token α of the geometric model); the cell below repeats the arithmetic.
 
 # %%
-paper_t4 = {"tokens_per_s": 44.2, "step_latency_s": 22.1e-3, "alpha": 0.75, "gamma": 4}  # quoted from the paper
+# quoted from the paper
+paper_t4 = {"tokens_per_s": 44.2, "step_latency_s": 22.1e-3,
+            "alpha": 0.75, "gamma": 4}
 per_step_from_speed = paper_t4["tokens_per_s"] * paper_t4["step_latency_s"]
-if_token_acceptance = stats.tokens_per_step_from_token_acceptance(paper_t4["alpha"], paper_t4["gamma"])
+if_token_acceptance = stats.tokens_per_step_from_token_acceptance(paper_t4["alpha"],
+                                                                  paper_t4["gamma"])
 if_acceptance_rate = 1 + paper_t4["gamma"] * paper_t4["alpha"]
 per_token_ms = 1e3 / paper_t4["tokens_per_s"]
-print(f"{per_step_from_speed:.3f} tokens per step from speed x latency; from α = {paper_t4['alpha']}: "
-      f"{if_token_acceptance:.3f} (token acceptance) or {if_acceptance_rate:.3f} (acceptance rate); "
-      f"1 / tokens/s = {per_token_ms:.1f} ms")
+print_wrapped(f"{per_step_from_speed:.3f} tokens per step from speed x latency; "
+              f"from α = {paper_t4['alpha']}: {if_token_acceptance:.3f} (token "
+              f"acceptance) or {if_acceptance_rate:.3f} (acceptance rate); "
+              f"1 / tokens/s = {per_token_ms:.1f} ms")
 record("T4: 44.2 tokens/s, 22.1 ms per step and α = 0.75 at γ = 4",
-       f"contradicted as one run with a per-step latency: speed × latency gives {per_step_from_speed:.2f} tokens per "
-       f"step, below the one token every step emits, while α = 0.75 gives {if_token_acceptance:.2f} (token "
-       f"acceptance) or {if_acceptance_rate:.2f} (acceptance rate). 1 / 44.2 tokens/s = {per_token_ms:.1f} ms, so the "
-       "22.1 ms may be a time per token; the paper does not say",
+       "contradicted as one run with a per-step latency: speed × latency gives "
+       f"{per_step_from_speed:.2f} tokens per step, below the one token every step "
+       f"emits, while α = 0.75 gives {if_token_acceptance:.2f} (token acceptance) "
+       f"or {if_acceptance_rate:.2f} (acceptance rate). 1 / 44.2 tokens/s = "
+       f"{per_token_ms:.1f} ms, so the 22.1 ms may be a time per token; the paper "
+       "does not say",
        "chapter 4 (computed); a step always emits ≥ 1 token")
-record("T4 throughput itself (44.2 tokens/s)", "not reproducible here: no T4 and no hub access in CI or on the lab "
-       "machine; the Colab cell of chapter 4 runs it on a T4", "chapter 4, live cell (skipped in CI)")
+record("T4 throughput itself (44.2 tokens/s)",
+       "not reproducible here: no T4 and no hub access in CI or on the lab "
+       "machine; the Colab cell of chapter 4 runs it on a T4",
+       "chapter 4, live cell (skipped in CI)")
 
 # %% [markdown]
 # The engine's H200 benchmark measures FlashSpec against plain decoding and Hugging Face assisted generation on the
@@ -353,7 +461,8 @@ record("T4 throughput itself (44.2 tokens/s)", "not reproducible here: no T4 and
 
 # %%
 def judge_engine(baseline: str) -> tuple[str, str]:
-    """Verdict and evidence for "FlashSpec is faster than `baseline`" over every batch size of the H200 file."""
+    """Verdict and evidence for "FlashSpec is faster than `baseline`" over every
+    batch size of the H200 file."""
     verdicts, parts = [], []
     for batch_label, block in engine_record["results"].items():
         judged = bench_engine.comparisons(block["cells"])
@@ -361,27 +470,36 @@ def judge_engine(baseline: str) -> tuple[str, str]:
         for name, comparison in judged.items():
             if name.endswith("/" + baseline):
                 verdicts.append(comparison.verdict)
-                parts.append(f"{name} at {batch_label} {comparison.ratio:.2f}× (runs {comparison.low:.2f}–"
-                             f"{comparison.high:.2f}×): {comparison.verdict}, {comparison.reason}")
+                parts.append(f"{name} at {batch_label} {comparison.ratio:.2f}× "
+                             f"(runs {comparison.low:.2f}–{comparison.high:.2f}×): "
+                             f"{comparison.verdict}, {comparison.reason}")
         if control is not None and baseline == "plain":
-            parts.append(f"control at {batch_label}: flashspec_pool did FlashSpec's work (prompt lookup never "
-                         f"chosen) and ran {control.ratio:.2f}× faster (runs {control.low:.2f}–{control.high:.2f}×)")
+            parts.append(f"control at {batch_label}: flashspec_pool did "
+                         "FlashSpec's work (prompt lookup never chosen) and ran "
+                         f"{control.ratio:.2f}× faster "
+                         f"(runs {control.low:.2f}–{control.high:.2f}×)")
     return stats.overall_verdict(verdicts), "; ".join(parts)
 
 
 if engine_record is not None:
     source = f"chapter 4; `results/{engine_files[-1].name}`"
-    alphas = [bench_engine.cell_of(block["cells"], "flashspec").get("alpha") for block in engine_record["results"].values()]
-    for baseline, label in (("plain", "plain decoding"), ("hf_assisted", "Hugging Face assisted generation")):
+    alphas = [bench_engine.cell_of(block["cells"], "flashspec").get("alpha")
+              for block in engine_record["results"].values()]
+    for baseline, label in (("plain", "plain decoding"),
+                            ("hf_assisted", "Hugging Face assisted generation")):
         verdict, evidence = judge_engine(baseline)
-        note = (" (which serves B > 1 one row at a time)" if baseline == "hf_assisted" else "")
-        record(f"Speculative decoding with FlashSpec is faster than {label}{note} (same models, H200)",
+        note = (" (which serves B > 1 one row at a time)"
+                if baseline == "hf_assisted" else "")
+        record(f"Speculative decoding with FlashSpec is faster than {label}{note} "
+               "(same models, H200)",
                f"{verdict} in this benchmark (random-weight draft, acceptance rate "
                f"{min(alphas):.2f}–{max(alphas):.2f})", f"{evidence}; {source}")
         print(f"vs {baseline}: {verdict}")
 else:
-    record("Speculative decoding with FlashSpec is faster than plain decoding (same models, H200)",
-           "pending: the engine's H200 benchmark (`flashspec bench engine`) is not committed yet", "chapter 4")
+    record("Speculative decoding with FlashSpec is faster than plain decoding "
+           "(same models, H200)",
+           "pending: the engine's H200 benchmark (`flashspec bench engine`) is not "
+           "committed yet", "chapter 4")
 
 # %% [markdown]
 # ## Domain shift
@@ -393,43 +511,67 @@ else:
 # after-the-fact number.
 
 # %%
-SHIPPED = inspect.signature(fs.SpeculativeDecoder.__init__).parameters["policy"].default
-switching_runs = {size: [load_result(name) for name in (f"zoo_{size}_switching.json", f"zoo_{size}_switching_no_warmup.json")
-                         if load_result(name) is not None] for size in ("gpu", "cpu")}
-switching_runs = {size: records for size, records in switching_runs.items() if records}
+decoder_parameters = inspect.signature(fs.SpeculativeDecoder.__init__).parameters
+SHIPPED = decoder_parameters["policy"].default
+switching_runs = {
+    size: [load_result(name) for name in (f"zoo_{size}_switching.json",
+                                          f"zoo_{size}_switching_no_warmup.json")
+           if load_result(name) is not None]
+    for size in ("gpu", "cpu")
+}
+switching_runs = {size: records for size, records in switching_runs.items()
+                  if records}
+SWITCHING_CLAIM = ("Online draft selection beats the best single draft under "
+                   "domain shift")
 if not switching_runs:
-    record("Online draft selection beats the best single draft under domain shift",
-           "pending: `flashspec zoo report --size gpu` (H200) / `--size cpu`", "chapter 5; `results/zoo_*_switching.json`")
+    record(SWITCHING_CLAIM,
+           "pending: `flashspec zoo report --size gpu` (H200) / `--size cpu`",
+           "chapter 5; `results/zoo_*_switching.json`")
 else:
     verdicts, parts, hindsight, files = [], [], [], []
     for size, records in switching_runs.items():
         main = records[0]
-        files += [f"`results/zoo_{size}_switching{'' if index == 0 else '_no_warmup'}.json`" for index in range(len(records))]
+        files += [f"`results/zoo_{size}_switching"
+                  f"{'' if index == 0 else '_no_warmup'}.json`"
+                  for index in range(len(records))]
         for kind, block in main["results"].items():
             best_fixed, runs = block["summary"]["best_fixed"], block["runs"]
-            times = {label: [r["results"][kind]["runs"][label]["seconds"] for r in records] for label in (best_fixed, SHIPPED)}
+            times = {label: [r["results"][kind]["runs"][label]["seconds"]
+                             for r in records]
+                     for label in (best_fixed, SHIPPED)}
             speed = stats.compare_runs(times[best_fixed], times[SHIPPED])
-            # in tokens per step, the reference is the single draft best in tokens per step
+            # in tokens per step, the reference is the single draft best in
+            # tokens per step
             best_step = max((label for label in runs if label.startswith("fixed:")),
                             key=lambda label: runs[label]["tokens_per_step"])
-            per_request = {label: stats.per_request_tokens_per_step(runs[label]["request_of_step"],
-                                                                     main["settings"]["switching_new_tokens"],
-                                                                     len(block["requests"]))
-                           for label in (best_step, SHIPPED)}
-            steps = stats.paired_difference(per_request[SHIPPED], per_request[best_step])
+            per_request = {
+                label: stats.per_request_tokens_per_step(
+                    runs[label]["request_of_step"],
+                    main["settings"]["switching_new_tokens"],
+                    len(block["requests"]))
+                for label in (best_step, SHIPPED)
+            }
+            steps = stats.paired_difference(per_request[SHIPPED],
+                                            per_request[best_step])
             verdicts += [speed.verdict, steps.verdict]
-            parts.append(f"{size} {kind}: {speed.ratio:.2f}× the best single draft ({best_fixed}) in tokens/s over "
-                         f"{len(records)} run(s), {speed.verdict}; tokens per step {steps.mean:+.3f} ± "
-                         f"{steps.standard_error:.3f} per request against {best_step}, {steps.verdict}")
+            parts.append(f"{size} {kind}: {speed.ratio:.2f}× the best single draft "
+                         f"({best_fixed}) in tokens/s over {len(records)} run(s), "
+                         f"{speed.verdict}; tokens per step {steps.mean:+.3f} ± "
+                         f"{steps.standard_error:.3f} per request against "
+                         f"{best_step}, {steps.verdict}")
             summary = block["summary"]
+            best_vs_fixed = summary["tokens_per_s"]["best_bandit_vs_best_fixed"]
             hindsight.append(f"{size} {kind}: {summary['best_bandit']} "
-                             f"{summary['tokens_per_s']['best_bandit_vs_best_fixed']:.2f}×")
-    record(f"Online draft selection beats the best single draft under domain shift (shipped policy: {SHIPPED})",
-           stats.overall_verdict(verdicts) + " on the trained zoo (" + "; ".join(parts) + ")",
-           "chapter 5; " + ", ".join(files) + ". After the fact, the best of the bandits tried, in tokens/s "
-           "against the best single draft: " + "; ".join(hindsight) + " (picked after seeing the results, "
-           "not a verdict)")
-    print("\n".join(parts))
+                             f"{best_vs_fixed:.2f}×")
+    record(f"{SWITCHING_CLAIM} (shipped policy: {SHIPPED})",
+           stats.overall_verdict(verdicts) + " on the trained zoo ("
+           + "; ".join(parts) + ")",
+           "chapter 5; " + ", ".join(files) + ". After the fact, the best of the "
+           "bandits tried, in tokens/s against the best single draft: "
+           + "; ".join(hindsight) + " (picked after seeing the results, not a "
+           "verdict)")
+    for part in parts:
+        print_wrapped(part)
 
 # %% [markdown]
 # ## The ledger
@@ -437,6 +579,8 @@ else:
 # %%
 lines = []
 for index, row in enumerate(LEDGER, start=1):
-    indent = " " * len(f"{index}. ")  # continuation paragraphs line up with the item text
-    lines.append(f"{index}. **{row['claim']}** — {row['verdict']}.\n\n{indent}*Evidence:* {row['evidence']}.\n")
+    # continuation paragraphs line up with the item text
+    indent = " " * len(f"{index}. ")
+    lines.append(f"{index}. **{row['claim']}** — {row['verdict']}.\n\n"
+                 f"{indent}*Evidence:* {row['evidence']}.\n")
 display(Markdown("\n".join(lines)))
