@@ -232,20 +232,19 @@ for size, record in switching_records.items():
                   f"{run['token_acceptance']:>9.3f}")
         best_fixed = summary["best_fixed"]
         shipped = runs[SHIPPED]["tokens_per_s"]
-        print_wrapped(f"  shipped policy ({SHIPPED}): "
-                      f"{shipped / runs['oracle']['tokens_per_s']:.3f}x oracle, "
-                      f"{shipped / runs[best_fixed]['tokens_per_s']:.3f}x best "
-                      f"fixed ({best_fixed}) in tokens/s", indent="    ")
+        print(f"  shipped policy ({SHIPPED}): "
+              f"{shipped / runs['oracle']['tokens_per_s']:.3f}x oracle,")
+        print(f"    {shipped / runs[best_fixed]['tokens_per_s']:.3f}x best fixed "
+              f"({best_fixed}) in tokens/s")
         ratios = summary["tokens_per_s"]
-        print_wrapped("  best bandit picked after the fact "
-                      f"({summary['best_bandit']}): "
-                      f"{ratios['best_bandit_vs_oracle']:.3f}x oracle, "
-                      f"{ratios['best_bandit_vs_best_fixed']:.3f}x best fixed in "
-                      "tokens/s", indent="    ")
+        print(f"  best bandit picked after the fact ({summary['best_bandit']}): "
+              f"{ratios['best_bandit_vs_oracle']:.3f}x oracle,")
+        print(f"    {ratios['best_bandit_vs_best_fixed']:.3f}x best fixed "
+              "in tokens/s")
         best_step_tokens = runs[best_step]["tokens_per_step"]
         full_gap = runs["oracle"]["tokens_per_step"] - best_step_tokens
-        print_wrapped(f"  tokens/step against the best single draft there "
-                      f"({best_step}), paired over requests:", indent="    ")
+        print(f"  tokens/step against the best single draft there ({best_step}),")
+        print("  paired over requests:")
         print(f"    {'':<15}{'gap closed':>14}  per-request difference")
         for label in [label for label in runs if label not in fixed]:
             closed = (runs[label]["tokens_per_step"] - best_step_tokens) / full_gap
