@@ -558,18 +558,17 @@ for label, (t_logits, d_logits, d_tokens, params) in checks.items():
 #
 # On a CUDA GPU the next cell measures the step live with the library's benchmark functions (`flashspec.bench`,
 # medians of `triton.testing.do_bench`); everywhere it shows the committed NVIDIA H200 run of
-# `python -m flashspec.bench verify`, side by side: the floor (the larger of one empty kernel launch and the bytes
+# `flashspec bench verify`, side by side: the floor (the larger of one empty kernel launch and the bytes
 # the step must read divided by the measured copy bandwidth), the two kernels' device time, the whole Triton step
 # replayed from a CUDA graph and launched eagerly from Python, the PyTorch reference, and the per-token `.item()`
 # host loop of step 1.
 
 # %%
-import json
 import textwrap
 
 from IPython.display import Markdown, display
 
-from flashspec import bench, plots
+from flashspec import bench, plots, provenance
 
 
 def print_wide_table(lines: list[str], keys: int = 2, width: int = 84) -> None:
@@ -600,8 +599,6 @@ def print_wide_table(lines: list[str], keys: int = 2, width: int = 84) -> None:
             table_printed = True
 
 
-RESULTS = next(path / "results" for path in (Path.cwd(), *Path.cwd().parents)
-               if (path / "_toc.yml").exists())
 if DEVICE == "cuda":
     floors = bench.measure_floors()
     live_points = [bench.bench_point(batch, 4, 32_000, floors, host_loop=True)
@@ -611,27 +608,24 @@ if DEVICE == "cuda":
 else:
     print("No GPU here: no live timing; the committed H200 results follow.")
 
-verify_record = json.loads((RESULTS / "verify_h200.json").read_text())
-environment = verify_record["environment"]
-print(f"\nCommitted: {environment['gpu']}, git {environment['git_sha'][:8]}, "
-      f"{environment['date_utc']}")
-print(f"driver {environment['driver']}, CUDA {environment['cuda']}, "
-      f"torch {environment['torch']}, triton {environment['triton']}")
+verify_record = provenance.load_result("verify_h200")
+verify = verify_record["results"]
+origin = verify_record["provenance"]
+print(textwrap.fill(f"Committed: {provenance.caption(verify_record)}", width=84))
 # the table the benchmark printed, stored in its record
-print_wide_table(verify_record["table"])
+print_wide_table(verify["table"])
 display(plots.plot_verify_benchmark(verify_record))
 display(Markdown(
-    f"**Figure.** One verification step on the {environment['gpu']} "
-    f"({environment['date_utc']}, git `{environment['git_sha'][:8]}`), log scale. "
-    f"Regenerate the data with `{environment['command']}`, the figure with "
+    f"**Figure.** One verification step, log scale ({provenance.caption(verify_record)}). "
+    f"Regenerate the data with `{origin['command']}`, the figure with "
     f"`flashspec.plots.plot_verify_benchmark`."))
 
 # %% [markdown]
 # Reading the committed numbers honestly:
 
 # %%
-points = verify_record["points"]
-targets = verify_record["targets"]
+points = verify["points"]
+targets = verify_record["settings"]["targets"]
 print(f"{'B':>3} {'V':>7} {'step/floor':>10} {'graph/floor':>11} "
       f"{'reference/step':>14} {'host loop/step':>14}")
 for point in points:
@@ -656,7 +650,7 @@ print(f"target '>= {speedup_min}x faster than the reference for B <= 8': "
 # computes, for each point, which of these dominates:
 
 # %%
-empty_launch_us = verify_record["floors"]["empty_launch_us"]
+empty_launch_us = verify["floors"]["empty_launch_us"]
 for point in points:
     point["launch_share"] = 1 - point["triton_graph_replay_us"] / point["triton_us"]
     point["kernels_us"] = (point["triton_stats_kernel_us"]
@@ -729,12 +723,10 @@ display(Markdown(text))
 # what the per-token host loop of step 1 and the Triton step cost at the same batch size and vocabulary:
 
 # %%
-engine_record = json.loads((RESULTS / "bench_engine_nvidia_h200.json").read_text())
+engine_record = provenance.load_result("bench_engine_nvidia_h200")
 engine_vocab = engine_record["settings"]["models"]["target"]["vocab_size"]
-print(f"engine benchmark: {engine_record['hardware']['gpu']}, "
-      f"git {engine_record['git_sha'][:8]}, {engine_record['date_utc']}")
-print(f"verification benchmark: git {environment['git_sha'][:8]}; "
-      f"both at V = {engine_vocab}")
+print(textwrap.fill(f"engine benchmark: {provenance.caption(engine_record)}", width=84))
+print(f"verification benchmark: git {str(origin['git_sha'])[:8]}; both at V = {engine_vocab}")
 print(f"{'B':>3} {'plain step ms':>13} {'spec. step ms':>13} {'host loop ms':>12} "
       f"{'Triton step ms':>14} {'saved / spec. step':>18}")
 end_to_end = {}

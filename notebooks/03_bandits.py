@@ -26,13 +26,11 @@
 # asks the question the paper motivates but does not test: what happens when the best draft *changes*?
 #
 # Everything here calls `flashspec.bandits`, `flashspec.rewards`, `flashspec.simulate` and `flashspec.plots`; the
-# large runs are read from `results/bandits_*.json` (regenerate them with `python -m flashspec.simulate`).
+# large runs are read from `results/bandits_*.json` (regenerate them with `flashspec bandits`).
 
 # %% tags=["hide-input"]
-import json
 import os
 import sys
-from pathlib import Path
 
 # the Colab copy of this chapter installs the package first
 ON_COLAB = "google.colab" in sys.modules
@@ -42,23 +40,26 @@ import numpy as np
 from IPython.display import Markdown, display
 
 import flashspec as fs
-from flashspec import bandits, plots, rewards
+from flashspec import bandits, plots, provenance, rewards
 from flashspec import simulate as sim
 
-RESULTS = next((p for p in (Path("../results"), Path("results"))
-                if (p / "bandits_reproduce.json").exists()), None)
-found = RESULTS.resolve() if RESULTS else "not found, computing small runs live"
-print(f"flashspec {fs.__version__}; committed results: {found}")
+print(f"flashspec {fs.__version__}")
 
 
 def load_or_run(name: str, rounds: int, seeds: int) -> dict:
     """The committed record results/bandits_<name>.json, or a small live run
-    of the same experiment."""
-    if RESULTS is not None and (RESULTS / f"bandits_{name}.json").exists():
-        return json.loads((RESULTS / f"bandits_{name}.json").read_text())
-    settings = {"experiment": name, "n_rounds": rounds, "n_seeds": seeds,
-                "live": True}
-    return {"settings": settings, "results": sim.EXPERIMENTS[name](rounds, seeds)}
+    of the same experiment (experiments/bandits.py) when it is not committed."""
+    try:
+        return provenance.load_result(f"bandits_{name}")
+    except FileNotFoundError:
+        from flashspec.cli import register_experiments
+
+        register_experiments()
+        from experiments.bandits import EXPERIMENTS
+
+        settings = {"experiment": name, "n_rounds": rounds, "n_seeds": seeds,
+                    "live": True}
+        return {"settings": settings, "results": EXPERIMENTS[name](rounds, seeds)}
 
 
 # %% [markdown]
@@ -153,8 +154,8 @@ print(f"  constant left out; √(K·T) = {sqrt_kt:.1f} is the minimax order)")
 print(f"Auer et al. 2002 Theorem 1 bound for UCB1 = {data['auer_bound']:.1f}")
 print("settings:", ", ".join(f"{key}={value}"
                              for key, value in reproduce["settings"].items()))
-print("git", reproduce.get("git_sha", "live")[:8], "|",
-      reproduce.get("hardware", ""))
+print(textwrap.fill(provenance.caption(reproduce) if "provenance" in reproduce
+                    else "computed live on this machine", width=84))
 
 # %%
 plots.plot_reproduced_regret(reproduce)

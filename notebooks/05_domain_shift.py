@@ -44,22 +44,19 @@ import torch
 from IPython.display import Markdown, display
 
 import flashspec as fs
-from flashspec import plots, switching, zoo
+from flashspec import plots, provenance, switching, zoo
 
-RESULTS = next(path / "results" for path in (Path.cwd(), *Path.cwd().parents)
-               if (path / "_toc.yml").exists())
+RESULTS = provenance.results_dir()
 device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
 print(f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
       f"{device_name}{' (Colab)' if ON_COLAB else ''}")
 
 
-def caption(record: dict, what: str) -> Markdown:
-    """A figure caption naming the hardware, the date and the command that
-    regenerates the file."""
-    git_sha = (record.get("git_sha") or "unknown")[:8]
-    return Markdown(f"**{what}** Measured on {record['hardware']}, "
-                    f"{record['date_utc']} (git `{git_sha}`). "
-                    f"Regenerate: `{record['command']}`.")
+def figure_caption(record: dict, what: str) -> Markdown:
+    """A figure caption: what it shows, where it was measured (hardware, versions,
+    git SHA, date) and the command that regenerates the file."""
+    return Markdown(f"**{what}** Measured on {provenance.caption(record)}. "
+                    f"Regenerate: `{record['provenance']['command']}`.")
 
 
 SIZES = [size for size in ("gpu", "cpu")
@@ -86,10 +83,9 @@ def print_wrapped(text: str, indent: str = "  ") -> None:
 
 
 for size in SIZES:
-    build = json.loads((RESULTS / f"zoo_{size}_build.json").read_text())
+    build = provenance.load_result(f"zoo_{size}_build")
     models = build["results"]["models"]
-    print_wrapped(f"zoo size '{size}' built on {build['hardware']} "
-                  f"({build['date_utc']}):")
+    print_wrapped(f"zoo size '{size}' built on {provenance.caption(build)}:")
     print(f"  {'model':<14} {'parameters':>10}  {'steps':>5}  {'trained on':<18}"
           "initialised from")
     for name, model in models.items():
@@ -117,7 +113,7 @@ SWEEPS = RESULTS / "zoo_design"
 for path in sorted(SWEEPS.glob("*.json")):
     sweep = json.loads(path.read_text())
     print(path.name)
-    for variant in sweep["variants"]:
+    for variant in sweep["results"]["variants"]:
         margins = variant["margins"]
         print(f"  {variant['variant']['name']:<20}"
               + "  ".join(f"{d} {m:+.3f}" for d, m in margins.items()))
@@ -148,7 +144,7 @@ for path in sorted(SWEEPS.glob("*.json")):
 for size in SIZES:
     record = json.loads((RESULTS / f"zoo_{size}_acceptance.json").read_text())
     display(plots.plot_acceptance_matrix(record))
-    display(caption(record, f"Acceptance matrix, zoo size '{size}'."))
+    display(figure_caption(record, f"Acceptance matrix, zoo size '{size}'."))
     settings = record["settings"]
     print(f"zoo '{size}': engine cells of {settings['prompts']} prompts x "
           f"{settings['new_tokens']} new tokens")
@@ -208,7 +204,7 @@ switching_records = {
 gaps = []
 for size, record in switching_records.items():
     display(plots.plot_arm_trace(record))
-    display(caption(record, "Arm choice over the switching workload, "
+    display(figure_caption(record, "Arm choice over the switching workload, "
                             f"zoo size '{size}'."))
     for kind, block in record["results"].items():
         runs, summary = block["runs"], block["summary"]

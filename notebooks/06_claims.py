@@ -36,7 +36,6 @@
 #   decided only beyond two standard errors.
 
 # %% tags=["hide-input"]
-import json
 import math
 import os
 import sys
@@ -54,11 +53,10 @@ if not torch.cuda.is_available():
 from IPython.display import Markdown, display
 
 import flashspec as fs
-from flashspec import bandits, bench_engine, exactness, stats
+from flashspec import bandits, bench_engine, exactness, provenance, stats
 
-ROOT = next(path for path in (Path.cwd(), *Path.cwd().parents)
-            if (path / "_toc.yml").exists())
-RESULTS = ROOT / "results"
+RESULTS = provenance.results_dir()
+ROOT = RESULTS.parent
 device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
 print(f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
       f"{device_name}{' (Colab)' if ON_COLAB else ''}")
@@ -66,14 +64,17 @@ print(f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
 LEDGER: list[dict[str, str]] = []
 
 
-def record(claim: str, verdict: str, evidence: str) -> None:
+def add_claim(claim: str, verdict: str, evidence: str) -> None:
     """Add one row to the ledger (shown as a table at the end of the page)."""
     LEDGER.append({"claim": claim, "verdict": verdict, "evidence": evidence})
 
 
-def load_result(name: str) -> dict | None:
-    path = RESULTS / name
-    return json.loads(path.read_text()) if path.exists() else None
+def committed(name: str) -> dict | None:
+    """A committed results file (`flashspec.provenance.load_result`), or None when it is not there yet."""
+    try:
+        return provenance.load_result(name)
+    except FileNotFoundError:
+        return None
 
 
 # %% [markdown]
@@ -101,7 +102,7 @@ for label, selector in (("round-robin", exactness.round_robin_selector),
 
 exact_ok = (joint["round-robin"].passes(0.01)
             and not joint["cherry-pick"].passes(0.01))
-record("Theorem 1: the output has exactly the target's distribution, with drafts "
+add_claim("Theorem 1: the output has exactly the target's distribution, with drafts "
        "chosen online",
        "reproduced, with the condition made precise" if exact_ok
        else "NOT reproduced on this build",
@@ -109,7 +110,7 @@ record("Theorem 1: the output has exactly the target's distribution, with drafts
        f"above (round-robin p = {joint['round-robin'].p_value:.3g}); "
        "`tests/test_exactness.py::test_joint_distribution_torch`"
        ", `::test_joint_distribution_triton`")
-record("(implicit) any draft-selection rule keeps exactness",
+add_claim("(implicit) any draft-selection rule keeps exactness",
        "contradicted" if not joint["cherry-pick"].passes(0.01)
        else "not contradicted on this build",
        "chapter 1: choosing by the current proposals gives P(a) = 0.8 instead of "
@@ -155,8 +156,8 @@ def print_wrapped(text: str, indent: str = "  ") -> None:
     print(textwrap.fill(text, 84, subsequent_indent=indent, break_on_hyphens=False))
 
 
-public = load_result("public_code_0.1.4.json")
-public = public.get("results", public) if public else None
+public = committed("public_code_0.1.4.json")
+public = public["results"] if public else None
 if public:
     for row in public["chi_square"]:
         print(f"{row['config']:12s} exercises {', '.join(row['exercises'])}")
@@ -194,13 +195,13 @@ elif blind:
                     "the bugs")
 else:
     gate_verdict = "not contradicted"
-record("The paper's distribution test (γ = 1, draft = target, KS) validates the "
+add_claim("The paper's distribution test (γ = 1, draft = target, KS) validates the "
        "implementation",
        gate_verdict,
        "the two cells above; `results/public_code_0.1.4.json` (`paper_gate`, "
        "`paper_tests`); `tests/test_public_code.py`, "
        "`tests/test_exactness.py::test_paper_gate_is_blind_to_the_bugs`")
-record("The public code's verifier is exact",
+add_claim("The public code's verifier is exact",
        "contradicted, measured on the paper's own package: every configuration "
        "fails the joint χ² (the leak and the residual-for-bonus bug both occur)"
        if public_exact else "not measured here",
@@ -232,7 +233,7 @@ if truncates:
         "O(V) memory per row and O(V log V) work")
 else:
     with_truncation = "top-k / top-p also stay in the kernels"
-record("The accept kernel needs O(1) memory in V",
+add_claim("The accept kernel needs O(1) memory in V",
        "reproduced for temperature-only sampling: the accept test is O(1) and the "
        "whole step O(V) reads with O(1) on-chip state; " + with_truncation,
        "chapter 2, steps 3–5 and the byte accounting; "
@@ -247,7 +248,7 @@ sync_ran = (sync_log.exists() and SYNC_TEST in sync_log.read_text()
             and " passed" in sync_log.read_text()
             and " failed" not in sync_log.read_text())
 assert "set_sync_debug_mode" in sync_test and SYNC_TEST in sync_test
-record("Verification runs with no device–host synchronisation",
+add_claim("Verification runs with no device–host synchronisation",
        "reproduced for the verify call: a test runs "
        "`fs.verify(..., backend='triton')` with "
        "`torch.cuda.set_sync_debug_mode('error')`, which raises on a synchronising "
@@ -268,18 +269,15 @@ record("Verification runs with no device–host synchronisation",
 # each step's outcome on the host two steps late; a GPU test replays 16 steps under the same sync-debug mode.
 
 # %%
-fast_b1 = load_result("bench_fast_b1_h200.json")
+fast_b1 = committed("bench_fast_b1_h200.json")
 if fast_b1:
-    if isinstance(fast_b1.get("results"), dict):
-        fast_cell = fast_b1.get("results", fast_b1)["cells"][0]
-    else:
-        fast_cell = fast_b1["cells"][0]
+    fast_cell = fast_b1["results"]["cells"][0]
     methods = fast_cell["methods"]
     plain_vs_hf = stats.compare_runs(methods["hf_plain"]["seconds"],
                                      methods["fast_plain"]["seconds"])
     spec_vs_plain = stats.compare_runs(methods["fast_plain"]["seconds"],
                                        methods["fast_speculative"]["seconds"])
-    record("No CPU in the loop: the whole speculative step runs on the device",
+    add_claim("No CPU in the loop: the whole speculative step runs on the device",
            "reproduced on the fast path (Llama-family models): the step is "
            f"{fast_cell['step_over_parts']:.2f}× the sum of its graphed parts and "
            "replays without a host synchronisation; fast plain decoding "
@@ -292,21 +290,21 @@ if fast_b1:
            "`tests/test_fast.py::test_graph_replayed_steps_make_no_host_sync` "
            "(ran on the H200: `results/fast_gpu_tests_h200_b1.log`)")
 
-verify_bench = load_result("verify_h200.json")
+verify_bench = committed("verify_h200.json")
 engine_files = sorted(path for path in RESULTS.glob("*engine*h200*.json")
                       if "tiny" not in path.name)
-engine_record = json.loads(engine_files[-1].read_text()) if engine_files else None
+engine_record = committed(engine_files[-1].name) if engine_files else None
 HOST_LOOP_CLAIM = ("On-device verification removes the CPU bottleneck of a "
                    "per-token host loop")
 if verify_bench is None:
-    record(HOST_LOOP_CLAIM,
-           "pending: `python -m flashspec.bench verify --out "
+    add_claim(HOST_LOOP_CLAIM,
+           "pending: `flashspec bench verify --out "
            "results/verify_h200.json` on the H200",
            "`results/verify_h200.json` (not committed yet)")
 else:
-    points = verify_bench["points"]
+    points = verify_bench["results"]["points"]
     loop_ratio = [p["host_loop_over_triton"] for p in points]
-    gpu = verify_bench["environment"]["gpu"]
+    gpu = verify_bench["provenance"]["hardware"]["gpu"]
     # (batch, ms the host loop costs over the Triton step, ms of the fastest
     # FlashSpec step measured at that B and V): the fastest step gives the
     # largest share the loop could have of a step
@@ -332,7 +330,7 @@ else:
         + ", so the verify kernel alone cannot change end-to-end throughput by "
         "more than that") if shares else ""
     floor_ratios = [p["triton_over_floor"] for p in points]
-    record(HOST_LOOP_CLAIM,
+    add_claim(HOST_LOOP_CLAIM,
            f"reproduced for the verify step alone on the {gpu}: the Triton step is "
            f"{min(loop_ratio):.1f}–{max(loop_ratio):.0f}× faster than the "
            "`.item()` loop (least at B = 1), itself launch-bound at "
@@ -354,7 +352,7 @@ else:
 # simulation is read here.
 
 # %%
-reproduce = load_result("bandits_reproduce.json")
+reproduce = committed("bandits_reproduce.json")
 K, T = 3, 10_000
 sqrt_ktlnt = math.sqrt(K * T * math.log(T))
 print(f"sqrt(K T ln T) for K = {K}, T = {T}: {sqrt_ktlnt:.2f}")
@@ -362,8 +360,8 @@ if reproduce is not None:
     results = reproduce["results"]
     print(f"Auer et al.'s UCB1 bound for arms {results['arms']}: "
           f"{results['auer_bound']:.1f}")
-    print(f"  ({reproduce['hardware']}, {reproduce['date']},")
-    print(f"   `{reproduce['command']}`)")
+    print_wrapped(f"  ({provenance.caption(reproduce)},")
+    print(f"   `{reproduce['provenance']['command']}`)")
     for name, paper_value in (("ucb1", 100.2), ("thompson", 18.9)):
         policy = results["policies"][name]
         regret, ci95 = policy["final_regret_mean"], policy["final_regret_ci95"]
@@ -374,12 +372,12 @@ if reproduce is not None:
               f" (95% CI, {policy['n_seeds']} seeds); "
               f"seeds 0-4: {policy['seeds_0_4_mean']:.1f}")
         policy_name = "UCB1" if name == "ucb1" else "Thompson sampling"
-        record(f"{policy_name} regret {paper_value} (K = 3, T = 10⁴)",
+        add_claim(f"{policy_name} regret {paper_value} (K = 3, T = 10⁴)",
                "reproduced (inside our 95% CI)" if inside else
                f"not reproduced: ours {regret:.1f} ± {ci95:.1f}",
                f"`results/bandits_reproduce.json` ({policy['n_seeds']} seeds; "
                f"seeds 0–4 mean {policy['seeds_0_4_mean']:.1f}); chapter 3")
-    record("\"a theoretical bound of ≈526\"",
+    add_claim("\"a theoretical bound of ≈526\"",
            f"contradicted as a label: 526 is √(K·T·ln T) = {sqrt_ktlnt:.2f}, the "
            "order of UCB1's gap-free regret bound with its constant left out (the "
            f"minimax rate is Θ(√(K·T)), √(K·T) = {math.sqrt(K * T):.0f}), not a "
@@ -389,8 +387,8 @@ if reproduce is not None:
            "`tests/test_simulate.py::test_reference_curves`, "
            "`::test_ucb1_mean_regret_is_below_auer_bound`")
 else:
-    record("UCB1 regret 100.2 and Thompson 18.9",
-           "pending: `python -m flashspec.simulate`",
+    add_claim("UCB1 regret 100.2 and Thompson 18.9",
+           "pending: `flashspec bandits`",
            "`results/bandits_reproduce.json` (not committed yet)")
 
 public_thompson = (public or {}).get("thompson", {}).get("public", {}).get("error")
@@ -402,8 +400,8 @@ if public_thompson:
         "ValueError that names `update_step`, the conjugate update "
         "Beta(a + n, b + [n < γ])")
 else:
-    thompson_verdict = "not measured here: `python -m flashspec.public_code`"
-record("Thompson sampling fed with accepted counts (public code)",
+    thompson_verdict = "not measured here: `python -m experiments.public_code`"
+add_claim("Thompson sampling fed with accepted counts (public code)",
        thompson_verdict,
        "`results/public_code_0.1.4.json` (`thompson`); "
        "`tests/test_public_code.py`; `tests/test_bandits.py::"
@@ -441,7 +439,7 @@ print_wrapped(f"{per_step_from_speed:.3f} tokens per step from speed x latency; 
               f"from α = {paper_t4['alpha']}: {if_token_acceptance:.3f} (token "
               f"acceptance) or {if_acceptance_rate:.3f} (acceptance rate); "
               f"1 / tokens/s = {per_token_ms:.1f} ms")
-record("T4: 44.2 tokens/s, 22.1 ms per step and α = 0.75 at γ = 4",
+add_claim("T4: 44.2 tokens/s, 22.1 ms per step and α = 0.75 at γ = 4",
        "contradicted as one run with a per-step latency: speed × latency gives "
        f"{per_step_from_speed:.2f} tokens per step, below the one token every step "
        f"emits, while α = 0.75 gives {if_token_acceptance:.2f} (token acceptance) "
@@ -449,7 +447,7 @@ record("T4: 44.2 tokens/s, 22.1 ms per step and α = 0.75 at γ = 4",
        f"{per_token_ms:.1f} ms, so the 22.1 ms may be a time per token; the paper "
        "does not say",
        "chapter 4 (computed); a step always emits ≥ 1 token")
-record("T4 throughput itself (44.2 tokens/s)",
+add_claim("T4 throughput itself (44.2 tokens/s)",
        "not reproducible here: no T4 and no hub access in CI or on the lab "
        "machine; the Colab cell of chapter 4 runs it on a T4",
        "chapter 4, live cell (skipped in CI)")
@@ -490,13 +488,13 @@ if engine_record is not None:
         verdict, evidence = judge_engine(baseline)
         note = (" (which serves B > 1 one row at a time)"
                 if baseline == "hf_assisted" else "")
-        record(f"Speculative decoding with FlashSpec is faster than {label}{note} "
+        add_claim(f"Speculative decoding with FlashSpec is faster than {label}{note} "
                "(same models, H200)",
                f"{verdict} in this benchmark (random-weight draft, acceptance rate "
                f"{min(alphas):.2f}–{max(alphas):.2f})", f"{evidence}; {source}")
         print(f"vs {baseline}: {verdict}")
 else:
-    record("Speculative decoding with FlashSpec is faster than plain decoding "
+    add_claim("Speculative decoding with FlashSpec is faster than plain decoding "
            "(same models, H200)",
            "pending: the engine's H200 benchmark (`flashspec bench engine`) is not "
            "committed yet", "chapter 4")
@@ -514,9 +512,9 @@ else:
 decoder_parameters = inspect.signature(fs.SpeculativeDecoder.__init__).parameters
 SHIPPED = decoder_parameters["policy"].default
 switching_runs = {
-    size: [load_result(name) for name in (f"zoo_{size}_switching.json",
+    size: [committed(name) for name in (f"zoo_{size}_switching.json",
                                           f"zoo_{size}_switching_no_warmup.json")
-           if load_result(name) is not None]
+           if committed(name) is not None]
     for size in ("gpu", "cpu")
 }
 switching_runs = {size: records for size, records in switching_runs.items()
@@ -524,7 +522,7 @@ switching_runs = {size: records for size, records in switching_runs.items()
 SWITCHING_CLAIM = ("Online draft selection beats the best single draft under "
                    "domain shift")
 if not switching_runs:
-    record(SWITCHING_CLAIM,
+    add_claim(SWITCHING_CLAIM,
            "pending: `flashspec zoo report --size gpu` (H200) / `--size cpu`",
            "chapter 5; `results/zoo_*_switching.json`")
 else:
@@ -563,7 +561,7 @@ else:
             best_vs_fixed = summary["tokens_per_s"]["best_bandit_vs_best_fixed"]
             hindsight.append(f"{size} {kind}: {summary['best_bandit']} "
                              f"{best_vs_fixed:.2f}×")
-    record(f"{SWITCHING_CLAIM} (shipped policy: {SHIPPED})",
+    add_claim(f"{SWITCHING_CLAIM} (shipped policy: {SHIPPED})",
            stats.overall_verdict(verdicts) + " on the trained zoo ("
            + "; ".join(parts) + ")",
            "chapter 5; " + ", ".join(files) + ". After the fact, the best of the "
