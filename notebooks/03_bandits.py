@@ -113,6 +113,8 @@ print("rewards for n=2 of γ=4:", rewards.acceptance_fraction(2, 4),
 # conjugate update, and `update(arm, 3)` raises a `ValueError` that points to it.
 
 # %%
+import textwrap
+
 policy = bandits.ThompsonSampling(n_arms=3, seed=0)
 # 3 of 4 accepted, then a rejection
 policy.update_step(arm=1, num_accepted=3, gamma=4)
@@ -123,8 +125,6 @@ print("posterior a:", alpha_post[0], "b:", beta_post[0])
 try:
     policy.update(1, 3)
 except ValueError as error:
-    import textwrap
-
     print(textwrap.fill(f"ValueError: {error}", 84, break_on_hyphens=False))
 
 # %% [markdown]
