@@ -24,7 +24,6 @@
 # `results/`, and the output says which.
 
 # %% tags=["hide-input"]
-import json
 import os
 import socket
 import sys
@@ -43,9 +42,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import flashspec as fs
+from flashspec import provenance
 
-RESULTS = next(path / "results" for path in (Path.cwd(), *Path.cwd().parents)
-               if (path / "_toc.yml").exists())
+RESULTS = provenance.results_dir()
 device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
 print(f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
       f"{device_name}{' (Colab)' if ON_COLAB else ''}")
@@ -242,12 +241,9 @@ engine_files = sorted(path for path in RESULTS.glob("*engine*h200*.json")
                       if "tiny" not in path.name)
 if engine_files:
     engine_path = engine_files[-1]
-    engine_record = json.loads(engine_path.read_text())
-    hardware, versions = engine_record["hardware"], engine_record["versions"]
+    engine_record = provenance.load_result(engine_path.name)
     settings = engine_record["settings"]
-    print(f"Committed: {engine_path.name}: {hardware.get('gpu')},")
-    print(f"  torch {versions['torch']}, transformers {versions['transformers']}, "
-          f"git {engine_record['git_sha'][:8]}, {engine_record['date_utc']}")
+    print_wrapped(f"Committed: {engine_path.name}: {provenance.caption(engine_record)}")
     # rows where the paper's arithmetic gives more tokens per step than the row
     # measured
     mixed_runs = []
@@ -294,11 +290,10 @@ if engine_files:
         print("* Hugging Face assisted generation, rows one at a time")
     display(plots.plot_engine_benchmark(engine_record))
     display(Markdown(
-        f"**Figure.** Decoding throughput on the {hardware.get('gpu')} "
-        f"({engine_record['date_utc']}, git `{engine_record['git_sha'][:8]}`), "
+        f"**Figure.** Decoding throughput ({provenance.caption(engine_record)}), "
         "random-weight TinyLlama-1.1B-shaped target and llama-68m-shaped draft, "
         "bf16; bars are labelled with the acceptance rate. Regenerate: "
-        f"`{engine_record['command']}`."))
+        f"`{engine_record['provenance']['command']}`."))
 else:
     print_wrapped("The H200 engine benchmark is not committed yet "
                   "(results/bench_engine_nvidia_h200.json from `flashspec bench "
@@ -400,16 +395,16 @@ if engine_files:
 
 # %%
 def body(record: dict) -> dict:
-    """A results file's payload (files keep it under "results" or at the top
-    level)."""
-    if isinstance(record.get("results"), dict):
-        return record.get("results", record)
-    return record
+    """A results file's payload."""
+    return record["results"]
 
 
 def result_file(name: str) -> dict | None:
-    path = RESULTS / name
-    return json.loads(path.read_text()) if path.exists() else None
+    """A committed results file, or None when it is not there."""
+    try:
+        return provenance.load_result(name)
+    except FileNotFoundError:
+        return None
 
 
 runner_record = result_file("bench_runner_h200.json")
@@ -645,8 +640,7 @@ from flashspec import corpora, plots, zoo
 from flashspec.drafters import ModelDrafter, PromptLookupDrafter
 
 zoo_config = zoo.get_config("cpu")
-zoo_path = zoo.cache_root() / zoo_config.key(corpora.corpora_sha256(
-    corpora.assemble(zoo_config.train_chars_per_domain, zoo_config.domains)))
+zoo_path = zoo.cache_path(zoo_config)
 try:
     zoo.check_zoo_dir(zoo_path)
     ZOO_READY = True
