@@ -616,7 +616,8 @@ print(textwrap.fill(f"Committed: {provenance.caption(verify_record)}", width=84)
 print_wide_table(verify["table"])
 display(plots.plot_verify_benchmark(verify_record))
 display(Markdown(
-    f"**Figure.** One verification step, log scale ({provenance.caption(verify_record)}). "
+    "**Figure.** One verification step, log scale "
+    f"({provenance.caption(verify_record)}). "
     f"Regenerate the data with `{origin['command']}`, the figure with "
     f"`flashspec.plots.plot_verify_benchmark`."))
 
@@ -725,8 +726,10 @@ display(Markdown(text))
 # %%
 engine_record = provenance.load_result("bench_engine_nvidia_h200")
 engine_vocab = engine_record["settings"]["models"]["target"]["vocab_size"]
-print(textwrap.fill(f"engine benchmark: {provenance.caption(engine_record)}", width=84))
-print(f"verification benchmark: git {str(origin['git_sha'])[:8]}; both at V = {engine_vocab}")
+print(textwrap.fill(f"engine benchmark: {provenance.caption(engine_record)}",
+                    width=84))
+print(f"verification benchmark: git {str(origin['git_sha'])[:8]}; "
+      f"both at V = {engine_vocab}")
 print(f"{'B':>3} {'plain step ms':>13} {'spec. step ms':>13} {'host loop ms':>12} "
       f"{'Triton step ms':>14} {'saved / spec. step':>18}")
 end_to_end = {}

@@ -243,7 +243,8 @@ if engine_files:
     engine_path = engine_files[-1]
     engine_record = provenance.load_result(engine_path.name)
     settings = engine_record["settings"]
-    print_wrapped(f"Committed: {engine_path.name}: {provenance.caption(engine_record)}")
+    print_wrapped(f"Committed: {engine_path.name}: "
+                  f"{provenance.caption(engine_record)}")
     # rows where the paper's arithmetic gives more tokens per step than the row
     # measured
     mixed_runs = []

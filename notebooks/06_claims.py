@@ -70,7 +70,8 @@ def add_claim(claim: str, verdict: str, evidence: str) -> None:
 
 
 def committed(name: str) -> dict | None:
-    """A committed results file (`flashspec.provenance.load_result`), or None when it is not there yet."""
+    """A committed results file (`flashspec.provenance.load_result`), or None
+    when it is not there yet."""
     try:
         return provenance.load_result(name)
     except FileNotFoundError:
@@ -102,21 +103,23 @@ for label, selector in (("round-robin", exactness.round_robin_selector),
 
 exact_ok = (joint["round-robin"].passes(0.01)
             and not joint["cherry-pick"].passes(0.01))
-add_claim("Theorem 1: the output has exactly the target's distribution, with drafts "
-       "chosen online",
-       "reproduced, with the condition made precise" if exact_ok
-       else "NOT reproduced on this build",
-       "chapter 1 (proof, exact enumeration, χ² through `fs.verify`); the cell "
-       f"above (round-robin p = {joint['round-robin'].p_value:.3g}); "
-       "`tests/test_exactness.py::test_joint_distribution_torch`"
-       ", `::test_joint_distribution_triton`")
-add_claim("(implicit) any draft-selection rule keeps exactness",
-       "contradicted" if not joint["cherry-pick"].passes(0.01)
-       else "not contradicted on this build",
-       "chapter 1: choosing by the current proposals gives P(a) = 0.8 instead of "
-       "0.6; the cell above "
-       f"(cherry-pick χ² = {joint['cherry-pick'].statistic:.0f}); "
-       "`tests/test_exactness.py::test_cherry_picking_selector_fails`")
+add_claim(
+    "Theorem 1: the output has exactly the target's distribution, with drafts "
+    "chosen online",
+    "reproduced, with the condition made precise" if exact_ok
+    else "NOT reproduced on this build",
+    "chapter 1 (proof, exact enumeration, χ² through `fs.verify`); the cell "
+    f"above (round-robin p = {joint['round-robin'].p_value:.3g}); "
+    "`tests/test_exactness.py::test_joint_distribution_torch`"
+    ", `::test_joint_distribution_triton`")
+add_claim(
+    "(implicit) any draft-selection rule keeps exactness",
+    "contradicted" if not joint["cherry-pick"].passes(0.01)
+    else "not contradicted on this build",
+    "chapter 1: choosing by the current proposals gives P(a) = 0.8 instead of "
+    "0.6; the cell above "
+    f"(cherry-pick χ² = {joint['cherry-pick'].statistic:.0f}); "
+    "`tests/test_exactness.py::test_cherry_picking_selector_fails`")
 
 # %% [markdown]
 # **The paper's own test** draws 10,000 first tokens with $\gamma=1$ and the draft equal to the target, and applies
@@ -195,19 +198,21 @@ elif blind:
                     "the bugs")
 else:
     gate_verdict = "not contradicted"
-add_claim("The paper's distribution test (γ = 1, draft = target, KS) validates the "
-       "implementation",
-       gate_verdict,
-       "the two cells above; `results/public_code_0.1.4.json` (`paper_gate`, "
-       "`paper_tests`); `tests/test_public_code.py`, "
-       "`tests/test_exactness.py::test_paper_gate_is_blind_to_the_bugs`")
-add_claim("The public code's verifier is exact",
-       "contradicted, measured on the paper's own package: every configuration "
-       "fails the joint χ² (the leak and the residual-for-bonus bug both occur)"
-       if public_exact else "not measured here",
-       "`results/public_code_0.1.4.json` (`chi_square`, with event counts); "
-       "`tests/test_public_code.py`; `flashspec.verify` passes the same harness in "
-       "the same run")
+add_claim(
+    "The paper's distribution test (γ = 1, draft = target, KS) validates the "
+    "implementation",
+    gate_verdict,
+    "the two cells above; `results/public_code_0.1.4.json` (`paper_gate`, "
+    "`paper_tests`); `tests/test_public_code.py`, "
+    "`tests/test_exactness.py::test_paper_gate_is_blind_to_the_bugs`")
+add_claim(
+    "The public code's verifier is exact",
+    "contradicted, measured on the paper's own package: every configuration "
+    "fails the joint χ² (the leak and the residual-for-bonus bug both occur)"
+    if public_exact else "not measured here",
+    "`results/public_code_0.1.4.json` (`chi_square`, with event counts); "
+    "`tests/test_public_code.py`; `flashspec.verify` passes the same harness in "
+    "the same run")
 
 # %% [markdown]
 # ## The kernel
@@ -233,13 +238,14 @@ if truncates:
         "O(V) memory per row and O(V log V) work")
 else:
     with_truncation = "top-k / top-p also stay in the kernels"
-add_claim("The accept kernel needs O(1) memory in V",
-       "reproduced for temperature-only sampling: the accept test is O(1) and the "
-       "whole step O(V) reads with O(1) on-chip state; " + with_truncation,
-       "chapter 2, steps 3–5 and the byte accounting; "
-       "`flashspec.kernels.verify.prepare_verify` (top-k / top-p go through "
-       "`flashspec.sampling.truncate_logits`); "
-       "`tests/test_kernels.py::test_long_rows_split_into_several_chunks`")
+add_claim(
+    "The accept kernel needs O(1) memory in V",
+    "reproduced for temperature-only sampling: the accept test is O(1) and the "
+    "whole step O(V) reads with O(1) on-chip state; " + with_truncation,
+    "chapter 2, steps 3–5 and the byte accounting; "
+    "`flashspec.kernels.verify.prepare_verify` (top-k / top-p go through "
+    "`flashspec.sampling.truncate_logits`); "
+    "`tests/test_kernels.py::test_long_rows_split_into_several_chunks`")
 
 sync_test = (ROOT / "tests" / "test_verify.py").read_text()
 sync_log = RESULTS / "exactness_kernels_tests_h200.log"
@@ -248,20 +254,21 @@ sync_ran = (sync_log.exists() and SYNC_TEST in sync_log.read_text()
             and " passed" in sync_log.read_text()
             and " failed" not in sync_log.read_text())
 assert "set_sync_debug_mode" in sync_test and SYNC_TEST in sync_test
-add_claim("Verification runs with no device–host synchronisation",
-       "reproduced for the verify call: a test runs "
-       "`fs.verify(..., backend='triton')` with "
-       "`torch.cuda.set_sync_debug_mode('error')`, which raises on a synchronising "
-       "call"
-       + (" — it passed on the H200" if sync_ran
-          else " (GPU only; no committed GPU run of it)")
-       + " (torch calls that mode a prototype that does not catch every "
-       "synchronising operation). Not for the eager engine: its decoding loop "
-       "synchronises once per step, reading the accepted lengths on the host for "
-       "its cache rollback",
-       f"`tests/test_verify.py::{SYNC_TEST}`"
-       + (f" (`results/{sync_log.name}`)" if sync_ran else "")
-       + "; chapter 2, step 4; `flashspec/engine.py` (the one host read of a step)")
+add_claim(
+    "Verification runs with no device–host synchronisation",
+    "reproduced for the verify call: a test runs "
+    "`fs.verify(..., backend='triton')` with "
+    "`torch.cuda.set_sync_debug_mode('error')`, which raises on a synchronising "
+    "call"
+    + (" — it passed on the H200" if sync_ran
+       else " (GPU only; no committed GPU run of it)")
+    + " (torch calls that mode a prototype that does not catch every "
+    "synchronising operation). Not for the eager engine: its decoding loop "
+    "synchronises once per step, reading the accepted lengths on the host for "
+    "its cache rollback",
+    f"`tests/test_verify.py::{SYNC_TEST}`"
+    + (f" (`results/{sync_log.name}`)" if sync_ran else "")
+    + "; chapter 2, step 4; `flashspec/engine.py` (the one host read of a step)")
 
 # %% [markdown]
 # **No CPU in the loop, for the whole step.** The paper's central promise concerns the step, not only the verify
@@ -277,18 +284,19 @@ if fast_b1:
                                      methods["fast_plain"]["seconds"])
     spec_vs_plain = stats.compare_runs(methods["fast_plain"]["seconds"],
                                        methods["fast_speculative"]["seconds"])
-    add_claim("No CPU in the loop: the whole speculative step runs on the device",
-           "reproduced on the fast path (Llama-family models): the step is "
-           f"{fast_cell['step_over_parts']:.2f}× the sum of its graphed parts and "
-           "replays without a host synchronisation; fast plain decoding "
-           f"{plain_vs_hf.ratio:.1f}× Hugging Face `generate` "
-           f"({plain_vs_hf.verdict}), fast speculative {spec_vs_plain.ratio:.2f}× "
-           f"fast plain ({spec_vs_plain.verdict}, random weights: acceptance is an "
-           "artefact). The eager engine still synchronises once per step",
-           "chapter 4; `results/bench_fast_b1_h200.json`, "
-           "`results/bench_fast_b8_h200.json`; "
-           "`tests/test_fast.py::test_graph_replayed_steps_make_no_host_sync` "
-           "(ran on the H200: `results/fast_gpu_tests_h200_b1.log`)")
+    add_claim(
+        "No CPU in the loop: the whole speculative step runs on the device",
+        "reproduced on the fast path (Llama-family models): the step is "
+        f"{fast_cell['step_over_parts']:.2f}× the sum of its graphed parts and "
+        "replays without a host synchronisation; fast plain decoding "
+        f"{plain_vs_hf.ratio:.1f}× Hugging Face `generate` "
+        f"({plain_vs_hf.verdict}), fast speculative {spec_vs_plain.ratio:.2f}× "
+        f"fast plain ({spec_vs_plain.verdict}, random weights: acceptance is an "
+        "artefact). The eager engine still synchronises once per step",
+        "chapter 4; `results/bench_fast_b1_h200.json`, "
+        "`results/bench_fast_b8_h200.json`; "
+        "`tests/test_fast.py::test_graph_replayed_steps_make_no_host_sync` "
+        "(ran on the H200: `results/fast_gpu_tests_h200_b1.log`)")
 
 verify_bench = committed("verify_h200.json")
 engine_files = sorted(path for path in RESULTS.glob("*engine*h200*.json")
@@ -297,10 +305,11 @@ engine_record = committed(engine_files[-1].name) if engine_files else None
 HOST_LOOP_CLAIM = ("On-device verification removes the CPU bottleneck of a "
                    "per-token host loop")
 if verify_bench is None:
-    add_claim(HOST_LOOP_CLAIM,
-           "pending: `flashspec bench verify --out "
-           "results/verify_h200.json` on the H200",
-           "`results/verify_h200.json` (not committed yet)")
+    add_claim(
+        HOST_LOOP_CLAIM,
+        "pending: `flashspec bench verify --out "
+        "results/verify_h200.json` on the H200",
+        "`results/verify_h200.json` (not committed yet)")
 else:
     points = verify_bench["results"]["points"]
     loop_ratio = [p["host_loop_over_triton"] for p in points]
@@ -330,14 +339,15 @@ else:
         + ", so the verify kernel alone cannot change end-to-end throughput by "
         "more than that") if shares else ""
     floor_ratios = [p["triton_over_floor"] for p in points]
-    add_claim(HOST_LOOP_CLAIM,
-           f"reproduced for the verify step alone on the {gpu}: the Triton step is "
-           f"{min(loop_ratio):.1f}–{max(loop_ratio):.0f}× faster than the "
-           "`.item()` loop (least at B = 1), itself launch-bound at "
-           f"{min(floor_ratios):.0f}–{max(floor_ratios):.0f}× "
-           "its memory/launch floor" + end_to_end,
-           "chapter 2, \"What it costs\"; `results/verify_h200.json`"
-           + (f"; `results/{engine_files[-1].name}`" if shares else ""))
+    add_claim(
+        HOST_LOOP_CLAIM,
+        f"reproduced for the verify step alone on the {gpu}: the Triton step is "
+        f"{min(loop_ratio):.1f}–{max(loop_ratio):.0f}× faster than the "
+        "`.item()` loop (least at B = 1), itself launch-bound at "
+        f"{min(floor_ratios):.0f}–{max(floor_ratios):.0f}× "
+        "its memory/launch floor" + end_to_end,
+        "chapter 2, \"What it costs\"; `results/verify_h200.json`"
+        + (f"; `results/{engine_files[-1].name}`" if shares else ""))
     print(f"{gpu}: host loop / Triton step = "
           + ", ".join(f"{r:.1f}x" for r in loop_ratio))
     for batch, saved, step in shares:
@@ -372,24 +382,27 @@ if reproduce is not None:
               f" (95% CI, {policy['n_seeds']} seeds); "
               f"seeds 0-4: {policy['seeds_0_4_mean']:.1f}")
         policy_name = "UCB1" if name == "ucb1" else "Thompson sampling"
-        add_claim(f"{policy_name} regret {paper_value} (K = 3, T = 10⁴)",
-               "reproduced (inside our 95% CI)" if inside else
-               f"not reproduced: ours {regret:.1f} ± {ci95:.1f}",
-               f"`results/bandits_reproduce.json` ({policy['n_seeds']} seeds; "
-               f"seeds 0–4 mean {policy['seeds_0_4_mean']:.1f}); chapter 3")
-    add_claim("\"a theoretical bound of ≈526\"",
-           f"contradicted as a label: 526 is √(K·T·ln T) = {sqrt_ktlnt:.2f}, the "
-           "order of UCB1's gap-free regret bound with its constant left out (the "
-           f"minimax rate is Θ(√(K·T)), √(K·T) = {math.sqrt(K * T):.0f}), not a "
-           "bound for these arms; Auer et al.'s bound for these arms is "
-           f"{results['auer_bound']:.0f}",
-           "the cell above; `results/bandits_reproduce.json`; "
-           "`tests/test_simulate.py::test_reference_curves`, "
-           "`::test_ucb1_mean_regret_is_below_auer_bound`")
+        add_claim(
+            f"{policy_name} regret {paper_value} (K = 3, T = 10⁴)",
+            "reproduced (inside our 95% CI)" if inside else
+            f"not reproduced: ours {regret:.1f} ± {ci95:.1f}",
+            f"`results/bandits_reproduce.json` ({policy['n_seeds']} seeds; "
+            f"seeds 0–4 mean {policy['seeds_0_4_mean']:.1f}); chapter 3")
+    add_claim(
+        "\"a theoretical bound of ≈526\"",
+        f"contradicted as a label: 526 is √(K·T·ln T) = {sqrt_ktlnt:.2f}, the "
+        "order of UCB1's gap-free regret bound with its constant left out (the "
+        f"minimax rate is Θ(√(K·T)), √(K·T) = {math.sqrt(K * T):.0f}), not a "
+        "bound for these arms; Auer et al.'s bound for these arms is "
+        f"{results['auer_bound']:.0f}",
+        "the cell above; `results/bandits_reproduce.json`; "
+        "`tests/test_simulate.py::test_reference_curves`, "
+        "`::test_ucb1_mean_regret_is_below_auer_bound`")
 else:
-    add_claim("UCB1 regret 100.2 and Thompson 18.9",
-           "pending: `flashspec bandits`",
-           "`results/bandits_reproduce.json` (not committed yet)")
+    add_claim(
+        "UCB1 regret 100.2 and Thompson 18.9",
+        "pending: `flashspec bandits`",
+        "`results/bandits_reproduce.json` (not committed yet)")
 
 public_thompson = (public or {}).get("thompson", {}).get("public", {}).get("error")
 if public_thompson:
@@ -401,12 +414,13 @@ if public_thompson:
         "Beta(a + n, b + [n < γ])")
 else:
     thompson_verdict = "not measured here: `python -m experiments.public_code`"
-add_claim("Thompson sampling fed with accepted counts (public code)",
-       thompson_verdict,
-       "`results/public_code_0.1.4.json` (`thompson`); "
-       "`tests/test_public_code.py`; `tests/test_bandits.py::"
-       "test_accepted_count_fed_as_reward_is_a_clear_error`, "
-       "`::test_thompson_step_update_is_beta_geometric_conjugate`; the cell below")
+add_claim(
+    "Thompson sampling fed with accepted counts (public code)",
+    thompson_verdict,
+    "`results/public_code_0.1.4.json` (`thompson`); "
+    "`tests/test_public_code.py`; `tests/test_bandits.py::"
+    "test_accepted_count_fed_as_reward_is_a_clear_error`, "
+    "`::test_thompson_step_update_is_beta_geometric_conjugate`; the cell below")
 
 # %%
 policy = bandits.ThompsonSampling(n_arms=3)
@@ -439,18 +453,20 @@ print_wrapped(f"{per_step_from_speed:.3f} tokens per step from speed x latency; 
               f"from α = {paper_t4['alpha']}: {if_token_acceptance:.3f} (token "
               f"acceptance) or {if_acceptance_rate:.3f} (acceptance rate); "
               f"1 / tokens/s = {per_token_ms:.1f} ms")
-add_claim("T4: 44.2 tokens/s, 22.1 ms per step and α = 0.75 at γ = 4",
-       "contradicted as one run with a per-step latency: speed × latency gives "
-       f"{per_step_from_speed:.2f} tokens per step, below the one token every step "
-       f"emits, while α = 0.75 gives {if_token_acceptance:.2f} (token acceptance) "
-       f"or {if_acceptance_rate:.2f} (acceptance rate). 1 / 44.2 tokens/s = "
-       f"{per_token_ms:.1f} ms, so the 22.1 ms may be a time per token; the paper "
-       "does not say",
-       "chapter 4 (computed); a step always emits ≥ 1 token")
-add_claim("T4 throughput itself (44.2 tokens/s)",
-       "not reproducible here: no T4 and no hub access in CI or on the lab "
-       "machine; the Colab cell of chapter 4 runs it on a T4",
-       "chapter 4, live cell (skipped in CI)")
+add_claim(
+    "T4: 44.2 tokens/s, 22.1 ms per step and α = 0.75 at γ = 4",
+    "contradicted as one run with a per-step latency: speed × latency gives "
+    f"{per_step_from_speed:.2f} tokens per step, below the one token every step "
+    f"emits, while α = 0.75 gives {if_token_acceptance:.2f} (token acceptance) "
+    f"or {if_acceptance_rate:.2f} (acceptance rate). 1 / 44.2 tokens/s = "
+    f"{per_token_ms:.1f} ms, so the 22.1 ms may be a time per token; the paper "
+    "does not say",
+    "chapter 4 (computed); a step always emits ≥ 1 token")
+add_claim(
+    "T4 throughput itself (44.2 tokens/s)",
+    "not reproducible here: no T4 and no hub access in CI or on the lab "
+    "machine; the Colab cell of chapter 4 runs it on a T4",
+    "chapter 4, live cell (skipped in CI)")
 
 # %% [markdown]
 # The engine's H200 benchmark measures FlashSpec against plain decoding and Hugging Face assisted generation on the
@@ -488,16 +504,18 @@ if engine_record is not None:
         verdict, evidence = judge_engine(baseline)
         note = (" (which serves B > 1 one row at a time)"
                 if baseline == "hf_assisted" else "")
-        add_claim(f"Speculative decoding with FlashSpec is faster than {label}{note} "
-               "(same models, H200)",
-               f"{verdict} in this benchmark (random-weight draft, acceptance rate "
-               f"{min(alphas):.2f}–{max(alphas):.2f})", f"{evidence}; {source}")
+        add_claim(
+            f"Speculative decoding with FlashSpec is faster than {label}{note} "
+            "(same models, H200)",
+            f"{verdict} in this benchmark (random-weight draft, acceptance rate "
+            f"{min(alphas):.2f}–{max(alphas):.2f})", f"{evidence}; {source}")
         print(f"vs {baseline}: {verdict}")
 else:
-    add_claim("Speculative decoding with FlashSpec is faster than plain decoding "
-           "(same models, H200)",
-           "pending: the engine's H200 benchmark (`flashspec bench engine`) is not "
-           "committed yet", "chapter 4")
+    add_claim(
+        "Speculative decoding with FlashSpec is faster than plain decoding "
+        "(same models, H200)",
+        "pending: the engine's H200 benchmark (`flashspec bench engine`) is not "
+        "committed yet", "chapter 4")
 
 # %% [markdown]
 # ## Domain shift
@@ -522,9 +540,10 @@ switching_runs = {size: records for size, records in switching_runs.items()
 SWITCHING_CLAIM = ("Online draft selection beats the best single draft under "
                    "domain shift")
 if not switching_runs:
-    add_claim(SWITCHING_CLAIM,
-           "pending: `flashspec zoo report --size gpu` (H200) / `--size cpu`",
-           "chapter 5; `results/zoo_*_switching.json`")
+    add_claim(
+        SWITCHING_CLAIM,
+        "pending: `flashspec zoo report --size gpu` (H200) / `--size cpu`",
+        "chapter 5; `results/zoo_*_switching.json`")
 else:
     verdicts, parts, hindsight, files = [], [], [], []
     for size, records in switching_runs.items():
@@ -561,13 +580,14 @@ else:
             best_vs_fixed = summary["tokens_per_s"]["best_bandit_vs_best_fixed"]
             hindsight.append(f"{size} {kind}: {summary['best_bandit']} "
                              f"{best_vs_fixed:.2f}×")
-    add_claim(f"{SWITCHING_CLAIM} (shipped policy: {SHIPPED})",
-           stats.overall_verdict(verdicts) + " on the trained zoo ("
-           + "; ".join(parts) + ")",
-           "chapter 5; " + ", ".join(files) + ". After the fact, the best of the "
-           "bandits tried, in tokens/s against the best single draft: "
-           + "; ".join(hindsight) + " (picked after seeing the results, not a "
-           "verdict)")
+    add_claim(
+        f"{SWITCHING_CLAIM} (shipped policy: {SHIPPED})",
+        stats.overall_verdict(verdicts) + " on the trained zoo ("
+        + "; ".join(parts) + ")",
+        "chapter 5; " + ", ".join(files) + ". After the fact, the best of the "
+        "bandits tried, in tokens/s against the best single draft: "
+        + "; ".join(hindsight) + " (picked after seeing the results, not a "
+        "verdict)")
     for part in parts:
         print_wrapped(part)
 
