@@ -40,7 +40,9 @@ def test_child_runs_the_public_package_not_ours(public: public_code.PublicCode) 
     info = public.info
     assert info["file"] == "flashspec/__init__.py"  # relative to the unpacked wheel
     assert not info["finds_our_exactness"]
-    assert not any(entry.startswith(str(REPO_ROOT)) for entry in info["sys_path"])
+    inside = [entry for entry in info["sys_path"]
+              if entry and (Path(entry).resolve() == REPO_ROOT or REPO_ROOT in Path(entry).resolve().parents)]
+    assert not inside, f"the child's import path reaches this checkout: {inside}"
     assert info["module_version"] == "0.1.3"  # the 0.1.4 wheel's flashspec/__init__.py says so
 
 
