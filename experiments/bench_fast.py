@@ -1,12 +1,14 @@
 """Engine benchmark, side by side in one run: HF plain `generate`, HF assisted generation, FlashSpec's
 eager engine, FlashSpec fast plain decoding (same runner and graphs, no drafts) and FlashSpec fast
-speculative decoding (a model draft + prompt lookup under Thompson sampling).
+speculative decoding (the model drafts + prompt lookup under Thompson sampling), with lazy draft
+catch-up and with every draft kept in sync, and with one draft only. `--compile` compiles the fast
+methods' dense regions (`flashspec.runner.compile_regions`) before their graphs are captured.
 
 Random-weight bf16 models shaped like TinyLlama-1.1B (target) and llama-68m (draft), γ = 4, T = 1.
 Every method is warmed up with one full request, then timed `--repeats` times; tok/s reports the
 median and the min/max of the repeats. Also: the fast step's anatomy (each captured forward and the
-verify timed alone from their own graphs), the cost of a draft switch (a policy that alternates arms
-against one that never switches), and the HBM roofline.
+verify timed alone from their own graphs), the cost of a draft switch (a policy that alternates two
+model drafts against one that never switches, in both sync modes), and the HBM roofline.
 
     python experiments/bench_fast.py --out results/bench_fast_h200.json        # on a GPU
     python experiments/bench_fast.py --smoke                                    # tiny, CPU: checks it runs
@@ -62,6 +64,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pair", choices=["random", "zoo-gpu"], default="random",
                         help="random: TinyLlama-1.1B / llama-68m shapes with random weights; zoo-gpu: the trained GPU zoo "
                              "(target + four drafts, built on first use), prompts from its held-out Python text")
+    parser.add_argument("--compile", action="store_true", help="compile the fast methods' dense regions")
+    parser.add_argument("--hf-assisted-max-batch", type=int, default=8,
+                        help="HF assisted generation runs rows one after another: skip it above this batch")
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
@@ -81,10 +86,12 @@ def build(args: argparse.Namespace, device: torch.device) -> tuple[torch.nn.Modu
         return zoo.target.eval(), [zoo.drafts[name].eval() for name in names], zoo
     if args.smoke:
         return (models.tiny_llama(vocab_size=64, hidden_size=32, num_layers=2, seed=1).to(device, dtype),
-                [models.tiny_llama(vocab_size=64, hidden_size=16, num_layers=1, seed=2).to(device, dtype)], None)
+                [models.tiny_llama(vocab_size=64, hidden_size=16, num_layers=1, seed=seed).to(device, dtype)
+                 for seed in (2, 3)], None)
     target = models.model_from_config(models.tinyllama_1b_config(), seed=1).to(device, dtype).eval()
-    draft = models.model_from_config(models.llama_68m_config(), seed=2).to(device, dtype).eval()
-    return target, [draft], None
+    drafts = [models.model_from_config(models.llama_68m_config(), seed=seed).to(device, dtype).eval()
+              for seed in (2, 3)]
+    return target, drafts, None
 
 
 def timed(run: Any, repeats: int, device: torch.device) -> list[float]:
@@ -106,7 +113,7 @@ def method_runs(target: torch.nn.Module, drafts: list[torch.nn.Module], prompt: 
                 args: argparse.Namespace, params: fs.SamplingParams) -> dict[str, Any]:
     """name -> a function that generates `args.new_tokens` per row and returns (tokens, stats or None).
     The speculative pools are every model draft + prompt lookup under Thompson sampling; HF assisted
-    generation takes the first draft."""
+    generation and the one-draft method take the first draft."""
     new = args.new_tokens
     draft = drafts[0]
     config = draft.generation_config
@@ -114,10 +121,13 @@ def method_runs(target: torch.nn.Module, drafts: list[torch.nn.Module], prompt: 
     config.assistant_confidence_threshold = 0.0
     hf_kwargs = dict(max_new_tokens=new, min_new_tokens=new, do_sample=True, temperature=1.0, top_k=0,
                      pad_token_id=0)
-    eager = SpeculativeDecoder(target, [*drafts, PromptLookupDrafter()], policy="thompson", gamma=args.gamma)
-    fast = FastSpeculativeDecoder(target, [*drafts, PromptLookupDrafter()], policy="thompson", gamma=args.gamma)
-    fast_one = FastSpeculativeDecoder(target, [draft], policy="fixed", gamma=args.gamma)
-    plain = FastPlainDecoder(target)
+    pool = [*drafts, PromptLookupDrafter()]
+    eager = SpeculativeDecoder(target, pool, policy="thompson", gamma=args.gamma)
+    options = dict(gamma=args.gamma, compile=args.compile)
+    fast = FastSpeculativeDecoder(target, pool, policy="thompson", draft_sync="lazy", **options)
+    fast_all = FastSpeculativeDecoder(target, pool, policy="thompson", draft_sync="all", **options)
+    fast_one = FastSpeculativeDecoder(target, [draft], policy="fixed", **options)
+    plain = FastPlainDecoder(target, compile=args.compile)
     common = dict(max_new_tokens=new, sampling=params, ignore_eos=True)
     runs = {
         "hf_plain": lambda: (target.generate(prompt, attention_mask=torch.ones_like(prompt), **hf_kwargs), None),
@@ -127,13 +137,16 @@ def method_runs(target: torch.nn.Module, drafts: list[torch.nn.Module], prompt: 
         "flashspec_eager": lambda: (None, eager.generate(prompt, seed=0, **common).stats),
         "fast_plain": lambda: (None, plain.generate(prompt, seed=0, **common).stats),
         "fast_speculative": lambda: (None, fast.generate(prompt, seed=0, **common).stats),
+        "fast_speculative_sync_all": lambda: (None, fast_all.generate(prompt, seed=0, **common).stats),
         "fast_speculative_one_draft": lambda: (None, fast_one.generate(prompt, seed=0, **common).stats),
     }
-    return {name: run for name, run in runs.items() if name not in args.skip}
+    skip = set(args.skip) | ({"hf_assisted"} if prompt.shape[0] > args.hf_assisted_max_batch else set())
+    return {name: run for name, run in runs.items() if name not in skip}
 
 
 def anatomy(decoder: FastSpeculativeDecoder, device: torch.device, bucket: int) -> dict[str, Any]:
-    """Each piece of the step timed alone from its own CUDA graph, at the step's shapes."""
+    """Each piece of the step timed alone from its own CUDA graph, at the step's shapes (and the
+    16-token catch-up window a draft reads after one step away, at γ = 4)."""
     session = decoder._session
     batch, gamma = session.batch, session.gamma
     target, draft = session.target, session.drafts[0]
@@ -147,6 +160,10 @@ def anatomy(decoder: FastSpeculativeDecoder, device: torch.device, bucket: int) 
         "draft_window_q": lambda: draft.forward(tokens, window, bucket, torch.full_like(one, gamma)),
         "draft_forward_1": lambda: draft.forward(one, last[:, None], bucket),
     }
+    span = torch.arange(16, device=device)
+    catch_up = (last[:, None] - 15 + span).clamp(min=0)
+    catch_tokens = session.buffers.seq.gather(1, catch_up)
+    pieces["draft_catch_up_16"] = lambda: draft.forward(catch_tokens, catch_up, bucket, torch.full_like(one, 15))
     logits = torch.randn(batch, gamma + 1, target.lm_head.out_features, device=device)
     draft_logits = torch.randn(batch, gamma, target.lm_head.out_features, device=device)
     drafted = torch.randint(0, target.lm_head.out_features, (batch, gamma), device=device)
@@ -160,6 +177,7 @@ def anatomy(decoder: FastSpeculativeDecoder, device: torch.device, bucket: int) 
         out[name] = time_calls(graph.replay, repeats=50, warmup=5, device=device)["median_ms"]
     out["sum_of_parts_ms"] = (out["target_forward_q"] + out["draft_window_q"] + (gamma - 1) * out["draft_forward_1"]
                               + out["verify"])
+    out["sampling_and_commit_not_in_parts"] = True
     return out
 
 
@@ -204,33 +222,44 @@ def main(argv: list[str] | None = None) -> int:
         ratios = {}
         for a, b in (("fast_plain", "hf_plain"), ("fast_speculative", "hf_assisted"),
                      ("fast_speculative", "fast_plain"), ("fast_speculative_one_draft", "fast_plain"),
+                     ("fast_speculative_sync_all", "fast_plain"), ("fast_speculative", "fast_speculative_sync_all"),
                      ("fast_speculative", "flashspec_eager")):
             if a in methods and b in methods:
                 ratios[f"{a}/{b}"] = methods[a]["tok_s_median"] / methods[b]["tok_s_median"]
         cell["ratios"] = ratios
         if device.type == "cuda" and "fast_speculative" not in args.skip:
-            fast = FastSpeculativeDecoder(target, [draft, PromptLookupDrafter()], policy="fixed", gamma=args.gamma)
             common = dict(max_new_tokens=args.new_tokens, sampling=params, ignore_eos=True, seed=0)
+            switching = {}
+            for sync in ("lazy", "all"):  # two model drafts: fixed on one vs alternating every step
+                fast = FastSpeculativeDecoder(target, drafts[:2], policy="fixed", gamma=args.gamma,
+                                              draft_sync=sync, compile=args.compile)
+                fast.generate(prompt, **common)
+                steady = fast.generate(prompt, **common).stats.summary()
+                fast.policy = Alternate(2)
+                fast.generate(prompt, **common)
+                alternating = fast.generate(prompt, **common).stats.summary()
+                switching[sync] = {"step_ms_fixed_draft_p50": 1e3 * steady["p50_step_latency_s"],
+                                   "step_ms_alternating_p50": 1e3 * alternating["p50_step_latency_s"]}
+                switching[sync]["switch_cost_ms"] = (switching[sync]["step_ms_alternating_p50"]
+                                                     - switching[sync]["step_ms_fixed_draft_p50"])
+            fast = FastSpeculativeDecoder(target, [draft], policy="fixed", gamma=args.gamma, compile=args.compile)
             fast.generate(prompt, **common)
             steady = fast.generate(prompt, **common).stats.summary()
-            fast.policy = Alternate(2)
-            fast.generate(prompt, **common)
-            alternating = fast.generate(prompt, **common).stats.summary()
             parts = anatomy(fast, device, bucket=max(fast._session.graphs)[1])
             filled = prompt.shape[1] + args.new_tokens
             weights = floor_bytes(target, batch, filled) + args.gamma * floor_bytes(draft, batch, filled)
             spec = methods["fast_speculative"]
             cell["anatomy_ms"] = parts
             cell["step_ms_fixed_draft_p50"] = 1e3 * steady["p50_step_latency_s"]
-            cell["step_ms_alternating_p50"] = 1e3 * alternating["p50_step_latency_s"]
-            cell["switch_cost_ms"] = cell["step_ms_alternating_p50"] - cell["step_ms_fixed_draft_p50"]
+            cell["switching_two_drafts"] = switching
+            cell["switch_cost_ms"] = switching["lazy"]["switch_cost_ms"]
             cell["step_over_parts"] = cell["step_ms_fixed_draft_p50"] / parts["sum_of_parts_ms"]
             # roofline: tokens per step / (bytes a step must read / copy bandwidth), per row
             cell["roofline_tok_s_per_row"] = (spec["mean_tokens_per_step"] or 1) / (weights / bandwidth)
             cell["roofline_fraction"] = (spec["tok_s_median"] / batch) / cell["roofline_tok_s_per_row"]
             print(f"B={batch} anatomy {json.dumps({k: round(v, 4) for k, v in parts.items()})} "
-                  f"step(fixed) {cell['step_ms_fixed_draft_p50']:.3f} ms, alternating "
-                  f"{cell['step_ms_alternating_p50']:.3f} ms, step/parts {cell['step_over_parts']:.2f}", flush=True)
+                  f"step(one draft) {cell['step_ms_fixed_draft_p50']:.3f} ms, step/parts "
+                  f"{cell['step_over_parts']:.2f}, switching {json.dumps(switching)}", flush=True)
         print(f"B={batch} ratios {json.dumps({k: round(v, 2) for k, v in ratios.items()})}", flush=True)
         record["cells"].append(cell)
     if args.out:

@@ -5,12 +5,16 @@ the host taken off the critical path:
 
 - Every model (target and model drafts) runs through a `LlamaRunner`: a static KV cache with
   slot == position, so a rejected draft slot needs no rollback -- the next step writes it again.
-- One step is pure device work on preallocated buffers: every model draft re-reads the last γ+1
-  tokens (a "window" forward that keeps all drafts' caches in sync, so switching drafts costs
-  nothing extra), the chosen draft samples γ tokens, the target scores them in one (γ+1)-token
-  forward, `verify` accepts and samples, and the commit appends each row's tokens, cut by its budget
-  and EOS. The step's key comes from a step counter in a device buffer (`rng.step_key`), advanced
-  inside the step, so a replay draws fresh uniforms.
+- One step is pure device work on preallocated buffers: the chosen draft re-reads the tokens its
+  cache has not seen (a "window" forward: the last γ+1 tokens when it ran the step before, more
+  after a switch), samples γ tokens, the target scores them in one (γ+1)-token forward, `verify`
+  accepts and samples, and the commit appends each row's tokens, cut by its budget and EOS. With
+  `draft_sync="all"` every model draft re-reads the last γ+1 tokens every step instead, so no
+  draft ever lags (a switch is free, every step pays for every draft). The step's key comes from a
+  step counter in a device buffer (`rng.step_key`), advanced inside the step, so a replay draws
+  fresh uniforms.
+- `compile=True` fuses each model's per-layer dense work with torch.compile
+  (`runner.compile_regions`) before the graphs are captured.
 - On CUDA, each (arm, attention bucket) step is captured once as a CUDA graph and replayed.
 - The host only picks the arm and launches. It reads step t's outcome (accepted counts, finished
   rows) through a pinned-memory copy and an event `lag` steps later, so the GPU always has queued
@@ -23,6 +27,7 @@ exact and fixed by its seed. Greedy output equals the target's greedy decoding.
 """
 from __future__ import annotations
 
+import collections
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -41,6 +46,16 @@ from flashspec.stats import GenerationStats, StepRecord
 from flashspec.verify import verify_reference
 
 DRAFT_STREAM_BASE = rng.STREAM_DRAFT + 16  # arm a samples on stream DRAFT_STREAM_BASE + 16·a
+DRAFT_SYNC_MODES = ("lazy", "all")
+
+
+def catch_up_length(steps_away: int, gamma: int, bucket: int) -> int:
+    """Tokens a draft re-reads when it runs `steps_away` >= 1 steps after it last ran: the γ+1
+    window when it ran the step before, else the at most steps_away·(γ+1) tokens appended since,
+    rounded up to a power of two (few graphs) and capped at the attention bucket (everything)."""
+    if steps_away <= 1:
+        return gamma + 1
+    return min(1 << (steps_away * (gamma + 1) - 1).bit_length(), bucket)
 
 
 @dataclass
@@ -70,17 +85,27 @@ class FastSpeculativeDecoder:
         graphs: capture CUDA graphs (default: when the target is on CUDA).
         lag: steps between a step's launch and the host reading its outcome (>= 1).
         backend: verify backend on CUDA, "triton" (default when available) or "torch".
+        draft_sync: "lazy" (only the chosen draft runs; a draft chosen after k steps away catches
+            up over the at most k·(γ+1) tokens it missed in one forward) or "all" (every model
+            draft re-reads the last γ+1 tokens every step).
+        compile: torch.compile the models' dense regions and the draft sampler (True, or a mode
+            in `runner.COMPILE_MODES`); costs seconds to minutes per new shape, once per process.
     """
 
     def __init__(self, target: torch.nn.Module, drafts: Sequence[Any], policy: Any = "thompson", gamma: int = 4,
                  policy_kwargs: dict[str, Any] | None = None, graphs: bool | None = None, lag: int = 2,
-                 backend: str = "auto", *, _plain: bool = False) -> None:
+                 backend: str = "auto", draft_sync: str = "lazy", compile: bool | str = False, *,
+                 _plain: bool = False) -> None:
         if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
             raise ValueError(f"gamma must be an int in [1, {MAX_GAMMA}] (drafted tokens per step), got {gamma!r}")
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
             raise ValueError(f"lag must be an int >= 1 (steps before the host reads an outcome), got {lag!r}")
         if backend not in ("auto", "torch", "triton"):
             raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
+        if draft_sync not in DRAFT_SYNC_MODES:
+            raise ValueError(f"draft_sync must be one of {DRAFT_SYNC_MODES}, got {draft_sync!r}")
+        if not isinstance(compile, bool) and compile not in runner.COMPILE_MODES:
+            raise ValueError(f"compile must be True, False or one of {runner.COMPILE_MODES}, got {compile!r}")
         runner.check_supported(target)
         if isinstance(drafts, (torch.nn.Module, str)) or not isinstance(drafts, Sequence) or (
                 len(drafts) == 0 and not _plain):
@@ -103,6 +128,8 @@ class FastSpeculativeDecoder:
         self.lag = lag
         self.graphs = graphs
         self.backend = backend
+        self.draft_sync = draft_sync
+        self.compile = compile
         self.policy = resolve_policy(policy, max(1, len(self.drafts)), **(policy_kwargs or {}))
         self._session: _Session | None = None
 
@@ -158,7 +185,7 @@ class FastSpeculativeDecoder:
         use_graphs = device.type == "cuda" if self.graphs is None else bool(self.graphs)
         if use_graphs and device.type != "cuda":
             raise ValueError("graphs=True needs the target on a CUDA device")
-        key = (batch, capacity, sampling, tuple(sorted(stop_ids)), use_graphs)
+        key = (batch, capacity, sampling, tuple(sorted(stop_ids)), use_graphs, self.draft_sync, self.compile)
         if self._session is None or self._session.key != key:
             self._session = _Session(self, key, batch, capacity, sampling, stop_ids, use_graphs)
         session = self._session
@@ -193,10 +220,16 @@ class _Session:
         self.capacity = capacity
         device = decoder.device
         self.device = device
-        self.target = runner.LlamaRunner(decoder.target, batch, capacity, logits_dtype=torch.float32)
+        hot = (1, decoder.gamma + 1)  # the decode and verify/window lengths: compiled when asked
+        make = lambda model: runner.LlamaRunner(model, batch, capacity, torch.float32,  # noqa: E731
+                                                compile=decoder.compile, compile_lengths=hot)
+        self.target = make(decoder.target)
         self.drafts: list[runner.LlamaRunner | PromptLookupDrafter] = [
-            d if isinstance(d, PromptLookupDrafter) else runner.LlamaRunner(d, batch, capacity, torch.float32)
-            for d in decoder.drafts]
+            d if isinstance(d, PromptLookupDrafter) else make(d) for d in decoder.drafts]
+        self.sync_all = decoder.draft_sync == "all"
+        self.sample = sample_from_logits
+        if decoder.compile is not False:
+            self.sample = torch.compile(sample_from_logits, fullgraph=True)
         use_triton = decoder.backend == "triton" or (decoder.backend == "auto" and device.type == "cuda")
         self.verify_triton = use_triton
         zeros = lambda dtype, *shape: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
@@ -206,7 +239,8 @@ class _Session:
             seed_key=zeros(torch.long, 2), frozen=zeros(torch.bool, 1),
             stop_ids=torch.tensor(sorted(stop_ids), dtype=torch.long, device=device),
             outcome=zeros(torch.long, batch, decoder.gamma + 3))
-        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
+        self.window_lengths: collections.Counter[int] = collections.Counter()  # draft window -> steps
         self.batch = batch
 
     # ------------------------------------------------------------------------------- request set-up
@@ -247,26 +281,28 @@ class _Session:
         return torch.cat([input_ids.cpu(), tail], 1)
 
     # ------------------------------------------------------------------------------- the step
-    def step(self, arm: int, bucket: int) -> None:
-        """One speculative step for `arm` with attention over `bucket` slots: device work only."""
+    def step(self, arm: int, bucket: int, window_length: int) -> None:
+        """One speculative step for `arm` with attention over `bucket` slots: device work only.
+        The chosen model draft first re-reads the last `window_length` tokens (`catch_up_length`)."""
         b, gamma, params = self.buffers, self.gamma, self.sampling
         offsets = torch.arange(gamma + 1, device=self.device)
         key = rng.step_key(b.seed_key, b.step)
         last = b.lengths - 1                                                   # [B] the pending token
         if not self.drafts:  # plain decoding: one token per step from the target
             logits = self.target.forward(b.seq.gather(1, last[:, None]), last[:, None], bucket)[:, 0]
-            token, _ = sample_from_logits(logits, params, key, position=0, stream=rng.STREAM_SAMPLE)
+            token, _ = self.sample(logits, params, key, position=0, stream=rng.STREAM_SAMPLE)
             padded = torch.cat([token[:, None], torch.full_like(token[:, None], -1)], 1)  # the [B, γ+1] layout, γ = 1
             self._commit(padded, torch.zeros_like(token), offsets)
             return
-        window = (last[:, None] - gamma + offsets).clamp(min=0)                # [B, γ+1]
-        window_tokens = b.seq.gather(1, window)
-        at_end = torch.full((self.batch, 1), gamma, dtype=torch.long, device=self.device)
         chosen = self.drafts[arm]
         logits = None
-        for draft in self.drafts:  # every model draft re-reads the window: caches stay in sync
-            if isinstance(draft, runner.LlamaRunner):
-                out = draft.forward(window_tokens, window, bucket, at_end)
+        for draft in self.drafts:  # "all": every model draft re-reads the window; "lazy": the chosen one
+            if isinstance(draft, runner.LlamaRunner) and (draft is chosen or self.sync_all):
+                width = window_length if draft is chosen else gamma + 1
+                span = torch.arange(width, device=self.device)
+                window = (last[:, None] - width + 1 + span).clamp(min=0)      # [B, width]
+                at_end = torch.full((self.batch, 1), width - 1, dtype=torch.long, device=self.device)
+                out = draft.forward(b.seq.gather(1, window), window, bucket, at_end)
                 if draft is chosen:
                     logits = out[:, 0]                                         # [B, V]
         if isinstance(chosen, PromptLookupDrafter):
@@ -274,8 +310,8 @@ class _Session:
         else:
             tokens, all_logits = [], []
             for index in range(gamma):
-                token, _ = sample_from_logits(logits, params, key, position=index,
-                                              stream=DRAFT_STREAM_BASE + 16 * arm)
+                token, _ = self.sample(logits, params, key, position=index,
+                                       stream=DRAFT_STREAM_BASE + 16 * arm)
                 tokens.append(token)
                 all_logits.append(logits)
                 if index < gamma - 1:
@@ -320,18 +356,19 @@ class _Session:
         b.step.add_((~b.frozen).long())
         b.outcome.copy_(torch.cat([out_tokens, num_accepted[:, None], kept[:, None]], 1))
 
-    def launch(self, arm: int, bucket: int) -> None:
+    def launch(self, arm: int, bucket: int, window_length: int) -> None:
         """Run one step: replay its graph (captured on first use) or run it eagerly."""
         if not self.use_graphs:
-            self.step(arm, bucket)
+            self.step(arm, bucket, window_length)
             return
-        graph = self.graphs.get((arm, bucket))
+        key = (arm, bucket, window_length)
+        graph = self.graphs.get(key)
         if graph is None:
-            graph = self._capture(arm, bucket)
-            self.graphs[(arm, bucket)] = graph
+            graph = self._capture(*key)
+            self.graphs[key] = graph
         graph.replay()
 
-    def _capture(self, arm: int, bucket: int) -> torch.cuda.CUDAGraph:
+    def _capture(self, arm: int, bucket: int, window_length: int) -> torch.cuda.CUDAGraph:
         """Capture the step for (arm, bucket). Warm-up runs are frozen: they rewrite cache slots the
         next real step writes again, and commit nothing."""
         b = self.buffers
@@ -340,11 +377,11 @@ class _Session:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self.step(arm, bucket)
+                self.step(arm, bucket, window_length)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self.step(arm, bucket)
+            self.step(arm, bucket, window_length)
         b.frozen.fill_(False)
         return graph
 
@@ -366,6 +403,7 @@ class _Session:
         num_generated = [0] * self.batch
         active = [budget > 0 for budget in budgets]
         known_max = width  # the longest row as of the last step read
+        last_ran = [-1] * len(self.drafts)  # the step each draft last ran (-1: the prefill)
         read = 0
 
         def consume() -> bool:
@@ -410,8 +448,14 @@ class _Session:
             arm = int(decoder.policy.select())
             if not 0 <= arm < max(1, len(self.drafts)):
                 raise ValueError(f"policy returned arm {arm}, but there are {len(self.drafts)} drafts")
+            window_length = self.gamma + 1
+            if self.drafts and isinstance(self.drafts[arm], runner.LlamaRunner) and not self.sync_all:
+                window_length = catch_up_length(step - last_ran[arm], gamma, bucket)
+                last_ran[arm] = step
+            if self.drafts and isinstance(self.drafts[arm], runner.LlamaRunner):
+                self.window_lengths[window_length] += 1
             launched = time.perf_counter()
-            self.launch(arm, bucket)
+            self.launch(arm, bucket, window_length)
             slot = step % slots
             pinned[slot].copy_(b.outcome, non_blocking=True)
             done_host[slot].copy_(b.done, non_blocking=True)
@@ -428,8 +472,10 @@ class FastPlainDecoder(FastSpeculativeDecoder):
     """Plain autoregressive decoding on the same runner, step graphs and host loop: one target
     forward and one on-device sample per token. The baseline a fast engine must beat (as gpt-fast)."""
 
-    def __init__(self, target: torch.nn.Module, graphs: bool | None = None, lag: int = 2) -> None:
-        super().__init__(target, [], policy="fixed", gamma=1, graphs=graphs, lag=lag, _plain=True)
+    def __init__(self, target: torch.nn.Module, graphs: bool | None = None, lag: int = 2,
+                 compile: bool | str = False) -> None:
+        super().__init__(target, [], policy="fixed", gamma=1, graphs=graphs, lag=lag, compile=compile,
+                         _plain=True)
 
 
 def fast_supported(target: torch.nn.Module, drafts: Sequence[Any]) -> str | None:
@@ -466,5 +512,5 @@ def make_decoder(target: torch.nn.Module, drafts: Sequence[Any], fast: bool | st
     if fast == "auto" and reason not in _WARNED:
         _WARNED.add(reason)
         warnings.warn(f"flashspec: fast path unavailable ({reason}); using the eager engine", stacklevel=2)
-    eager_kwargs = {k: v for k, v in kwargs.items() if k not in ("graphs", "lag")}
+    eager_kwargs = {k: v for k, v in kwargs.items() if k not in ("graphs", "lag", "draft_sync", "compile")}
     return SpeculativeDecoder(target, drafts, **eager_kwargs)

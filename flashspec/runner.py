@@ -180,6 +180,58 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return out.reshape(batch, length, q_heads * head_dim)
 
 
+def project_qkv(layer: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                heads: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decoder layer up to attention: input norm, q/k/v projections, RoPE on q and k.
+    x [B, q, hidden] -> q [B, q, Hq, D], k and v [B, q, Hkv, D]; `heads` = (Hq, Hkv, D)."""
+    num_heads, num_kv_heads, head_dim = heads
+    batch, length = x.shape[:2]
+    attn = layer.self_attn
+    h = layer.input_layernorm(x)
+    q = rotate(attn.q_proj(h).view(batch, length, num_heads, head_dim), cos, sin)
+    k = rotate(attn.k_proj(h).view(batch, length, num_kv_heads, head_dim), cos, sin)
+    v = attn.v_proj(h).view(batch, length, num_kv_heads, head_dim)
+    return q, k, v
+
+
+def finish_layer(layer: torch.nn.Module, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
+    """One decoder layer after attention: output projection and residual, post norm, MLP and residual."""
+    x = x + layer.self_attn.o_proj(attended)
+    return x + layer.mlp(layer.post_attention_layernorm(x))
+
+
+def project_logits(norm: torch.nn.Module, lm_head: torch.nn.Module, x: torch.Tensor,
+                   logits_dtype: torch.dtype | None) -> torch.Tensor:
+    """Final norm and LM head; logits in `logits_dtype` (None keeps the head's dtype, as HF)."""
+    logits = lm_head(norm(x))
+    return logits if logits_dtype is None else logits.to(logits_dtype)
+
+
+COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+# Distinct static shapes one compiled region may see in a process: (model width) x (q) x (batch)
+# across runners. Dynamo's default (8) would silently fall back to eager past it.
+RECOMPILE_LIMIT = 128
+
+
+def compile_regions(mode: str = "default") -> tuple[Any, Any, Any]:
+    """`project_qkv`, `finish_layer`, `project_logits` through torch.compile (static shapes).
+
+    Regional compilation: attention stays outside (SDPA over the host-chosen bucket, whose length
+    would otherwise recompile the model per bucket), and the per-layer regions are compiled once per
+    (model width, B, q) and reused by every layer, since Dynamo treats a layer's parameters as
+    inputs rather than constants (torch >= 2.5). Fusion removes most of the small kernels (norms,
+    RoPE, SiLU, residuals) that dominate a graph-replayed decode step.
+    """
+    if mode not in COMPILE_MODES:
+        raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
+    config = torch._dynamo.config
+    for name in ("recompile_limit", "cache_size_limit"):
+        if hasattr(config, name) and getattr(config, name) < RECOMPILE_LIMIT:
+            setattr(config, name, RECOMPILE_LIMIT)
+    options = {"fullgraph": True, "dynamic": False, "mode": mode}
+    return tuple(torch.compile(fn, **options) for fn in (project_qkv, finish_layer, project_logits))
+
+
 class LlamaRunner:
     """Static-cache forward of a Llama-family HF causal LM (llama, qwen2, mistral within its window).
 
@@ -191,10 +243,16 @@ class LlamaRunner:
         attention: "fold" (GQA folded into the query length), "gqa" (SDPA enable_gqa, torch >= 2.5)
             or "auto" (fold for decode/verify calls with B*q > FOLD_ABOVE or where enable_gqa is
             missing, else gqa); chosen per call shape, so each graph has one.
+        compile: torch.compile the per-layer dense regions (`compile_regions`): True or a mode
+            in COMPILE_MODES. Compiling happens on the first call of each shape (seconds to
+            minutes); capture graphs after it.
+        compile_lengths: the query lengths q that use the compiled regions (the decode and
+            verify shapes); other calls (prefill, draft catch-up) run the same code eagerly.
     """
 
     def __init__(self, model: torch.nn.Module, max_batch: int, max_len: int,
-                 logits_dtype: torch.dtype | None = None, attention: str = "auto") -> None:
+                 logits_dtype: torch.dtype | None = None, attention: str = "auto",
+                 compile: bool | str = False, compile_lengths: tuple[int, ...] = (1,)) -> None:
         check_supported(model, max_len)
         if attention not in ATTENTION_MODES or (attention == "gqa" and not HAS_ENABLE_GQA):
             raise ValueError(f"attention must be one of {ATTENTION_MODES} ('gqa' needs torch >= 2.5), "
@@ -224,6 +282,10 @@ class LlamaRunner:
         self.rows = torch.arange(max_batch, device=self.device)                # [max_batch]
         self.scratch_position = max_len
         self._graphs: dict[tuple[int, int, int, bool], GraphedStep] = {}
+        if not isinstance(compile, bool) and compile not in COMPILE_MODES:
+            raise ValueError(f"compile must be True, False or one of {COMPILE_MODES}, got {compile!r}")
+        self.compile_lengths = tuple(compile_lengths)
+        self._compiled = None if compile is False else compile_regions("default" if compile is True else compile)
 
     @torch.no_grad()
     def _rope_table(self, rotary_emb: torch.nn.Module, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -256,20 +318,17 @@ class LlamaRunner:
         groups = self.num_heads // self.num_kv_heads
         mask = fold_mask(visible, groups) if fold and groups > 1 else visible
         rows = self.rows[:batch, None]                                  # [B, 1]
+        compiled = self._compiled is not None and length in self.compile_lengths
+        qkv, finish, head = self._compiled if compiled else (project_qkv, finish_layer, project_logits)
+        heads = (self.num_heads, self.num_kv_heads, self.head_dim)
         for index, layer in enumerate(self.layers):
-            attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            q = rotate(attn.q_proj(h).view(batch, length, self.num_heads, self.head_dim), cos, sin)
-            k = rotate(attn.k_proj(h).view(batch, length, self.num_kv_heads, self.head_dim), cos, sin)
-            v = attn.v_proj(h).view(batch, length, self.num_kv_heads, self.head_dim)
+            q, k, v = qkv(layer, x, cos, sin, heads)
             self.cache.write(index, rows, positions, k, v)
             keys, values = self.cache.read(index, batch, bucket)
-            x = x + attn.o_proj(attend(q, keys, values, mask, self.scale, fold))
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = finish(layer, x, attend(q, keys, values, mask, self.scale, fold))
         if logits_index is not None:
             x = x.gather(1, logits_index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [B, k, hidden]
-        logits = self.lm_head(self.norm(x))                             # [B, q or k, V]
-        return logits if self.logits_dtype is None else logits.to(self.logits_dtype)
+        return head(self.norm, self.lm_head, x, self.logits_dtype)      # [B, q or k, V]
 
     __call__ = forward
 

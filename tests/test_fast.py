@@ -12,7 +12,7 @@ import torch
 import flashspec as fs
 from flashspec import models
 from flashspec.drafters import PromptLookupDrafter
-from flashspec.fast import FastSpeculativeDecoder, make_decoder
+from flashspec.fast import FastSpeculativeDecoder, catch_up_length, make_decoder
 
 from test_engine_exact import (LENGTH, PROMPT, ROWS_PER_CALL, SETTINGS, VOCAB, exact_continuations, fit_p_values,
                                passes)
@@ -119,12 +119,53 @@ def test_bad_inputs_and_fallback(pool):
         make_decoder(target, [Custom()], fast=True)
 
 
+def test_catch_up_length():
+    assert catch_up_length(1, 4, 512) == 5                  # ran the step before: the γ+1 window
+    assert catch_up_length(2, 4, 512) == 16                 # up to 10 tokens missed
+    assert catch_up_length(7, 3, 512) == 32                 # up to 28
+    assert catch_up_length(400, 4, 512) == 512              # capped at the bucket: re-read everything
+
+
+def test_lazy_drafts_catch_up_after_a_switch(pool):
+    """A draft chosen again after steps away re-reads what it missed: greedy still equals the
+    target's greedy decoding, whichever draft runs, and the catch-up windows really occur."""
+    target, near, far = pool
+
+    class Blocks:
+        """Arm 0 for three steps, then arm 1 for three, and so on."""
+
+        def __init__(self) -> None:
+            self.t = -1
+
+        def select(self) -> int:
+            self.t += 1
+            return (self.t // 3) % 2
+
+        def update(self, arm: int, reward: float) -> None:
+            return None
+
+    prompts = torch.tensor([[0, 0, 5, 6, 7], [0, 3, 7, 3, 9]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1]])
+    expected = target.generate(prompts, attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=2,
+                               pad_token_id=2)
+    for sync in ("lazy", "all"):
+        decoder = FastSpeculativeDecoder(target, [near, far], policy=Blocks(), gamma=3, draft_sync=sync)
+        result = decoder.generate(prompts, attention_mask=mask, max_new_tokens=24, sampling=fs.SamplingParams(0.0))
+        assert torch.equal(result.sequences, expected), sync
+        windows = decoder._session.window_lengths
+        assert max(windows) == (4 if sync == "all" else 16) and 4 in windows, (sync, windows)
+
+
+SYNC_CASES = [(params, "lazy") for params in SETTINGS] + [(SETTINGS[0], "all")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"T{p.temperature}-top_p{p.top_p}")
-def test_fast_output_matches_exact_target_distribution(pool, params):
+@pytest.mark.parametrize("params,sync", SYNC_CASES, ids=lambda x: x if isinstance(x, str) else
+                         f"T{x.temperature}-top_p{x.top_p}")
+def test_fast_output_matches_exact_target_distribution(pool, params, sync):
     target, near, far = pool
     decoder = FastSpeculativeDecoder(target, [near, far, PromptLookupDrafter()], policy="exp3", gamma=3,
-                                     policy_kwargs={"seed": 0})
+                                     policy_kwargs={"seed": 0}, draft_sync=sync)
     continuations, arms, kept = [], [], []
     for call in range(64):
         result = decoder.generate(PROMPT.expand(ROWS_PER_CALL, -1), max_new_tokens=LENGTH, sampling=params,
@@ -136,6 +177,30 @@ def test_fast_output_matches_exact_target_distribution(pool, params):
     assert passes(p_values), p_values
     assert len(set(arms)) == 3, f"every arm must be played, trace {arms}"
     assert max(kept) >= 2, "multi-token steps must occur for the test to cover them"
+    if sync == "lazy":
+        assert max(decoder._session.window_lengths) > 4, "catch-up windows must occur"
+
+
+def test_compiled_regions_match_target_greedy_generate():
+    """compile=True (torch.compile of the per-layer dense regions and the draft sampler) changes
+    no greedy token, and the compiled regions really run (Dynamo traces new graphs)."""
+    from torch._dynamo.utils import counters
+
+    target = variant("gqa")
+    draft = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2)
+    prompts = torch.tensor([[0, 0, 5, 6, 7], [0, 3, 7, 3, 9]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1]])
+    before = counters["stats"]["unique_graphs"]
+    decoder = FastSpeculativeDecoder(target, [draft, PromptLookupDrafter()], policy="exp3", gamma=3, compile=True)
+    result = decoder.generate(prompts, attention_mask=mask, max_new_tokens=12, sampling=fs.SamplingParams(0.0))
+    expected = target.generate(prompts, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=2,
+                               pad_token_id=2)
+    assert torch.equal(result.sequences, expected)
+    assert counters["stats"]["unique_graphs"] - before >= 3
+    with pytest.raises(ValueError, match="compile must be"):
+        FastSpeculativeDecoder(target, [draft], compile="fastest")
+    with pytest.raises(ValueError, match="draft_sync"):
+        FastSpeculativeDecoder(target, [draft], draft_sync="sometimes")
 
 
 def test_fast_plain_greedy_equals_generate_and_samples_are_seeded(pool):
@@ -171,7 +236,7 @@ def test_graph_replayed_steps_make_no_host_sync():
     torch.cuda.set_sync_debug_mode("error")
     try:
         for _ in range(16):
-            session.launch(0, 64)
+            session.launch(0, 64, 4)
             pinned.copy_(session.buffers.outcome, non_blocking=True)
     finally:
         torch.cuda.set_sync_debug_mode("default")
@@ -181,11 +246,12 @@ def test_graph_replayed_steps_make_no_host_sync():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-@pytest.mark.parametrize("params", SETTINGS[:2], ids=lambda p: f"T{p.temperature}")
-def test_graphed_fast_path_matches_exact_distribution_on_gpu(pool, params):
+@pytest.mark.parametrize("params,compile", [(SETTINGS[0], False), (SETTINGS[1], False), (SETTINGS[0], True)],
+                         ids=lambda x: f"compile={x}" if isinstance(x, bool) else f"T{x.temperature}")
+def test_graphed_fast_path_matches_exact_distribution_on_gpu(pool, params, compile):
     target, near, far = (copy.deepcopy(model).cuda() for model in pool)
     decoder = FastSpeculativeDecoder(target, [near, far, PromptLookupDrafter()], policy="exp3", gamma=3,
-                                     policy_kwargs={"seed": 0})
+                                     policy_kwargs={"seed": 0}, compile=compile)
     continuations = [decoder.generate(PROMPT.expand(ROWS_PER_CALL, -1).cuda(), max_new_tokens=LENGTH,
                                       sampling=params, seed=1000 + call, ignore_eos=True).sequences[:, -LENGTH:]
                      for call in range(64)]
