@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call: install offline, then each named phase with its own time limit, its log and
+# JSON under $OUT (so a phase that overruns still leaves the others' results).
+#   FLASHSPEC_GIT_SHA=<sha> bash experiments/gpu_run.sh tests bench-b1 verify
+# Phases: tests (GPU tests of kernels, runner, fast path), bench-b1 / bench-b8 / bench-b32
+# (bench_fast --compile, random TinyLlama/68m shapes), bench-zoo (trained GPU zoo, B=1 and 8),
+# verify (flashspec bench verify).
+set -uo pipefail
+: "${OUT:?set OUT}" "${FLASHSPEC_GIT_SHA:?set FLASHSPEC_GIT_SHA to the commit being measured}"
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
+pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.txt"
+sha=${FLASHSPEC_GIT_SHA:0:7}
+phase() {  # name, seconds, command...
+  local name=$1 limit=$2; shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  echo "phase $name rc=$? $((SECONDS - start)) s" | tee -a "$OUT/phases.txt"
+  tail -n 4 "$OUT/$name.log"
+}
+for name in "$@"; do
+  case $name in
+    tests) phase "gpu_tests_$sha" 230 python -m pytest -q -x -p no:cacheprovider tests/test_kernels.py \
+             tests/test_runner.py tests/test_fast.py ;;
+    bench-b*) b=${name#bench-b}
+             phase "bench_fast_b${b}_compile_h200" 340 python experiments/bench_fast.py --compile --batches "$b" \
+               --out "$OUT/bench_fast_b${b}_compile_h200.json" ;;
+    bench-zoo) phase bench_fast_zoo_gpu_compile_h200 540 python experiments/bench_fast.py --compile --pair zoo-gpu \
+               --batches 1 8 --new-tokens 128 --out "$OUT/bench_fast_zoo_gpu_compile_h200.json" ;;
+    verify) phase "verify_h200_$sha" 300 python -m flashspec.cli bench verify --out "$OUT/verify_h200.json" ;;
+    *) echo "unknown phase $name" >&2; exit 2 ;;
+  esac
+done
