@@ -35,7 +35,7 @@ from flashspec import models, provenance  # noqa: E402
 from flashspec.drafters import PromptLookupDrafter  # noqa: E402
 from flashspec.engine import SpeculativeDecoder  # noqa: E402
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
-from flashspec.runner import capture  # noqa: E402
+from flashspec.runner import COMPILE_MODES, capture  # noqa: E402
 
 
 class Alternate:
@@ -64,7 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--pair", choices=["random", "zoo-gpu"], default="random",
                         help="random: TinyLlama-1.1B / llama-68m shapes with random weights; zoo-gpu: the trained GPU zoo "
                              "(target + four drafts, built on first use), prompts from its held-out Python text")
-    parser.add_argument("--compile", action="store_true", help="compile the fast methods' dense regions")
+    parser.add_argument("--compile", nargs="?", const="default", default=False, choices=COMPILE_MODES,
+                        help="compile the fast methods' dense regions (torch.compile mode, default 'default')")
     parser.add_argument("--hf-assisted-max-batch", type=int, default=8,
                         help="HF assisted generation runs rows one after another: skip it above this batch")
     parser.add_argument("--smoke", action="store_true")
@@ -159,6 +160,7 @@ def anatomy(decoder: FastSpeculativeDecoder, device: torch.device, bucket: int) 
         "target_forward_q": lambda: target.forward(tokens, last[:, None] + offsets, bucket),
         "draft_window_q": lambda: draft.forward(tokens, window, bucket, torch.full_like(one, gamma)),
         "draft_forward_1": lambda: draft.forward(one, last[:, None], bucket),
+        "target_forward_1": lambda: target.forward(one, last[:, None], bucket),
     }
     span = torch.arange(16, device=device)
     catch_up = (last[:, None] - 15 + span).clamp(min=0)

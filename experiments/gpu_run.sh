@@ -23,9 +23,9 @@ for name in "$@"; do
     tests) phase "gpu_tests_$sha" 230 python -m pytest -q -x -p no:cacheprovider tests/test_kernels.py \
              tests/test_runner.py tests/test_fast.py ;;
     bench-b*) b=${name#bench-b}
-             phase "bench_fast_b${b}_compile_h200" 340 python experiments/bench_fast.py --compile --batches "$b" \
+             phase "bench_fast_b${b}_compile_h200" 340 python experiments/bench_fast.py --compile "${COMPILE_MODE:-default}" --batches "$b" \
                --out "$OUT/bench_fast_b${b}_compile_h200.json" ;;
-    bench-zoo) phase bench_fast_zoo_gpu_compile_h200 540 python experiments/bench_fast.py --compile --pair zoo-gpu \
+    bench-zoo) phase bench_fast_zoo_gpu_compile_h200 540 python experiments/bench_fast.py --compile "${COMPILE_MODE:-default}" --pair zoo-gpu \
                --batches 1 8 --new-tokens 128 --out "$OUT/bench_fast_zoo_gpu_compile_h200.json" ;;
     verify) phase "verify_h200_$sha" 300 python -m flashspec.cli bench verify --out "$OUT/verify_h200.json" ;;
     *) echo "unknown phase $name" >&2; exit 2 ;;

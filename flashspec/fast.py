@@ -5,9 +5,9 @@ the host taken off the critical path:
 
 - Every model (target and model drafts) runs through a `LlamaRunner`: a static KV cache with
   slot == position, so a rejected draft slot needs no rollback -- the next step writes it again.
-- One step is pure device work on preallocated buffers: the chosen draft re-reads the tokens its
-  cache has not seen (a "window" forward: the last γ+1 tokens when it ran the step before, more
-  after a switch), samples γ tokens, the target scores them in one (γ+1)-token forward, `verify`
+- One step is pure device work on preallocated buffers: the chosen draft re-reads the last γ+1
+  tokens (a "window" forward; a draft chosen after steps away first catches up over the older
+  tokens it missed, in one forward captured as its own small graph), samples γ tokens, the target scores them in one (γ+1)-token forward, `verify`
   accepts and samples, and the commit appends each row's tokens, cut by its budget and EOS. With
   `draft_sync="all"` every model draft re-reads the last γ+1 tokens every step instead, so no
   draft ever lags (a switch is free, every step pays for every draft). The step's key comes from a
@@ -50,12 +50,12 @@ DRAFT_SYNC_MODES = ("lazy", "all")
 
 
 def catch_up_length(steps_away: int, gamma: int, bucket: int) -> int:
-    """Tokens a draft re-reads when it runs `steps_away` >= 1 steps after it last ran: the γ+1
-    window when it ran the step before, else the at most steps_away·(γ+1) tokens appended since,
-    rounded up to a power of two (few graphs) and capped at the attention bucket (everything)."""
+    """Tokens a draft must read before the step's γ+1 window when it runs `steps_away` >= 1 steps
+    after it last ran: none when it ran the step before, else the at most (steps_away-1)·(γ+1)
+    older tokens appended since, rounded up to a power of two (few graphs), capped at the bucket."""
     if steps_away <= 1:
-        return gamma + 1
-    return min(1 << (steps_away * (gamma + 1) - 1).bit_length(), bucket)
+        return 0
+    return min(1 << ((steps_away - 1) * (gamma + 1) - 1).bit_length(), bucket)
 
 
 @dataclass
@@ -239,8 +239,8 @@ class _Session:
             seed_key=zeros(torch.long, 2), frozen=zeros(torch.bool, 1),
             stop_ids=torch.tensor(sorted(stop_ids), dtype=torch.long, device=device),
             outcome=zeros(torch.long, batch, decoder.gamma + 3))
-        self.graphs: dict[tuple[int, int, int], torch.cuda.CUDAGraph] = {}
-        self.window_lengths: collections.Counter[int] = collections.Counter()  # draft window -> steps
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # ("step", arm, bucket) or ("catch_up", arm, bucket, n)
+        self.catch_ups: collections.Counter[int] = collections.Counter()  # catch-up length -> times
         self.batch = batch
 
     # ------------------------------------------------------------------------------- request set-up
@@ -281,9 +281,17 @@ class _Session:
         return torch.cat([input_ids.cpu(), tail], 1)
 
     # ------------------------------------------------------------------------------- the step
-    def step(self, arm: int, bucket: int, window_length: int) -> None:
-        """One speculative step for `arm` with attention over `bucket` slots: device work only.
-        The chosen model draft first re-reads the last `window_length` tokens (`catch_up_length`)."""
+    def catch_up(self, arm: int, bucket: int, length: int) -> None:
+        """Draft `arm` reads the `length` tokens before the step's window (positions last-γ-length
+        .. last-γ-1, clamped at 0) into its cache: what it missed while other arms ran."""
+        b, draft = self.buffers, self.drafts[arm]
+        end = b.lengths - 1 - self.gamma                                        # [B] the window's first position
+        span = (end[:, None] - length + torch.arange(length, device=self.device)).clamp(min=0)
+        last = torch.full((self.batch, 1), length - 1, dtype=torch.long, device=self.device)
+        draft.forward(b.seq.gather(1, span), span, bucket, last)
+
+    def step(self, arm: int, bucket: int) -> None:
+        """One speculative step for `arm` with attention over `bucket` slots: device work only."""
         b, gamma, params = self.buffers, self.gamma, self.sampling
         offsets = torch.arange(gamma + 1, device=self.device)
         key = rng.step_key(b.seed_key, b.step)
@@ -296,13 +304,12 @@ class _Session:
             return
         chosen = self.drafts[arm]
         logits = None
+        window = (last[:, None] - gamma + offsets).clamp(min=0)                # [B, γ+1]
+        window_tokens = b.seq.gather(1, window)
+        at_end = torch.full((self.batch, 1), gamma, dtype=torch.long, device=self.device)
         for draft in self.drafts:  # "all": every model draft re-reads the window; "lazy": the chosen one
             if isinstance(draft, runner.LlamaRunner) and (draft is chosen or self.sync_all):
-                width = window_length if draft is chosen else gamma + 1
-                span = torch.arange(width, device=self.device)
-                window = (last[:, None] - width + 1 + span).clamp(min=0)      # [B, width]
-                at_end = torch.full((self.batch, 1), width - 1, dtype=torch.long, device=self.device)
-                out = draft.forward(b.seq.gather(1, window), window, bucket, at_end)
+                out = draft.forward(window_tokens, window, bucket, at_end)
                 if draft is chosen:
                     logits = out[:, 0]                                         # [B, V]
         if isinstance(chosen, PromptLookupDrafter):
@@ -356,32 +363,35 @@ class _Session:
         b.step.add_((~b.frozen).long())
         b.outcome.copy_(torch.cat([out_tokens, num_accepted[:, None], kept[:, None]], 1))
 
-    def launch(self, arm: int, bucket: int, window_length: int) -> None:
-        """Run one step: replay its graph (captured on first use) or run it eagerly."""
-        if not self.use_graphs:
-            self.step(arm, bucket, window_length)
-            return
-        key = (arm, bucket, window_length)
-        graph = self.graphs.get(key)
-        if graph is None:
-            graph = self._capture(*key)
-            self.graphs[key] = graph
-        graph.replay()
+    def launch(self, arm: int, bucket: int, catch_up: int = 0) -> None:
+        """Run one step (after draft `arm`'s catch-up over `catch_up` tokens, when > 0): replay
+        their graphs (each captured on first use) or run them eagerly."""
+        work = [(("step", arm, bucket), lambda: self.step(arm, bucket))]
+        if catch_up:
+            work.insert(0, (("catch_up", arm, bucket, catch_up), lambda: self.catch_up(arm, bucket, catch_up)))
+        for key, run in work:
+            if not self.use_graphs:
+                run()
+                continue
+            graph = self.graphs.get(key)
+            if graph is None:
+                graph = self.graphs[key] = self._capture(run)
+            graph.replay()
 
-    def _capture(self, arm: int, bucket: int, window_length: int) -> torch.cuda.CUDAGraph:
-        """Capture the step for (arm, bucket). Warm-up runs are frozen: they rewrite cache slots the
-        next real step writes again, and commit nothing."""
+    def _capture(self, run: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        """Capture `run` (a step or a catch-up). Warm-up runs are frozen: they rewrite cache slots
+        the next real step writes again, and commit nothing."""
         b = self.buffers
         b.frozen.fill_(True)
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self.step(arm, bucket, window_length)
+                run()
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self.step(arm, bucket, window_length)
+            run()
         b.frozen.fill_(False)
         return graph
 
@@ -448,14 +458,13 @@ class _Session:
             arm = int(decoder.policy.select())
             if not 0 <= arm < max(1, len(self.drafts)):
                 raise ValueError(f"policy returned arm {arm}, but there are {len(self.drafts)} drafts")
-            window_length = self.gamma + 1
+            catch_up = 0
             if self.drafts and isinstance(self.drafts[arm], runner.LlamaRunner) and not self.sync_all:
-                window_length = catch_up_length(step - last_ran[arm], gamma, bucket)
+                catch_up = catch_up_length(step - last_ran[arm], gamma, bucket)
                 last_ran[arm] = step
-            if self.drafts and isinstance(self.drafts[arm], runner.LlamaRunner):
-                self.window_lengths[window_length] += 1
+                self.catch_ups[catch_up] += 1
             launched = time.perf_counter()
-            self.launch(arm, bucket, window_length)
+            self.launch(arm, bucket, catch_up)
             slot = step % slots
             pinned[slot].copy_(b.outcome, non_blocking=True)
             done_host[slot].copy_(b.done, non_blocking=True)

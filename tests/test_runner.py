@@ -275,4 +275,4 @@ def test_bench_script_smoke(tmp_path):
     cells = result["results"]["cells"]["smoke"]["results"]
     assert [cell["q"] for cell in cells] == [1, 3]
     assert all(cell["check_eager_vs_hf"]["max_abs_error"] <= TOL for cell in cells)
-    assert result["provenance"]["git_sha"] and result["provenance"]["versions"]["torch"] == torch.__version__
+    assert result["provenance"]["git_sha"] and result["provenance"]["versions"]["torch"].split("+")[0] == torch.__version__.split("+")[0]
