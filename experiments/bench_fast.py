@@ -172,7 +172,8 @@ def anatomy(decoder: FastSpeculativeDecoder, device: torch.device, bucket: int) 
     from flashspec.kernels import verify_triton
 
     key = torch.tensor([1, 2], device=device)
-    pieces["verify"] = lambda: verify_triton(logits, draft_logits, drafted, session.sampling, key)
+    prefixes = session.prefixes_of(key)  # the step computes these in its prologue
+    pieces["verify"] = lambda: verify_triton(logits, draft_logits, drafted, session.sampling, key, prefixes=prefixes)
     out: dict[str, Any] = {}
     for name, piece in pieces.items():
         graph, _ = capture(piece)
@@ -264,9 +265,9 @@ def main(argv: list[str] | None = None) -> int:
                   f"{cell['step_over_parts']:.2f}, switching {json.dumps(switching)}", flush=True)
         print(f"B={batch} ratios {json.dumps({k: round(v, 2) for k, v in ratios.items()})}", flush=True)
         record["cells"].append(cell)
-    if args.out:
-        provenance.write_result(args.out, origin, {**vars(args), "device": str(device)}, record)
-        print(f"wrote {args.out}")
+        if args.out:  # after every cell: a run cut short keeps what it measured
+            provenance.write_result(args.out, origin, {**vars(args), "device": str(device)}, record)
+            print(f"wrote {args.out}", flush=True)
     return 0
 
 

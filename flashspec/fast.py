@@ -74,6 +74,35 @@ class _Buffers:
     outcome: torch.Tensor    # [B, γ+3] long out: this step's verified tokens, accepted drafts, appended count
 
 
+def commit(b: _Buffers, out_tokens: torch.Tensor, num_accepted: torch.Tensor, offsets: torch.Tensor) -> None:
+    """Append each row's accepted tokens and its emitted token, cut by its budget and its first EOS,
+    in place on the buffers (warm-up runs, `b.frozen`, append nothing and keep the counter)."""
+    width = offsets.shape[0]
+    emitted = offsets[None] <= num_accepted[:, None]                     # [B, γ+1]
+    is_stop = (out_tokens[..., None] == b.stop_ids).any(-1) & emitted
+    first_stop = torch.where(is_stop.any(1), is_stop.long().argmax(1), torch.full_like(num_accepted, width))
+    budget_cut = torch.minimum(num_accepted + 1, b.remaining)
+    hit_stop = first_stop < budget_cut
+    kept = torch.where(hit_stop, first_stop + 1, budget_cut)
+    kept = torch.where(b.done | b.frozen, torch.zeros_like(kept), kept)
+    index = b.lengths[:, None] + offsets[None]                           # < capacity by construction
+    b.seq.scatter_(1, index, torch.where(offsets[None] < kept[:, None], out_tokens.clamp(min=0),
+                                         b.seq.gather(1, index)))
+    b.lengths.add_(kept)
+    b.remaining.sub_(kept)
+    b.done.logical_or_(hit_stop & ~b.frozen).logical_or_(b.remaining == 0)
+    b.step.add_((~b.frozen).long())
+    b.outcome.copy_(torch.cat([out_tokens, num_accepted[:, None], kept[:, None]], 1))
+
+
+def step_prologue(seed_key: torch.Tensor, step: torch.Tensor, prefixes_of: Callable[[torch.Tensor], torch.Tensor]
+                  | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """This step's device key (`rng.step_key`) and, for the Triton verify, its stream prefixes
+    (`prefixes_of` = `flashspec.kernels.verify.device_prefixes`)."""
+    key = rng.step_key(seed_key, step)
+    return key, None if prefixes_of is None else prefixes_of(key)
+
+
 class FastSpeculativeDecoder:
     """Exact speculative decoding with static caches and CUDA graphs (see the module docstring).
 
@@ -220,18 +249,26 @@ class _Session:
         self.capacity = capacity
         device = decoder.device
         self.device = device
-        hot = (1, decoder.gamma + 1)  # the decode and verify/window lengths: compiled when asked
-        make = lambda model: runner.LlamaRunner(model, batch, capacity, torch.float32,  # noqa: E731
-                                                compile=decoder.compile, compile_lengths=hot)
-        self.target = make(decoder.target)
+        # compiled query lengths (when asked): decode, verify/window, and the commonest catch-up
+        hot = (1, decoder.gamma + 1, catch_up_length(2, decoder.gamma, capacity))
+        make = lambda model, lengths: runner.LlamaRunner(model, batch, capacity, torch.float32,  # noqa: E731
+                                                         compile=decoder.compile, compile_lengths=lengths)
+        self.target = make(decoder.target, hot[:2])
         self.drafts: list[runner.LlamaRunner | PromptLookupDrafter] = [
-            d if isinstance(d, PromptLookupDrafter) else make(d) for d in decoder.drafts]
+            d if isinstance(d, PromptLookupDrafter) else make(d, hot) for d in decoder.drafts]
         self.sync_all = decoder.draft_sync == "all"
-        self.sample = sample_from_logits
+        # the step's small device-side pieces: dozens of tiny kernels each unless compiled
+        self.sample, self.prologue, self.commit = sample_from_logits, step_prologue, commit
         if decoder.compile is not False:
-            self.sample = torch.compile(sample_from_logits, fullgraph=True)
+            self.sample, self.prologue, self.commit = (torch.compile(fn, fullgraph=True) for fn in (
+                sample_from_logits, step_prologue, commit))
         use_triton = decoder.backend == "triton" or (decoder.backend == "auto" and device.type == "cuda")
         self.verify_triton = use_triton
+        self.prefixes_of = None
+        if use_triton:
+            from flashspec.kernels.verify import device_prefixes
+
+            self.prefixes_of = device_prefixes
         zeros = lambda dtype, *shape: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
         self.buffers = _Buffers(
             seq=zeros(torch.long, batch, capacity), lengths=zeros(torch.long, batch),
@@ -294,13 +331,13 @@ class _Session:
         """One speculative step for `arm` with attention over `bucket` slots: device work only."""
         b, gamma, params = self.buffers, self.gamma, self.sampling
         offsets = torch.arange(gamma + 1, device=self.device)
-        key = rng.step_key(b.seed_key, b.step)
+        key, prefixes = self.prologue(b.seed_key, b.step, self.prefixes_of)
         last = b.lengths - 1                                                   # [B] the pending token
         if not self.drafts:  # plain decoding: one token per step from the target
             logits = self.target.forward(b.seq.gather(1, last[:, None]), last[:, None], bucket)[:, 0]
             token, _ = self.sample(logits, params, key, position=0, stream=rng.STREAM_SAMPLE)
             padded = torch.cat([token[:, None], torch.full_like(token[:, None], -1)], 1)  # the [B, γ+1] layout, γ = 1
-            self._commit(padded, torch.zeros_like(token), offsets)
+            self.commit(b, padded, torch.zeros_like(token), offsets)
             return
         chosen = self.drafts[arm]
         logits = None
@@ -329,11 +366,12 @@ class _Session:
         if self.verify_triton:
             from flashspec.kernels import verify_triton
 
-            out_tokens, num_accepted = verify_triton(target_logits, draft_logits, drafted, params, key)
+            out_tokens, num_accepted = verify_triton(target_logits, draft_logits, drafted, params, key,
+                                                     prefixes=prefixes)
         else:
             result = verify_reference(target_logits, draft_logits, drafted, params, key)
             out_tokens, num_accepted = result.tokens, result.num_accepted
-        self._commit(out_tokens, num_accepted, offsets)
+        self.commit(b, out_tokens, num_accepted, offsets)
 
     def _lookup(self, drafter: PromptLookupDrafter, width: int) -> torch.Tensor:
         """Prompt lookup over each row's last `width` tokens, right-aligned as the drafter reads them."""
@@ -342,26 +380,6 @@ class _Session:
         valid = index >= 0
         tokens = b.seq.gather(1, index.clamp(min=0, max=self.capacity - 1))
         return drafter.propose_tokens(tokens, valid, self.gamma)
-
-    def _commit(self, out_tokens: torch.Tensor, num_accepted: torch.Tensor, offsets: torch.Tensor) -> None:
-        """Append each row's accepted tokens and its emitted token, cut by its budget and its first EOS."""
-        b = self.buffers
-        width = offsets.shape[0]
-        emitted = offsets[None] <= num_accepted[:, None]                     # [B, γ+1]
-        is_stop = (out_tokens[..., None] == b.stop_ids).any(-1) & emitted
-        first_stop = torch.where(is_stop.any(1), is_stop.long().argmax(1), torch.full_like(num_accepted, width))
-        budget_cut = torch.minimum(num_accepted + 1, b.remaining)
-        hit_stop = first_stop < budget_cut
-        kept = torch.where(hit_stop, first_stop + 1, budget_cut)
-        kept = torch.where(b.done | b.frozen, torch.zeros_like(kept), kept)
-        index = b.lengths[:, None] + offsets[None]                           # < capacity by construction
-        b.seq.scatter_(1, index, torch.where(offsets[None] < kept[:, None], out_tokens.clamp(min=0),
-                                             b.seq.gather(1, index)))
-        b.lengths.add_(kept)
-        b.remaining.sub_(kept)
-        b.done.logical_or_(hit_stop & ~b.frozen).logical_or_(b.remaining == 0)
-        b.step.add_((~b.frozen).long())
-        b.outcome.copy_(torch.cat([out_tokens, num_accepted[:, None], kept[:, None]], 1))
 
     def launch(self, arm: int, bucket: int, catch_up: int = 0) -> None:
         """Run one step (after draft `arm`'s catch-up over `catch_up` tokens, when > 0): replay

@@ -63,9 +63,10 @@ def _prefixes(key: rng.Key) -> tuple[int, int]:
             krng.as_int32(krng.stream_prefix(key, rng.STREAM_SAMPLE)))
 
 
-def _device_prefixes(key: torch.Tensor) -> torch.Tensor:
+def device_prefixes(key: torch.Tensor) -> torch.Tensor:
     """int32 [2]: the accept and sample stream prefixes of a device key (lo, hi), in torch ops --
-    `krng.stream_prefix` without leaving the device."""
+    `krng.stream_prefix` without leaving the device (about 40 small kernels unless compiled: the
+    fast path computes them in its compiled step prologue and passes them to `verify_triton`)."""
     h = rng.fmix32(rng.fmix32((key[0] ^ rng.SALT) & rng.MASK32) ^ key[1])
     prefixes = torch.stack([rng.fmix32(h ^ rng.STREAM_ACCEPT), rng.fmix32(h ^ rng.STREAM_SAMPLE)])
     return torch.where(prefixes >= 2**31, prefixes - 2**32, prefixes).to(torch.int32)
@@ -166,15 +167,17 @@ def verify_triton(
     block_b: int | None = None,
     block_v: int | None = None,
     num_splits: int | None = None,
+    prefixes: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton backend of `flashspec.verify` (shapes already checked there): (tokens [B, γ+1], num_accepted [B]).
 
     Two launches, no host sync. Top-k / top-p first truncate the logits in torch (a sort,
     O(V log V)); the kernels' fast path is temperature only. `block_b`, `block_v` and
     `num_splits` override the launch plan (tests use them to force several V-chunks).
+    `prefixes` is `device_prefixes(key)` when the caller (a device key) computed it already.
     """
     return prepare_verify(target_logits, draft_logits, draft_tokens, params, key,
-                          block_b=block_b, block_v=block_v, num_splits=num_splits).run()
+                          block_b=block_b, block_v=block_v, num_splits=num_splits, prefixes=prefixes).run()
 
 
 def prepare_verify(
@@ -187,6 +190,7 @@ def prepare_verify(
     block_b: int | None = None,
     block_v: int | None = None,
     num_splits: int | None = None,
+    prefixes: torch.Tensor | None = None,
 ) -> PreparedVerify:
     """Allocate outputs and work buffers and bind both launches (see `verify_triton`).
 
@@ -240,7 +244,7 @@ def prepare_verify(
     out_accepted = torch.empty(batch, dtype=torch.int64, device=device)
     prefix_in_memory = isinstance(key, torch.Tensor)
     if prefix_in_memory:
-        prefixes = _device_prefixes(key)
+        prefixes = device_prefixes(key) if prefixes is None else prefixes
         accept_prefix, sample_prefix = prefixes[0:1], prefixes[1:2]
     else:
         accept_prefix, sample_prefix = _prefixes(key)

@@ -236,3 +236,12 @@ def test_device_key_gives_the_same_tokens_as_the_host_key(with_draft):
         tokens_t, accepted_t = verify_triton(target, draft, tokens, params, device_key)
         assert torch.equal(expected.tokens, by_device.tokens)
         assert torch.equal(expected.tokens, tokens_t) and torch.equal(expected.num_accepted, accepted_t)
+        # the fast path computes the stream prefixes in its own (compiled) step prologue
+        from flashspec.kernels.verify import device_prefixes
+        from flashspec.kernels import rng as krng
+
+        prefixes = device_prefixes(device_key)
+        assert prefixes.tolist() == [krng.as_int32(krng.stream_prefix(key, stream))
+                                     for stream in (rng.STREAM_ACCEPT, rng.STREAM_SAMPLE)]
+        tokens_p, accepted_p = verify_triton(target, draft, tokens, params, device_key, prefixes=prefixes)
+        assert torch.equal(tokens_p, tokens_t) and torch.equal(accepted_p, accepted_t)
