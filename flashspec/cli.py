@@ -135,6 +135,14 @@ def generate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--engine", default="auto", choices=["auto", "fast", "eager"],
                         help="fast: static caches + CUDA graphs (Llama-family models); eager: Hugging Face "
                              "forwards; auto: fast on a CUDA device when the models allow it, else eager")
+    parser.add_argument("--compile", nargs="?", const="default", default=None,
+                        choices=["default", "max-autotune-no-cudagraphs"],
+                        help="fast path: torch.compile each layer's dense work before capturing graphs "
+                             "(seconds to minutes once per shape; max-autotune-no-cudagraphs is slower to "
+                             "compile and faster to run)")
+    parser.add_argument("--draft-sync", default="lazy", choices=["lazy", "all"],
+                        help="fast path: lazy = only the chosen draft runs and catches up after a switch; "
+                             "all = every draft reads every step's tokens")
     return parser
 
 
@@ -376,8 +384,12 @@ def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any]) -> A
     on_cuda = next(target.parameters()).device.type == "cuda"
     if args.engine == "fast" and reason is not None:
         raise ValueError(f"--engine fast: the fast path cannot run these models ({reason}); use --engine eager")
-    if args.engine == "fast" or (args.engine == "auto" and on_cuda and reason is None):
-        return FastSpeculativeDecoder(target, drafts, **kwargs)
+    fast = args.engine == "fast" or (args.engine == "auto" and on_cuda and reason is None)
+    if not fast and args.compile is not None:
+        raise ValueError("--compile applies to the fast path only (--engine fast, or auto on a CUDA device)")
+    if fast:
+        return FastSpeculativeDecoder(target, drafts, draft_sync=args.draft_sync,
+                                      compile=args.compile or False, **kwargs)
     return SpeculativeDecoder(target, drafts, **kwargs)
 
 

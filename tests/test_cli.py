@@ -240,3 +240,8 @@ def test_interrupt_ends_quietly(monkeypatch, capsys):
     monkeypatch.setattr(engine.SpeculativeDecoder, "generate", interrupted)
     assert cli.main(BASE) == 130
     assert "interrupted" in capsys.readouterr().err
+
+
+def test_compile_on_the_eager_engine_is_an_error(capsys):
+    err = run_failing(capsys, [*BASE, "--engine", "eager", "--compile"])
+    assert "--compile applies to the fast path only" in err
