@@ -491,35 +491,41 @@ if fast_records and runner_record:
         "draft forwards": gamma * forward_ms("llama-68m", 1, "hf_eager"),
     }
     eager_parts["verify + host"] = max(eager_step - sum(eager_parts.values()), 0.0)
-    untimed = max(cell["step_ms_fixed_draft_p50"] - parts["sum_of_parts_ms"], 0)
-    graph_parts = {
-        "target forward (γ+1)": parts["target_forward_q"],
-        "draft forwards":
-            parts["draft_window_q"] + (gamma - 1) * parts["draft_forward_1"],
-        "verify + host": parts["verify"] + untimed,
-    }
-    figure, axis = plt.subplots(figsize=(6.5, 2.6))
-    left = {"eager engine": 0.0, "fast path (graphs)": 0.0}
-    colours = {"target forward (γ+1)": "#4c72b0", "draft forwards": "#dd8452",
-               "verify + host": "#8c8c8c"}
-    for part, colour in colours.items():
-        for label, values in (("eager engine", eager_parts),
-                              ("fast path (graphs)", graph_parts)):
-            axis.barh(label, values[part], left=left[label], color=colour,
-                      label=part if label == "eager engine" else None)
-            left[label] += values[part]
-    axis.set_xlabel("ms per speculative step (B = 1, γ = 4, NVIDIA H200)")
-    axis.legend(fontsize=8, loc="lower right")
-    figure.tight_layout()
-    plt.show()
+    def graph_step_parts(cell: dict) -> dict:
+        """A fast step's anatomy: its timed graphed parts, the rest of the step as 'verify + host'."""
+        parts = cell["anatomy_ms"]
+        untimed = max(cell["step_ms_fixed_draft_p50"] - parts["sum_of_parts_ms"], 0)
+        return {"target forward (γ+1)": parts["target_forward_q"],
+                "draft forwards":
+                    parts["draft_window_q"] + (gamma - 1) * parts["draft_forward_1"],
+                "verify + host": parts["verify"] + untimed}
+
+    def anatomy_bars(rows: dict) -> None:
+        """One stacked bar per step variant (label -> {part: ms})."""
+        figure, axis = plt.subplots(figsize=(6.5, 0.6 + 0.7 * len(rows)))
+        colours = {"target forward (γ+1)": "#4c72b0", "draft forwards": "#dd8452",
+                   "verify + host": "#8c8c8c"}
+        for index, (label, values) in enumerate(rows.items()):
+            left = 0.0
+            for part, colour in colours.items():
+                axis.barh(label, values[part], left=left, color=colour,
+                          label=part if index == 0 else None)
+                left += values[part]
+        axis.invert_yaxis()
+        axis.set_xlabel("ms per speculative step (B = 1, γ = 4, NVIDIA H200)")
+        axis.legend(fontsize=8, loc="lower right")
+        figure.tight_layout()
+        plt.show()
+
+    anatomy_bars({"eager engine": eager_parts, "fast path (graphs)": graph_step_parts(cell)})
     print(f"eager step {eager_step:.1f} ms; "
           f"fast step {cell['step_ms_fixed_draft_p50']:.2f} ms")
     print(f"  = {cell['step_over_parts']:.2f} x the sum of its graphed parts "
           f"({parts['sum_of_parts_ms']:.2f} ms)")
     print_wrapped("alternating between the draft and prompt lookup every step: p50 "
-                  f"{cell['step_ms_alternating_p50']:.2f} ms (every model draft "
-                  "re-reads the last γ+1 tokens each step, so a switch has nothing "
-                  "to catch up)")
+                  f"{cell['step_ms_alternating_p50']:.2f} ms (this run kept every model "
+                  "draft in sync, re-reading the last γ+1 tokens each step, so a switch "
+                  "had nothing to catch up)")
 
 # %%
 if fast_records and runner_record:
@@ -617,6 +623,14 @@ for mode, record in compiled_runs.items():
             print(f"   draft_sync={sync}: fixed draft {row['step_ms_fixed_draft_p50']:.2f} ms"
                   f"/step, alternating two drafts {row['step_ms_alternating_p50']:.2f} "
                   f"ms/step: {row['switch_cost_ms']:+.3f} ms per switch")
+
+# %%
+if compiled_runs and fast_records and runner_record:
+    compiled_b1 = next(cell for cell in body(next(iter(compiled_runs.values())))["cells"]
+                       if cell["batch"] == 1)
+    anatomy_bars({"eager engine": eager_parts,
+                  "fast path (graphs)": graph_step_parts(body(fast_records[1])["cells"][0]),
+                  "graphs + compiled regions": graph_step_parts(compiled_b1)})
 
 # %% [markdown]
 # Every uncompiled step above also carries what the compiled step no longer does: in the runs before the step glue
