@@ -119,12 +119,16 @@ class FastSpeculativeDecoder:
             draft re-reads the last γ+1 tokens every step).
         compile: torch.compile the models' dense regions and the draft sampler (True, or a mode
             in `runner.COMPILE_MODES`); costs seconds to minutes per new shape, once per process.
+        tp: a `flashspec.tp.TensorParallel` when the target is sharded over its ranks
+            (`flashspec.tp.shard_target`); every rank then runs the same `generate`, and the ranks
+            check on the host that they got the same request and emit the same tokens (`tp.guard_*`).
+            None (default): one process, nothing changes.
     """
 
     def __init__(self, target: torch.nn.Module, drafts: Sequence[Any], policy: Any = "thompson", gamma: int = 4,
                  policy_kwargs: dict[str, Any] | None = None, graphs: bool | None = None, lag: int = 2,
                  backend: str = "auto", draft_sync: str = "lazy", compile: bool | str = False, *,
-                 _plain: bool = False) -> None:
+                 tp: Any = None, _plain: bool = False) -> None:
         if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
             raise ValueError(f"gamma must be an int in [1, {MAX_GAMMA}] (drafted tokens per step), got {gamma!r}")
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
@@ -136,6 +140,12 @@ class FastSpeculativeDecoder:
         if not isinstance(compile, bool) and compile not in runner.COMPILE_MODES:
             raise ValueError(f"compile must be True, False or one of {runner.COMPILE_MODES}, got {compile!r}")
         runner.check_supported(target)
+        sharded_over = int(getattr(target, "flashspec_tp_size", 1))
+        if (tp.size if tp is not None else 1) != sharded_over:
+            raise ValueError(f"the target is sharded over {sharded_over} rank(s) but tp is "
+                             f"{'None' if tp is None else f'a group of {tp.size}'}: pass the TensorParallel the "
+                             "target was sharded with (flashspec.tp.shard_target(target, tp))")
+        self.tp = tp
         if isinstance(drafts, (torch.nn.Module, str)) or not isinstance(drafts, Sequence) or (
                 len(drafts) == 0 and not _plain):
             raise ValueError("drafts must be a non-empty list of draft models and/or PromptLookupDrafter objects")
@@ -209,6 +219,9 @@ class FastSpeculativeDecoder:
         if pad_token_id is not None:
             check_token_ids("pad_token_id", pad_token_id, vocab)
         pad_id = resolve_pad(pad_token_id, self.target, stop_ids)
+        if self.tp is not None:  # every rank must decode the same request (one small host all_gather)
+            self.tp.guard_request(input_ids, mask, (seed, budgets, sampling, sorted(stop_ids), pad_id, self.gamma,
+                                                    self.lag, self.draft_sync, type(self.policy).__name__))
 
         device = self.device
         use_graphs = device.type == "cuda" if self.graphs is None else bool(self.graphs)
@@ -457,6 +470,8 @@ class _Session:
                 num_generated[row] += kept[row]
                 active[row] = not bool(done_host[slot, row])
             known_max = max(length + count for length, count in zip(lengths, num_generated))
+            if decoder.tp is not None:  # tensor parallel: compare emitted tokens across ranks every K steps
+                decoder.tp.guard_step(step, arm, [outcome[row][: kept[row]] for row in range(self.batch)])
             if on_step is not None and rows:
                 on_step(StepEvent(step=step, arm=arm, new_tokens=[outcome[row][: kept[row]] for row in range(self.batch)],
                                   num_generated=list(num_generated)))
@@ -492,6 +507,8 @@ class _Session:
             step += 1
         while read < len(issued):  # drain: steps launched after the last row finished append nothing
             consume()
+        if decoder.tp is not None:
+            decoder.tp.guard_check(read - 1)
         return num_generated
 
 
@@ -500,8 +517,8 @@ class FastPlainDecoder(FastSpeculativeDecoder):
     forward and one on-device sample per token. The baseline a fast engine must beat (as gpt-fast)."""
 
     def __init__(self, target: torch.nn.Module, graphs: bool | None = None, lag: int = 2,
-                 compile: bool | str = False) -> None:
-        super().__init__(target, [], policy="fixed", gamma=1, graphs=graphs, lag=lag, compile=compile,
+                 compile: bool | str = False, *, tp: Any = None) -> None:
+        super().__init__(target, [], policy="fixed", gamma=1, graphs=graphs, lag=lag, compile=compile, tp=tp,
                          _plain=True)
 
 

@@ -269,9 +269,11 @@ class LlamaRunner:
         self.max_len = max_len
         self.logits_dtype = logits_dtype
         attn = self.layers[0].self_attn
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
-        self.head_dim = int(getattr(attn, "head_dim", None) or config.hidden_size // self.num_heads)
+        self.head_dim = int(getattr(attn, "head_dim", None) or config.hidden_size // config.num_attention_heads)
+        # a target sharded by `flashspec.tp.shard_target` projects this rank's heads only: 1/tp of each
+        tp = int(getattr(model, "flashspec_tp_size", 1))
+        self.num_heads = config.num_attention_heads // tp
+        self.num_kv_heads = config.num_key_value_heads // tp
         self.scale = float(getattr(attn, "scaling", self.head_dim ** -0.5))
         weight = self.embed_tokens.weight
         self.device, self.dtype = weight.device, weight.dtype

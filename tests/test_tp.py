@@ -1,0 +1,212 @@
+"""Tensor parallelism (`flashspec.tp`) on CPU: 2 processes, gloo, the target's layers sharded by DTensor.
+
+Greedy with the sharded target equals the unsharded model's greedy `generate`; sampled output passes the
+same χ² exactness test as the single-process fast path; both ranks emit identical tokens without any
+broadcast; ranks fed different requests, or emitting different tokens, raise a clear RuntimeError; a
+world size that does not divide the heads is a clear ValueError.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import socket
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import flashspec as fs
+from flashspec import models
+from flashspec.drafters import PromptLookupDrafter
+from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder
+from flashspec.tp import TensorParallel, check_shardable, shard_target
+
+from test_engine_exact import LENGTH, PROMPT, ROWS_PER_CALL, SETTINGS, VOCAB, exact_continuations, fit_p_values, passes
+
+WORLD = 2
+TIMEOUT_S = 120
+CHI2_SETTINGS = [SETTINGS[0], SETTINGS[3]]  # T=0.7; T=1.0 with top-p 0.8
+PROMPTS = torch.tensor([[0, 0, 5, 6, 7], [0, 3, 7, 3, 9], [1, 4, 4, 4, 4]])
+MASK = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+
+
+def gqa_target() -> torch.nn.Module:
+    """Like test_fast's `variant("gqa")`: 4 query heads, 2 KV heads, 2 layers (fp32)."""
+    config = models.llama_config(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                                 max_positions=64, initializer_range=0.3)
+    return models.model_from_config(config, seed=3)
+
+
+def chi2_pool() -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    """test_fast's pool: target, a near copy, an unrelated small draft (2 heads: shardable over 2)."""
+    target = models.tiny_llama(vocab_size=VOCAB, hidden_size=16, num_layers=1, initializer_range=0.3, seed=1)
+    near = copy.deepcopy(target)
+    noise = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in near.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=noise) * 0.003 * 0.3)
+    far = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2)
+    return target, near, far
+
+
+# ------------------------------------------------------------------------------------ rank scenarios
+
+
+def scenario_small(tp: TensorParallel) -> dict[str, Any]:
+    """Greedy (speculative and plain) and sampled runs, the size check, and both guards."""
+    out: dict[str, Any] = {}
+    target = shard_target(gqa_target(), tp)
+    local = target.model.layers[0].self_attn.k_proj.weight.to_local().shape[0]
+    out["local_kv_rows"] = local
+    draft = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2)
+    decoder = FastSpeculativeDecoder(target, [draft, PromptLookupDrafter()], policy="exp3", gamma=3, tp=tp)
+    greedy = fs.SamplingParams(0.0)
+    out["greedy"] = decoder.generate(PROMPTS, attention_mask=MASK, max_new_tokens=20, sampling=greedy).sequences
+    out["plain"] = FastPlainDecoder(target, tp=tp).generate(PROMPTS, attention_mask=MASK, max_new_tokens=9,
+                                                            sampling=greedy).sequences
+    sampled = decoder.generate(PROMPTS, attention_mask=MASK, max_new_tokens=40, seed=11, ignore_eos=True,
+                               sampling=fs.SamplingParams(1.0))
+    out["sampled"], out["sampled_steps"] = sampled.sequences, len(sampled.stats.steps)
+    three_heads = models.llama_config(vocab_size=VOCAB, hidden_size=24, num_layers=1, num_heads=3, num_kv_heads=3)
+    try:
+        shard_target(models.model_from_config(three_heads), tp)
+    except ValueError as error:
+        out["size_error"] = str(error)
+    tp.guard_request(PROMPTS, MASK, ("same",))  # the token guard: rank 1 emits a different token at step 1
+    tp.guard_step(0, 0, [[1, 2]])
+    try:
+        tp.guard_step(1, 0, [[3 + tp.rank]])
+        tp.guard_check(1)
+    except RuntimeError as error:
+        out["token_error"] = str(error)
+    try:  # the request guard: rank 1 gets another prompt; both ranks raise before any forward
+        decoder.generate(PROMPTS + tp.rank, attention_mask=MASK, max_new_tokens=4, sampling=greedy)
+    except RuntimeError as error:
+        out["prompt_error"] = str(error)
+    return out
+
+
+def scenario_chi2(tp: TensorParallel) -> dict[str, Any]:
+    """test_fast's χ² run (two model drafts + prompt lookup under EXP3) with the target sharded."""
+    target, near, far = chi2_pool()
+    shard_target(target, tp)
+    out: dict[str, Any] = {}
+    for index, params in enumerate(CHI2_SETTINGS):
+        decoder = FastSpeculativeDecoder(target, [near, far, PromptLookupDrafter()], policy="exp3", gamma=3,
+                                         policy_kwargs={"seed": 0}, tp=tp)
+        continuations, arms, kept = [], [], []
+        for call in range(64):
+            result = decoder.generate(PROMPT.expand(ROWS_PER_CALL, -1), max_new_tokens=LENGTH, sampling=params,
+                                      seed=1000 + call, ignore_eos=True)
+            continuations.append(result.sequences[:, -LENGTH:])
+            arms += [step.arm for step in result.stats.steps]
+            kept += [count for step in result.stats.steps for count in step.kept]
+        out[index] = {"continuations": torch.cat(continuations), "arms": arms, "max_kept": max(kept)}
+    return out
+
+
+SCENARIOS = {"small": scenario_small, "chi2": scenario_chi2}
+
+
+def _worker(rank: int, port: int, scenario: str, folder: str) -> None:
+    """One rank: join the gloo group, run `scenario`, save its result (or the traceback) for the parent."""
+    torch.set_num_threads(1)
+    path = Path(folder) / f"rank{rank}.pt"
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+        result = SCENARIOS[scenario](TensorParallel.create("cpu", check_every=4))
+        torch.save({"ok": result}, path)
+    except BaseException:  # noqa: BLE001 - reported by the parent
+        torch.save({"error": traceback.format_exc()}, path)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(scenario: str, folder: Path, timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
+    """Spawn WORLD ranks running `scenario`; their results, rank by rank. Fails (and kills them) past the timeout."""
+    context = mp.start_processes(_worker, args=(_free_port(), scenario, str(folder)), nprocs=WORLD, join=False,
+                                 start_method="spawn")
+    deadline = time.monotonic() + timeout_s
+    try:
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                pytest.fail(f"tensor-parallel scenario {scenario!r} did not finish within {timeout_s} s")
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                os.kill(process.pid, 9)
+    results = [torch.load(folder / f"rank{rank}.pt", weights_only=False) for rank in range(WORLD)]
+    for rank, result in enumerate(results):
+        assert "error" not in result, f"rank {rank} failed:\n{result.get('error')}"
+    return [result["ok"] for result in results]
+
+
+# ------------------------------------------------------------------------------------------- tests
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory) -> list[dict[str, Any]]:
+    return run_ranks("small", tmp_path_factory.mktemp("tp_small"))
+
+
+def test_sharded_greedy_equals_unsharded_generate_on_every_rank(small):
+    target = gqa_target()
+    expected = target.generate(PROMPTS, attention_mask=MASK, max_new_tokens=20, do_sample=False, eos_token_id=2,
+                               pad_token_id=2)
+    plain = target.generate(PROMPTS, attention_mask=MASK, max_new_tokens=9, do_sample=False, eos_token_id=2,
+                            pad_token_id=2)
+    for rank, result in enumerate(small):
+        assert result["local_kv_rows"] == 8, "k_proj must hold 1 of 2 KV heads (head_dim 8) per rank"
+        assert torch.equal(result["greedy"], expected), rank
+        assert torch.equal(result["plain"], plain), rank
+    first, second = small
+    assert torch.equal(first["sampled"], second["sampled"]) and first["sampled_steps"] == second["sampled_steps"]
+
+
+def test_ranks_with_different_requests_or_tokens_raise(small):
+    for result in small:
+        assert "different prompt" in result["prompt_error"] and "[[0], [1]]" in result["prompt_error"], result
+        assert "diverged by step 1" in result["token_error"] and "[1]" in result["token_error"], result
+
+
+def test_world_size_must_divide_the_heads(small):
+    for result in small:
+        message = result["size_error"]
+        assert "num_attention_heads (3)" in message and "num_key_value_heads (3)" in message, message
+        assert "[1, 3]" in message, message
+    config = models.llama_config(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2)
+    check_shardable(config, 2)
+    with pytest.raises(ValueError, match=r"num_attention_heads \(4\) and num_key_value_heads \(2\).*\[1, 2\]"):
+        check_shardable(config, 4)
+
+
+def test_a_sharded_target_needs_its_group():
+    target = gqa_target()
+    target.flashspec_tp_size = 2  # as shard_target leaves it
+    with pytest.raises(ValueError, match="sharded over 2 rank"):
+        FastPlainDecoder(target)
+
+
+@pytest.mark.slow
+def test_sharded_target_output_matches_exact_target_distribution(tmp_path):
+    ranks = run_ranks("chi2", tmp_path)
+    target = chi2_pool()[0]
+    for index, params in enumerate(CHI2_SETTINGS):
+        first, second = (result[index] for result in ranks)
+        assert torch.equal(first["continuations"], second["continuations"]) and first["arms"] == second["arms"]
+        p_values = fit_p_values(first["continuations"], exact_continuations(target, params))
+        assert passes(p_values), (params, p_values)
+        assert len(set(first["arms"])) == 3, f"every arm must be played, trace {first['arms']}"
+        assert first["max_kept"] >= 2, "multi-token steps must occur for the test to cover them"
