@@ -156,6 +156,13 @@ def tinyllama_1b_config(**overrides: Any) -> Any:
     return llama_config(**{**shape, **overrides})
 
 
+def llama_7b_config(**overrides: Any) -> Any:
+    """Llama-2-7B's shape: hidden 4096, 32 layers, 32 heads (no GQA), MLP 11008, V = 32000."""
+    shape = dict(vocab_size=32000, hidden_size=4096, num_layers=32, num_heads=32, num_kv_heads=32,
+                 intermediate_size=11008, max_positions=4096)
+    return llama_config(**{**shape, **overrides})
+
+
 def llama_68m_config(**overrides: Any) -> Any:
     """llama-68m's shape: hidden 768, 2 layers, 12 heads, V = 32000."""
     shape = dict(vocab_size=32000, hidden_size=768, num_layers=2, num_heads=12, num_kv_heads=12,

@@ -8,8 +8,11 @@ world size that does not divide the heads is a clear ValueError.
 from __future__ import annotations
 
 import copy
+import json
 import os
 import socket
+import subprocess
+import sys
 import time
 import traceback
 from pathlib import Path
@@ -188,6 +191,7 @@ def test_world_size_must_divide_the_heads(small):
         assert "[1, 3]" in message, message
     config = models.llama_config(vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=4, num_kv_heads=2)
     check_shardable(config, 2)
+    check_shardable(models.llama_7b_config(), 2)  # the benchmark's target
     with pytest.raises(ValueError, match=r"num_attention_heads \(4\) and num_key_value_heads \(2\).*\[1, 2\]"):
         check_shardable(config, 4)
 
@@ -210,3 +214,18 @@ def test_sharded_target_output_matches_exact_target_distribution(tmp_path):
         assert passes(p_values), (params, p_values)
         assert len(set(first["arms"])) == 3, f"every arm must be played, trace {first['arms']}"
         assert first["max_kept"] >= 2, "multi-token steps must occur for the test to cover them"
+
+
+@pytest.mark.slow
+def test_bench_tp_smoke_runs_under_torchrun(tmp_path):
+    """experiments/bench_tp.py --smoke: 2 ranks on CPU with gloo, rank 0 writes the JSON."""
+    root = Path(__file__).resolve().parent.parent
+    out = tmp_path / "bench_tp.json"
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(WORLD), "--master-port",
+               str(_free_port()), str(root / "experiments" / "bench_tp.py"), "--smoke", "--out", str(out)]
+    done = subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    cells = json.loads(out.read_text())["results"]["cells"]
+    assert [cell["batch"] for cell in cells] == [1, 2]
+    assert all(cell["methods"]["fast_speculative"]["tok_s_median"] > 0 for cell in cells)
+    assert all(isinstance(cell["anatomy_ms"]["allreduce_hidden_1"], float) for cell in cells)
