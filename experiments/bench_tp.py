@@ -7,6 +7,8 @@ full request, then timed `--repeats` times; tok/s reports the median and the min
 the step latency p50. The step anatomy times the target's one-token and (γ+1)-token forwards, the draft's
 forwards and one all-reduce of the hidden state ([B, 1, hidden] and [B, γ+1, hidden]), eagerly and from a
 CUDA graph; the target's forward pays 2 all-reduces per layer. Rank 0 writes the JSON after every batch.
+With `--graphs auto` the steps (their NCCL all-reduces included) are captured as CUDA graphs; if capturing
+fails on a machine, `--graphs off` runs the same steps eagerly.
 
     torchrun --nproc-per-node 2 experiments/bench_tp.py --out results/bench_tp_h200x2.json   # 2 GPUs
     torchrun --nproc-per-node 2 experiments/bench_tp.py --smoke                              # tiny, CPU, gloo

@@ -551,6 +551,9 @@ def make_decoder(target: torch.nn.Module, drafts: Sequence[Any], fast: bool | st
     reason = fast_supported(target, drafts) if fast else "fast=False"
     if reason is None:
         return FastSpeculativeDecoder(target, drafts, **kwargs)
+    if kwargs.get("tp") is not None:  # the eager engine has no tensor-parallel guard: never fall back to it
+        raise ValueError(f"tp (tensor parallelism) needs the fast path, which cannot run these models ({reason}); "
+                         "use drafts the fast path supports, or run one process without tp")
     if fast is True:
         raise ValueError(f"the fast path cannot run these models ({reason}); pass fast='auto' to fall back")
     if fast == "auto" and reason not in _WARNED:

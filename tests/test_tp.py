@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -26,7 +27,7 @@ import torch.multiprocessing as mp
 import flashspec as fs
 from flashspec import models
 from flashspec.drafters import PromptLookupDrafter
-from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder
+from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder, make_decoder
 from flashspec.tp import TensorParallel, check_shardable, shard_target
 
 from test_engine_exact import LENGTH, PROMPT, ROWS_PER_CALL, SETTINGS, VOCAB, exact_continuations, fit_p_values, passes
@@ -201,6 +202,8 @@ def test_a_sharded_target_needs_its_group():
     target.flashspec_tp_size = 2  # as shard_target leaves it
     with pytest.raises(ValueError, match="sharded over 2 rank"):
         FastPlainDecoder(target)
+    with pytest.raises(ValueError, match="tp .tensor parallelism. needs the fast path"):
+        make_decoder(target, [object()], tp=SimpleNamespace(size=2))
 
 
 @pytest.mark.slow
