@@ -160,6 +160,20 @@ def test_lazy_drafts_catch_up_after_a_switch(pool):
 SYNC_CASES = [(params, "lazy") for params in SETTINGS] + [(SETTINGS[0], "all")]
 
 
+def chi2_calls(decoder: FastSpeculativeDecoder, params: fs.SamplingParams, device: str = "cpu",
+               calls: int = 64) -> tuple[torch.Tensor, list[int], list[int]]:
+    """The χ² runs: `calls` requests of ROWS_PER_CALL copies of PROMPT, seeds 1000...; returns the
+    continuations [calls * rows, LENGTH], the arm of every step and every row's kept count per step."""
+    continuations, arms, kept = [], [], []
+    for call in range(calls):
+        result = decoder.generate(PROMPT.expand(ROWS_PER_CALL, -1).to(device), max_new_tokens=LENGTH,
+                                  sampling=params, seed=1000 + call, ignore_eos=True)
+        continuations.append(result.sequences[:, -LENGTH:].cpu())
+        arms += [step.arm for step in result.stats.steps]
+        kept += [count for step in result.stats.steps for count in step.kept]
+    return torch.cat(continuations), arms, kept
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("params,sync", SYNC_CASES, ids=lambda x: x if isinstance(x, str) else
                          f"T{x.temperature}-top_p{x.top_p}")
@@ -167,14 +181,8 @@ def test_fast_output_matches_exact_target_distribution(pool, params, sync):
     target, near, far = pool
     decoder = FastSpeculativeDecoder(target, [near, far, PromptLookupDrafter()], policy="exp3", gamma=3,
                                      policy_kwargs={"seed": 0}, draft_sync=sync)
-    continuations, arms, kept = [], [], []
-    for call in range(64):
-        result = decoder.generate(PROMPT.expand(ROWS_PER_CALL, -1), max_new_tokens=LENGTH, sampling=params,
-                                  seed=1000 + call, ignore_eos=True)
-        continuations.append(result.sequences[:, -LENGTH:])
-        arms += [step.arm for step in result.stats.steps]
-        kept += [count for step in result.stats.steps for count in step.kept]
-    p_values = fit_p_values(torch.cat(continuations), exact_continuations(target, params))
+    continuations, arms, kept = chi2_calls(decoder, params)
+    p_values = fit_p_values(continuations, exact_continuations(target, params))
     assert passes(p_values), p_values
     assert len(set(arms)) == 3, f"every arm must be played, trace {arms}"
     assert max(kept) >= 2, "multi-token steps must occur for the test to cover them"
@@ -253,8 +261,6 @@ def test_graphed_fast_path_matches_exact_distribution_on_gpu(pool, params, compi
     target, near, far = (copy.deepcopy(model).cuda() for model in pool)
     decoder = FastSpeculativeDecoder(target, [near, far, PromptLookupDrafter()], policy="exp3", gamma=3,
                                      policy_kwargs={"seed": 0}, compile=compile)
-    continuations = [decoder.generate(PROMPT.expand(ROWS_PER_CALL, -1).cuda(), max_new_tokens=LENGTH,
-                                      sampling=params, seed=1000 + call, ignore_eos=True).sequences[:, -LENGTH:]
-                     for call in range(64)]
-    p_values = fit_p_values(torch.cat(continuations), exact_continuations(pool[0], params))
+    continuations, _, _ = chi2_calls(decoder, params, device="cuda")
+    p_values = fit_p_values(continuations, exact_continuations(pool[0], params))
     assert passes(p_values), p_values

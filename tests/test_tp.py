@@ -30,7 +30,8 @@ from flashspec.drafters import PromptLookupDrafter
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder, make_decoder
 from flashspec.tp import TensorParallel, check_shardable, shard_target
 
-from test_engine_exact import LENGTH, PROMPT, ROWS_PER_CALL, SETTINGS, VOCAB, exact_continuations, fit_p_values, passes
+from test_fast import chi2_calls
+from test_engine_exact import SETTINGS, VOCAB, exact_continuations, fit_p_values, passes
 
 WORLD = 2
 TIMEOUT_S = 120
@@ -103,14 +104,8 @@ def scenario_chi2(tp: TensorParallel) -> dict[str, Any]:
     for index, params in enumerate(CHI2_SETTINGS):
         decoder = FastSpeculativeDecoder(target, [near, far, PromptLookupDrafter()], policy="exp3", gamma=3,
                                          policy_kwargs={"seed": 0}, tp=tp)
-        continuations, arms, kept = [], [], []
-        for call in range(64):
-            result = decoder.generate(PROMPT.expand(ROWS_PER_CALL, -1), max_new_tokens=LENGTH, sampling=params,
-                                      seed=1000 + call, ignore_eos=True)
-            continuations.append(result.sequences[:, -LENGTH:])
-            arms += [step.arm for step in result.stats.steps]
-            kept += [count for step in result.stats.steps for count in step.kept]
-        out[index] = {"continuations": torch.cat(continuations), "arms": arms, "max_kept": max(kept)}
+        continuations, arms, kept = chi2_calls(decoder, params)
+        out[index] = {"continuations": continuations, "arms": arms, "max_kept": max(kept)}
     return out
 
 
