@@ -436,18 +436,24 @@ fast_records = {batch: record for batch, record in fast_records.items() if recor
 pairs = (("fast_plain", "hf_plain"), ("fast_speculative", "hf_assisted"),
          ("fast_speculative", "fast_plain"),
          ("fast_speculative", "flashspec_eager"))
-for batch, record in fast_records.items():
-    cell = body(record)["cells"][0]
-    methods = cell["methods"]
-    print_wrapped(f"B = {batch}, tok/s: " + ", ".join(
-        f"{name}={entry['tok_s_median']:.0f}" for name, entry in methods.items()),
-        indent="   ")
+
+
+def print_verdicts(methods: dict, pairs: tuple) -> None:
+    """candidate / baseline tok/s ratio, its range over the repeats, and the verdict."""
     for candidate, baseline in pairs:
         if candidate in methods and baseline in methods:
             verdict = stats.compare_runs(methods[baseline]["seconds"],
                                          methods[candidate]["seconds"])
             print(f"   {candidate} / {baseline}: {verdict.ratio:5.2f}x "
                   f"(runs {verdict.low:.2f}-{verdict.high:.2f}x) {verdict.verdict}")
+
+for batch, record in fast_records.items():
+    cell = body(record)["cells"][0]
+    methods = cell["methods"]
+    print_wrapped(f"B = {batch}, tok/s: " + ", ".join(
+        f"{name}={entry['tok_s_median']:.0f}" for name, entry in methods.items()),
+        indent="   ")
+    print_verdicts(methods, pairs)
     spec = methods["fast_speculative"]
     print(f"   fast speculative: acceptance rate {spec['acceptance_rate']:.2f}, "
           f"{spec['mean_tokens_per_step']:.2f} tokens/step, "
@@ -604,16 +610,11 @@ for mode, record in compiled_runs.items():
                          f"[{entry['tok_s_min']:.0f}-{entry['tok_s_max']:.0f}]"
                          for name, entry in methods.items())
         print_wrapped(f"B = {cell['batch']}, tok/s [min-max of 3]: {line}", indent="   ")
-        for candidate, baseline in (("fast_plain", "hf_plain"),
-                                    ("fast_speculative", "hf_assisted"),
-                                    ("fast_speculative_one_draft", "fast_plain"),
-                                    ("fast_speculative_sync_all", "fast_plain"),
-                                    ("fast_speculative", "fast_plain")):
-            if candidate in methods and baseline in methods:
-                verdict = stats.compare_runs(methods[baseline]["seconds"],
-                                             methods[candidate]["seconds"])
-                print(f"   {candidate} / {baseline}: {verdict.ratio:5.2f}x "
-                      f"(runs {verdict.low:.2f}-{verdict.high:.2f}x) {verdict.verdict}")
+        print_verdicts(methods, (("fast_plain", "hf_plain"),
+                                 ("fast_speculative", "hf_assisted"),
+                                 ("fast_speculative_one_draft", "fast_plain"),
+                                 ("fast_speculative_sync_all", "fast_plain"),
+                                 ("fast_speculative", "fast_plain")))
         parts = cell["anatomy_ms"]
         print(f"   one-draft step {cell['step_ms_fixed_draft_p50']:.2f} ms = "
               f"{cell['step_over_parts']:.2f} x its graphed parts; target forward "
