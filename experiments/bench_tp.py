@@ -8,10 +8,13 @@ the step latency p50. The step anatomy times the target's one-token and (γ+1)-t
 forwards and one all-reduce of the hidden state ([B, 1, hidden] and [B, γ+1, hidden]), eagerly and from a
 CUDA graph; the target's forward pays 2 all-reduces per layer. Rank 0 writes the JSON after every batch.
 With `--graphs auto` the steps (their NCCL all-reduces included) are captured as CUDA graphs; if capturing
-fails on a machine, `--graphs off` runs the same steps eagerly.
+fails on a machine, `--graphs off` runs the same steps eagerly. TP = 1 (one process) runs the unsharded
+target, as a one-GPU user would. `--compile` compiles each layer's dense regions (`LlamaRunner`'s
+`compile=`) before capturing.
 
-    torchrun --nproc-per-node 2 experiments/bench_tp.py --out results/bench_tp_h200x2.json   # 2 GPUs
-    torchrun --nproc-per-node 2 experiments/bench_tp.py --smoke                              # tiny, CPU, gloo
+    torchrun --nproc-per-node 1 -m flashspec bench tp --out results/bench_tp1_h200.json      # the TP = 1 baseline
+    torchrun --nproc-per-node 2 -m flashspec bench tp --out results/bench_tp2_h200x2.json    # 2 GPUs
+    torchrun --nproc-per-node 2 -m flashspec bench tp --smoke                                # tiny, CPU, gloo
 """
 from __future__ import annotations
 
@@ -49,6 +52,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--graphs", choices=["auto", "off"], default="auto",
                         help="auto: CUDA graphs on CUDA (the step, with its all-reduces, captured); off: eager steps")
+    parser.add_argument("--compile", nargs="?", const="default", default=None,
+                        choices=["default", "max-autotune-no-cudagraphs"],
+                        help="torch.compile each layer's dense regions before capturing the graphs")
     parser.add_argument("--check-every", type=int, default=16, help="steps between the ranks' token-hash checks")
     parser.add_argument("--smoke", action="store_true", help="tiny models on CPU with gloo: checks that it runs")
     parser.add_argument("--git-sha", default=None)
@@ -59,7 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def build(args: argparse.Namespace, tp: TensorParallel) -> tuple[torch.nn.Module, list[torch.nn.Module]]:
-    """(sharded target, replicated drafts): the same seeds on every rank, so the same weights."""
+    """(target, replicated drafts): the same seeds on every rank, so the same weights. The target is
+    sharded over the ranks when there are several; with one rank it stays a plain unsharded model."""
     device = tp.device
     if args.smoke:
         target = models.tiny_llama(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2, seed=1)
@@ -69,7 +76,8 @@ def build(args: argparse.Namespace, tp: TensorParallel) -> tuple[torch.nn.Module
         target = models.model_from_config(models.llama_7b_config(), seed=1, dtype=dtype, device=device)
         drafts = [models.model_from_config(models.llama_68m_config(), seed=seed, dtype=dtype, device=device)
                   for seed in (2, 3)]
-    return shard_target(target.to(device), tp), [draft.to(device) for draft in drafts]
+    target = target.to(device)
+    return (shard_target(target, tp) if tp.size > 1 else target), [draft.to(device) for draft in drafts]
 
 
 def synchronize(tp: TensorParallel) -> None:
@@ -153,16 +161,18 @@ def main(argv: list[str] | None = None) -> int:
     target, drafts = build(args, tp)
     params = fs.SamplingParams(temperature=1.0)
     graphs = None if args.graphs == "auto" else False
-    origin = provenance.record(["torchrun", "--nproc-per-node", str(tp.size), "experiments/bench_tp.py", *argv],
-                               args.git_sha)
+    origin = provenance.record(["torchrun", "--nproc-per-node", str(tp.size), "-m", "flashspec", "bench", "tp",
+                                *argv], args.git_sha)
     settings = {**vars(args), "tp_size": tp.size, "device": str(tp.device),
+                "device_name": torch.cuda.get_device_name(tp.device) if tp.device.type == "cuda" else "cpu",
                 "target": "tiny" if args.smoke else "llama_7b_config (bf16, random weights)",
                 "drafts": "tiny" if args.smoke else "2 x llama_68m_config (bf16, random weights) + prompt lookup"}
     record: dict[str, Any] = {"cells": []}
     vocab = target.lm_head.out_features
-    plain = FastPlainDecoder(target, graphs=graphs, tp=tp)
+    compile_mode = args.compile or False
+    plain = FastPlainDecoder(target, graphs=graphs, tp=tp, compile=compile_mode)
     speculative = FastSpeculativeDecoder(target, [*drafts, PromptLookupDrafter()], policy="thompson",
-                                         gamma=args.gamma, graphs=graphs, tp=tp)
+                                         gamma=args.gamma, graphs=graphs, tp=tp, compile=compile_mode)
     for batch in args.batches:
         generator = torch.Generator().manual_seed(batch)  # the same prompt on every rank
         prompt = torch.randint(3, vocab, (batch, args.prompt_tokens), generator=generator).to(tp.device)

@@ -8,10 +8,14 @@
     flashspec bench verify ...   -> experiments.bench_verify.main(argv)
     flashspec bench engine ...   -> experiments.bench_engine.main(argv)
     flashspec bench fast ...     -> experiments.bench_fast.main(argv)
+    flashspec bench tp ...       -> experiments.bench_tp.main(argv)   (under torchrun)
     flashspec zoo ...            -> experiments.zoo.main(argv)
     flashspec bandits ...        -> experiments.bandits.main(argv)
 
-The last four are the experiments of the repository checkout (`experiments/`, not in the wheel).
+Tensor parallelism: `torchrun --nproc-per-node N -m flashspec generate --tp ...` shards the target's
+layers over the N ranks (`flashspec.tp`); every rank decodes the same request and rank 0 prints.
+
+The bench and zoo/bandits commands are the experiments of the repository checkout (`experiments/`, not in the wheel).
 
 `generate` streams the text of the first prompt as it is accepted, with a progress bar on stderr
 and the summary table at the end. Bad input (an option out of range, an unusable --device, a
@@ -36,6 +40,7 @@ DISPATCH = {
     ("bench", "verify"): "experiments.bench_verify",
     ("bench", "engine"): "experiments.bench_engine",
     ("bench", "fast"): "experiments.bench_fast",
+    ("bench", "tp"): "experiments.bench_tp",
     ("zoo",): "experiments.zoo",
     ("bandits",): "experiments.bandits",
 }
@@ -51,8 +56,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "generate":
         return generate_command(args[1:])
     if command == "bench":
-        if len(args) < 2 or args[1] not in ("verify", "engine", "fast"):
-            print("usage: flashspec bench {verify,engine,fast} [options]", file=sys.stderr)
+        if len(args) < 2 or ("bench", args[1]) not in DISPATCH:
+            print("usage: flashspec bench {verify,engine,fast,tp} [options]", file=sys.stderr)
             return 2
         return dispatch(DISPATCH[("bench", args[1])], args[2:])
     if (command,) in DISPATCH:
@@ -63,11 +68,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def usage() -> str:
     return (
-        "usage: flashspec {generate,bench verify,bench engine,bench fast,zoo,bandits} [options]\n"
+        "usage: flashspec {generate,bench verify,bench engine,bench fast,bench tp,zoo,bandits} [options]\n"
         "  generate      speculative generation (default: tiny random models, no download)\n"
         "  bench verify  verification kernel benchmark\n"
         "  bench engine  engine benchmark: FlashSpec vs HF assisted vs plain decoding\n"
         "  bench fast    fast-path benchmark: HF, eager engine, fast plain and speculative\n"
+        "  bench tp      tensor-parallel benchmark (torchrun --nproc-per-node N -m flashspec bench tp)\n"
         "  zoo           build or inspect the offline model zoo\n"
         "  bandits       bandit simulations\n"
         "run `flashspec <command> --help` for the options of a command"
@@ -146,22 +152,30 @@ def generate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--draft-sync", default="lazy", choices=["lazy", "all"],
                         help="fast path: lazy = only the chosen draft runs and catches up after a switch; "
                              "all = every draft reads every step's tokens")
+    parser.add_argument("--tp", action="store_true",
+                        help="shard the target's layers over torchrun's ranks (tensor parallelism, fast path "
+                             "only): torchrun --nproc-per-node N -m flashspec generate --tp ...; rank 0 prints")
     return parser
 
 
 def generate_command(argv: list[str]) -> int:
-    """Parse, check every option, load the models, then stream; bad input exits 2 before any output."""
+    """Parse, check every option, load the models, then stream; bad input exits 2 before any output.
+    With --tp every rank decodes the same request and only rank 0 writes the text, table and JSON."""
     args = generate_parser().parse_args(argv)
+    tp = None
     try:
         check_options(args)
-        run = prepare_run(args)
+        tp = start_tensor_parallel(args)
+        run = prepare_run(args, tp)
     except ValueError as error:
-        return report_error(error)
+        return finish(tp, report_error(error))
 
     import torch
 
-    streamer = TextStreamer(run.tokenizer, total=run.max_new_tokens, progress=not args.no_progress)
-    sys.stdout.write(args.prompt + ("\n" if run.chat else ""))  # a chat answer starts on its own line
+    lead = tp is None or tp.rank == 0
+    streamer = TextStreamer(run.tokenizer, total=run.max_new_tokens, progress=not args.no_progress) if lead else None
+    write = sys.stdout.write if lead else (lambda text: None)
+    write(args.prompt + ("\n" if run.chat else ""))  # a chat answer starts on its own line
     sys.stdout.flush()
     try:
         with torch.no_grad():
@@ -170,23 +184,65 @@ def generate_command(argv: list[str]) -> int:
                 on_step=streamer,
             )
     except ValueError as error:
-        sys.stdout.write("\n")
-        return report_error(error)
+        write("\n")
+        return finish(tp, report_error(error))
+    except RuntimeError as error:
+        if tp is None:  # outside tensor parallelism a RuntimeError is a bug: keep its traceback
+            raise
+        write("\n")  # the ranks disagreed on the request or diverged (flashspec.tp's guard)
+        return finish(tp, report_error(f"--tp: {error}"))
     except KeyboardInterrupt:
-        sys.stdout.write("\n")
+        write("\n")
         print("flashspec generate: interrupted", file=sys.stderr)
-        return 130
+        return finish(tp, 130)
     finally:
-        streamer.close()
+        if streamer is not None:
+            streamer.close()
+    if not lead:
+        return finish(tp, 0)
     sys.stdout.write("\n")
     print(result.stats.format_table(), file=sys.stderr)
     if args.json:
         try:
             result.stats.to_json(args.json)
         except OSError as error:  # the path was writable when checked; the table above still has the summary
-            return report_error(f"--json {args.json}: could not write the statistics ({error.strerror})")
+            return finish(tp, report_error(f"--json {args.json}: could not write the statistics ({error.strerror})"))
         print(f"per-step statistics written to {args.json}", file=sys.stderr)
-    return 0
+    return finish(tp, 0)
+
+
+def start_tensor_parallel(args: argparse.Namespace) -> Any:
+    """--tp: join torchrun's process group and run this rank on its device (None without --tp).
+    ValueError outside torchrun, or with options tensor parallelism cannot honour."""
+    if not args.tp:
+        return None
+    if args.engine == "eager":
+        raise ValueError("--tp runs on the fast path only; drop --engine eager")
+    if args.quantization is not None:
+        raise ValueError("--tp shards float weights; drop --quantization")
+    if "RANK" not in os.environ:
+        raise ValueError("--tp needs torchrun's ranks: launch with "
+                         "`torchrun --nproc-per-node N -m flashspec generate --tp ...` (N GPUs, or N CPU processes)")
+    import torch
+
+    from flashspec.tp import TensorParallel
+
+    tp = TensorParallel.from_env()
+    if args.device is not None and torch.device(args.device).type != tp.device.type:
+        raise ValueError(f"--device {args.device}: with --tp each rank runs on its own {tp.device.type} device "
+                         f"(this rank: {tp.device}); drop --device")
+    args.device = str(tp.device)
+    return tp
+
+
+def finish(tp: Any, code: int) -> int:
+    """Leave the process group (if any) and return `code`."""
+    if tp is not None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return code
 
 
 def report_error(error: BaseException | str) -> int:
@@ -317,11 +373,11 @@ class Run:
     chat: bool = False
 
 
-def prepare_run(args: argparse.Namespace) -> Run:
-    """Load the models and tokenizer, build the decoder and encode the prompt (ValueError on bad input)."""
+def prepare_run(args: argparse.Namespace, tp: Any = None) -> Run:
+    """Load the models and tokenizer, build the decoder and encode the prompt (ValueError on bad input).
+    With `tp` (a flashspec.tp.TensorParallel) the target's layers are sharded over its ranks."""
     from flashspec import models
     from flashspec.drafters import PromptLookupDrafter
-    from flashspec.engine import SpeculativeDecoder
     from flashspec.sampling import SamplingParams
 
     try:
@@ -345,8 +401,15 @@ def prepare_run(args: argparse.Namespace) -> Run:
     if args.prompt_lookup or not drafts:
         drafts = [*drafts, PromptLookupDrafter()]
     check_policy(args.policy, len(drafts), args.seed)
+    if tp is not None:
+        from flashspec.tp import shard_target
+
+        try:
+            shard_target(target, tp)
+        except ValueError as error:
+            raise ValueError(f"--tp: {error}") from error
     # The seed goes to the policy here and to every draw in `generate`, so one --seed fixes the run.
-    decoder = build_decoder(args, target, drafts)
+    decoder = build_decoder(args, target, drafts, tp)
     chat = args.real is not None if args.chat is None else args.chat
     input_ids = encode_prompt(tokenizer, args.prompt, chat)
     if input_ids.shape[1] == 0:
@@ -376,9 +439,10 @@ def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> Any:
         raise ValueError(f"--chat: {error}; or pass --no-chat") from error
 
 
-def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any]) -> Any:
+def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any], tp: Any = None) -> Any:
     """The decoder --engine asks for: the fast path (static caches, CUDA graphs on a GPU) or the eager
-    engine; `auto` takes the fast path on CUDA when every model is Llama-family, else the eager one."""
+    engine; `auto` takes the fast path on CUDA when every model is Llama-family, else the eager one.
+    A sharded target (`tp`) always takes the fast path, on CPU too."""
     from flashspec.engine import SpeculativeDecoder
     from flashspec.fast import FastSpeculativeDecoder, fast_supported
 
@@ -387,12 +451,14 @@ def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any]) -> A
     on_cuda = next(target.parameters()).device.type == "cuda"
     if args.engine == "fast" and reason is not None:
         raise ValueError(f"--engine fast: the fast path cannot run these models ({reason}); use --engine eager")
-    fast = args.engine == "fast" or (args.engine == "auto" and on_cuda and reason is None)
+    if tp is not None and reason is not None:
+        raise ValueError(f"--tp: the fast path cannot run these models ({reason}); run without --tp")
+    fast = args.engine == "fast" or tp is not None or (args.engine == "auto" and on_cuda and reason is None)
     if not fast and args.compile is not None:
         raise ValueError("--compile applies to the fast path only (--engine fast, or auto on a CUDA device)")
     if fast:
         return FastSpeculativeDecoder(target, drafts, draft_sync=args.draft_sync,
-                                      compile=args.compile or False, **kwargs)
+                                      compile=args.compile or False, tp=tp, **kwargs)
     return SpeculativeDecoder(target, drafts, **kwargs)
 
 
@@ -527,11 +593,12 @@ def default_models(device: str | None) -> tuple[Any, list[Any], Any]:
         models.tiny_llama(hidden_size=32, num_layers=1, num_heads=2, seed=1, **common),
         models.tiny_llama(hidden_size=32, num_layers=1, num_heads=2, seed=2, **common),
     ]
-    print(
-        "flashspec: no --target given: tiny random models built on the fly (the text is noise; "
-        "pass --target PATH for a real model)",
-        file=sys.stderr,
-    )
+    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
+        print(
+            "flashspec: no --target given: tiny random models built on the fly (the text is noise; "
+            "pass --target PATH for a real model)",
+            file=sys.stderr,
+        )
     return target, drafts, tokenizer
 
 

@@ -227,3 +227,39 @@ def test_bench_tp_smoke_runs_under_torchrun(tmp_path):
     assert [cell["batch"] for cell in cells] == [1, 2]
     assert all(cell["methods"]["fast_speculative"]["tok_s_median"] > 0 for cell in cells)
     assert all(isinstance(cell["anatomy_ms"]["allreduce_hidden_1"], float) for cell in cells)
+
+
+def torchrun(arguments: list[str], world: int = WORLD) -> subprocess.CompletedProcess:
+    """`torchrun --nproc-per-node world <arguments>` from the repository root (CPU, gloo)."""
+    root = Path(__file__).resolve().parent.parent
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(world), "--master-port",
+               str(_free_port()), *arguments]
+    return subprocess.run(command, cwd=root, capture_output=True, text=True, timeout=TIMEOUT_S)
+
+
+GREEDY_CLI = ["--max-new-tokens", "12", "--temperature", "0", "--no-progress"]
+
+
+def test_cli_generate_tp_prints_the_unsharded_greedy_text_once():
+    """`torchrun -m flashspec generate --tp`: rank 0 alone prints, and the text is the one-process fast
+    path's greedy text (the default tiny models)."""
+    sharded = torchrun(["-m", "flashspec", "generate", "--tp", *GREEDY_CLI])
+    assert sharded.returncode == 0, sharded.stdout[-2000:] + sharded.stderr[-3000:]
+    single = subprocess.run([sys.executable, "-m", "flashspec", "generate", "--engine", "fast", "--device", "cpu",
+                             *GREEDY_CLI], capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert single.returncode == 0, single.stderr[-3000:]
+    assert sharded.stdout == single.stdout
+    assert sharded.stdout.count("def fibonacci(n):") == 1
+    assert sharded.stderr.count("generated tokens") == 1  # one summary table, from rank 0
+
+
+def test_cli_generate_tp_errors_name_the_fix():
+    """Outside torchrun, and with a world size that does not divide the heads, --tp exits 2 with one line."""
+    alone = subprocess.run([sys.executable, "-m", "flashspec", "generate", "--tp", "--no-progress"],
+                           capture_output=True, text=True, timeout=TIMEOUT_S)
+    assert alone.returncode == 2
+    assert "torchrun --nproc-per-node N -m flashspec generate --tp" in alone.stderr
+    three = torchrun(["-m", "flashspec", "generate", "--tp", *GREEDY_CLI], world=3)
+    assert three.returncode != 0
+    assert "flashspec generate: error: --tp: tensor parallelism over 3 ranks" in three.stderr
+    assert "launch with a world size in" in three.stderr
