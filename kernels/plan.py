@@ -1,5 +1,6 @@
-"""Launch plans of the verify kernels: block sizes and V-splits, a pure function of the shapes and the
-device (recorded by the benchmark; `GPU_PLAN` holds the compiled-plan constants it sweeps)."""
+"""Launch plans of the verify kernels: block sizes, V-splits and one launch or two, a pure function of the
+shapes and the device. `GPU_PLAN` holds the compiled-plan constants; `SHAPE_PLANS` overrides them (and picks
+the fused single launch or the two launches) per (batch, vocabulary) bucket, from the benchmark's record."""
 from __future__ import annotations
 
 import functools
@@ -27,10 +28,14 @@ class LaunchPlan:
     block_p: int  # next power of two >= γ+1
     block_s: int  # next power of two >= stats_splits
     block_s2: int  # next power of two >= sample_splits
+    fused: bool = False  # one launch (`_fused_kernel`) instead of the stats and sample launches
+    fused_splits: int = 1  # V-splits of the fused launch (its programs each cover all 2γ+1 rows)
+    fused_chunk: int = 0
+    block_s3: int = 1  # next power of two >= fused_splits
 
     @property
     def launches(self) -> int:
-        return 2
+        return 1 if self.fused else 2
 
 
 @functools.lru_cache(maxsize=16)
@@ -65,27 +70,60 @@ GPU_PLAN = {
     "sample_max_tiles": 2,
     "programs_per_sm": 4,  # minimum grid, in programs per SM
     "row_tile": 2048,  # BLOCK_B * BLOCK_V for tiny vocabularies
+    "fused": 0,  # 1: one launch (stats, then the last program of each row block samples the whole row)
 }
+
+# Per-shape overrides of GPU_PLAN on a GPU, keyed by (batch bucket, vocabulary bucket) (`shape_bucket`).
+# From results/verify_h200.json: its "plan_choice" is the fastest variant per measured (B, V) by warm
+# CUDA-graph replay, and `flashspec bench verify` prints it as a dict to paste here. A shape with no entry
+# runs GPU_PLAN as it is.
+SHAPE_PLANS: dict[tuple[int, int], dict[str, int]] = {}
+BATCH_BUCKETS = (1, 8, 64)  # a batch falls in the first bucket >= it, past the last one in the last
+VOCAB_BUCKETS = (32768, 131072)
+
+
+def shape_bucket(batch: int, vocab: int) -> tuple[int, int]:
+    """(batch bucket, vocabulary bucket) of a shape, the key of `SHAPE_PLANS`."""
+    def bucket(value: int, edges: tuple[int, ...]) -> int:
+        return next((edge for edge in edges if value <= edge), edges[-1])
+
+    return bucket(batch, BATCH_BUCKETS), bucket(vocab, VOCAB_BUCKETS)
+
+
+def gpu_plan_for(batch: int, vocab: int, tuning: tuple[tuple[str, int], ...] | None = None) -> dict[str, int]:
+    """GPU_PLAN with this shape's `SHAPE_PLANS` entry applied, or with `tuning` (the benchmark's explicit
+    variants) applied instead of the entry."""
+    overrides = SHAPE_PLANS.get(shape_bucket(batch, vocab), {}) if tuning is None else dict(tuning)
+    unknown = set(overrides) - set(GPU_PLAN)
+    if unknown:
+        raise ValueError(f"unknown launch-plan keys {sorted(unknown)}; known: {sorted(GPU_PLAN)}")
+    return {**GPU_PLAN, **overrides}
 
 
 @functools.lru_cache(maxsize=256)
 def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: bool,
               block_b: int | None = None, block_v: int | None = None,
-              num_splits: int | None = None) -> LaunchPlan:
-    """Choose block sizes and V-splits. On a GPU: one row per program once V is large, and
-    enough V-splits for a few programs per SM. Interpreted: whole rows, few programs."""
+              num_splits: int | None = None, fused: bool | None = None,
+              tuning: tuple[tuple[str, int], ...] | None = None) -> LaunchPlan:
+    """Choose block sizes, V-splits and one launch or two. On a GPU: one row per program once V is large,
+    enough V-splits for a few programs per SM, the launch count of this shape's `SHAPE_PLANS` entry
+    unless `fused` says. Interpreted: whole rows, few programs, two launches unless `fused` says.
+    `tuning` ((key, value) pairs of GPU_PLAN) replaces the shape's entry (the benchmark's variants)."""
     if device.type == "cuda" and not interpreting():
-        stats_block_v = block_v or min(GPU_PLAN["stats_block_v"], triton.next_power_of_2(vocab))
-        sample_block_v = block_v or min(GPU_PLAN["sample_block_v"], triton.next_power_of_2(vocab))
-        tile = GPU_PLAN["row_tile"]
+        config = gpu_plan_for(batch, vocab, tuning)
+        stats_block_v = block_v or min(config["stats_block_v"], triton.next_power_of_2(vocab))
+        sample_block_v = block_v or min(config["sample_block_v"], triton.next_power_of_2(vocab))
+        tile = config["row_tile"]
         index = device.index if device.index is not None else torch.cuda.current_device()
-        target_programs = GPU_PLAN["programs_per_sm"] * _num_sms(index)
-        stats_tiles, sample_tiles = GPU_PLAN["stats_max_tiles"], GPU_PLAN["sample_max_tiles"]
+        target_programs = config["programs_per_sm"] * _num_sms(index)
+        stats_tiles, sample_tiles = config["stats_max_tiles"], config["sample_max_tiles"]
+        fused = bool(config["fused"]) if fused is None else fused
     else:
         stats_block_v = sample_block_v = block_v or min(4096, triton.next_power_of_2(vocab))
         tile = 1 << 16
         target_programs = 1
         stats_tiles = sample_tiles = 1 << 30
+        fused = bool(fused)
     if block_b is None:  # compiled: independent of B, so B does not trigger a recompile
         block_b = max(1, tile // stats_block_v)
         if interpreting() or device.type != "cuda":
@@ -98,6 +136,8 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
     else:
         sample_chunk, sample_splits = _splits(vocab, sample_block_v, row_blocks, target_programs, sample_tiles,
                                               MAX_SAMPLE_SPLITS, num_splits)
+    fused_chunk, fused_splits = _splits(vocab, stats_block_v, row_blocks, target_programs, stats_tiles,
+                                        MAX_STATS_SPLITS, num_splits)
     return LaunchPlan(
         block_b=block_b,
         stats_block_v=stats_block_v,
@@ -111,4 +151,8 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         block_p=triton.next_power_of_2(gamma + 1),
         block_s=triton.next_power_of_2(stats_splits),
         block_s2=triton.next_power_of_2(sample_splits),
+        fused=fused,
+        fused_splits=fused_splits,
+        fused_chunk=fused_chunk,
+        block_s3=triton.next_power_of_2(fused_splits),
     )

@@ -28,42 +28,17 @@ def _write_outputs(out_tokens_ptr, out_accepted_ptr, rows64, row_ok, positions, 
     tl.store(out_accepted_ptr + rows64, num_accepted.to(tl.int64), mask=row_ok)
 
 
-@triton.jit(do_not_specialize=["accept_prefix", "sample_prefix"])
-def _sample_kernel(
-    target_ptr,  # [B, γ+1, V] target logits, contiguous
-    draft_ptr,  # [B, γ, V] draft logits, contiguous (not read unless HAS_DRAFT)
-    tokens_ptr,  # [B, γ] drafted token ids (any integer dtype), contiguous
-    part_max_ptr,  # [B, 2γ+1, S1] fp32 in: chunk maxima from _stats_kernel
-    part_sum_ptr,  # [B, 2γ+1, S1] fp32 in: chunk sums (not read when GREEDY)
-    part_idx_ptr,  # [B, 2γ+1, S1] int32 in: chunk argmax (GREEDY only)
-    race_val_ptr,  # [B, 2, S2] fp32 work: best race score per split (residual race, target race)
-    race_idx_ptr,  # [B, 2, S2] int32 work: its index
-    counter_ptr,  # [row blocks] int32 tickets, zero between calls (the last program resets its own)
-    out_tokens_ptr,  # [B, γ+1] int64 out
-    out_accepted_ptr,  # [B] int64 out
-    batch,  # B
-    gamma,  # γ
-    vocab,  # V
-    num_stat_splits,  # S1
-    num_splits,  # S2
-    scale,  # T or float32(1/T), as for _stats_kernel
-    accept_prefix,  # krng.stream_prefix(key, STREAM_ACCEPT) as int32, or (PREFIX_IN_MEMORY) a pointer to it
-    sample_prefix,  # krng.stream_prefix(key, STREAM_SAMPLE) as int32, or (PREFIX_IN_MEMORY) a pointer to it
-    CHUNK: tl.constexpr,  # V-elements per sampling split, a multiple of BLOCK_V
-    SCALE_MODE: tl.constexpr,
-    HAS_DRAFT: tl.constexpr,
-    GREEDY: tl.constexpr,
-    SPLIT: tl.constexpr,  # S2 > 1: chunk winners meet through the ticket counter
-    PRECISE: tl.constexpr,  # libdevice log/exp/log1p (GPU); numpy's in the interpreter
-    PREFIX_IN_MEMORY: tl.constexpr,  # the prefixes live in device memory (a captured graph's key changes per replay)
-    BLOCK_B: tl.constexpr,
-    BLOCK_P: tl.constexpr,  # power of two >= γ+1
-    BLOCK_S: tl.constexpr,  # power of two >= S1
-    BLOCK_S2: tl.constexpr,  # power of two >= S2
-    BLOCK_V: tl.constexpr,
-):
-    pid_b = tl.program_id(0)
-    split = tl.program_id(1)
+@device_function
+def _sample_program(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr, race_val_ptr,
+                    race_idx_ptr, counter_ptr, out_tokens_ptr, out_accepted_ptr, pid_b, split,
+                    batch, gamma, vocab, num_stat_splits, num_splits, scale, accept_prefix, sample_prefix,
+                    CHUNK: tl.constexpr, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, GREEDY: tl.constexpr,
+                    SPLIT: tl.constexpr, PRECISE: tl.constexpr, PREFIX_IN_MEMORY: tl.constexpr,
+                    VOLATILE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr,
+                    BLOCK_S2: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One program of the sampling pass (arguments as `_sample_kernel`'s): the accept test of row block
+    `pid_b`, then the race over V-chunk `split`. VOLATILE: the stats partials were written by other
+    programs of the same launch (the fused kernel), so they are read past the L1 cache."""
     if PREFIX_IN_MEMORY:
         accept_prefix = tl.load(accept_prefix)
         sample_prefix = tl.load(sample_prefix)
@@ -83,15 +58,15 @@ def _sample_kernel(
     drafted = tl.load(tokens_ptr + rows64[:, None] * gamma + positions,
                       mask=row_ok[:, None] & is_draft, other=0).to(tl.int64)
     if GREEDY:
-        chunk_max = tl.load(part_max_ptr + target_stats, mask=stats_mask, other=float("-inf"))
-        chunk_arg = tl.load(part_idx_ptr + target_stats, mask=stats_mask, other=INT32_MAX)
+        chunk_max = tl.load(part_max_ptr + target_stats, mask=stats_mask, other=float("-inf"), volatile=VOLATILE)
+        chunk_arg = tl.load(part_idx_ptr + target_stats, mask=stats_mask, other=INT32_MAX, volatile=VOLATILE)
         row_max = _max(chunk_max, axis=2)
         argmax = _min(tl.where(chunk_max == row_max[:, :, None], chunk_arg, INT32_MAX), axis=2)
         accepted = (drafted == argmax) & is_draft
     else:
         p_max, p_log_sum = _combine_lse(
-            tl.load(part_max_ptr + target_stats, mask=stats_mask, other=float("-inf")),
-            tl.load(part_sum_ptr + target_stats, mask=stats_mask, other=0.0),
+            tl.load(part_max_ptr + target_stats, mask=stats_mask, other=float("-inf"), volatile=VOLATILE),
+            tl.load(part_sum_ptr + target_stats, mask=stats_mask, other=0.0, volatile=VOLATILE),
             PRECISE,
         )
         token_ok = row_ok[:, None] & is_draft & (drafted >= 0) & (drafted < vocab)
@@ -102,8 +77,8 @@ def _sample_kernel(
             draft_stats = target_stats + (gamma + 1) * num_stat_splits
             draft_mask = row_ok[:, None, None] & (p3 < gamma) & (s3 < num_stat_splits)
             q_max, q_log_sum = _combine_lse(
-                tl.load(part_max_ptr + draft_stats, mask=draft_mask, other=float("-inf")),
-                tl.load(part_sum_ptr + draft_stats, mask=draft_mask, other=0.0),
+                tl.load(part_max_ptr + draft_stats, mask=draft_mask, other=float("-inf"), volatile=VOLATILE),
+                tl.load(part_sum_ptr + draft_stats, mask=draft_mask, other=0.0, volatile=VOLATILE),
                 PRECISE,
             )
             draft_at_token = tl.load(draft_ptr + (rows64[:, None] * gamma + positions) * vocab + drafted,
@@ -204,3 +179,43 @@ def _sample_kernel(
             _write_outputs(out_tokens_ptr, out_accepted_ptr, rows64, row_ok, positions, drafted, num_accepted,
                            emitted, gamma, vocab)
 
+
+@triton.jit(do_not_specialize=["accept_prefix", "sample_prefix"])
+def _sample_kernel(
+    target_ptr,  # [B, γ+1, V] target logits, contiguous
+    draft_ptr,  # [B, γ, V] draft logits, contiguous (not read unless HAS_DRAFT)
+    tokens_ptr,  # [B, γ] drafted token ids (any integer dtype), contiguous
+    part_max_ptr,  # [B, 2γ+1, S1] fp32 in: chunk maxima from _stats_kernel
+    part_sum_ptr,  # [B, 2γ+1, S1] fp32 in: chunk sums (not read when GREEDY)
+    part_idx_ptr,  # [B, 2γ+1, S1] int32 in: chunk argmax (GREEDY only)
+    race_val_ptr,  # [B, 2, S2] fp32 work: best race score per split (residual race, target race)
+    race_idx_ptr,  # [B, 2, S2] int32 work: its index
+    counter_ptr,  # [row blocks] int32 tickets, zero between calls (the last program resets its own)
+    out_tokens_ptr,  # [B, γ+1] int64 out
+    out_accepted_ptr,  # [B] int64 out
+    batch,  # B
+    gamma,  # γ
+    vocab,  # V
+    num_stat_splits,  # S1
+    num_splits,  # S2
+    scale,  # T or float32(1/T), as for _stats_kernel
+    accept_prefix,  # krng.stream_prefix(key, STREAM_ACCEPT) as int32, or (PREFIX_IN_MEMORY) a pointer to it
+    sample_prefix,  # krng.stream_prefix(key, STREAM_SAMPLE) as int32, or (PREFIX_IN_MEMORY) a pointer to it
+    CHUNK: tl.constexpr,  # V-elements per sampling split, a multiple of BLOCK_V
+    SCALE_MODE: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    GREEDY: tl.constexpr,
+    SPLIT: tl.constexpr,  # S2 > 1: chunk winners meet through the ticket counter
+    PRECISE: tl.constexpr,  # libdevice log/exp/log1p (GPU); numpy's in the interpreter
+    PREFIX_IN_MEMORY: tl.constexpr,  # the prefixes live in device memory (a captured graph's key changes per replay)
+    BLOCK_B: tl.constexpr,
+    BLOCK_P: tl.constexpr,  # power of two >= γ+1
+    BLOCK_S: tl.constexpr,  # power of two >= S1
+    BLOCK_S2: tl.constexpr,  # power of two >= S2
+    BLOCK_V: tl.constexpr,
+):
+    _sample_program(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr, race_val_ptr,
+                    race_idx_ptr, counter_ptr, out_tokens_ptr, out_accepted_ptr, tl.program_id(0), tl.program_id(1),
+                    batch, gamma, vocab, num_stat_splits, num_splits, scale, accept_prefix, sample_prefix,
+                    CHUNK, SCALE_MODE, HAS_DRAFT, GREEDY, SPLIT, PRECISE, PREFIX_IN_MEMORY, False,
+                    BLOCK_B, BLOCK_P, BLOCK_S, BLOCK_S2, BLOCK_V)

@@ -7,33 +7,18 @@ import triton
 import triton.language as tl
 from triton.language import core as tlcore  # noqa: F401  (the interpreter patches it through this module's globals)
 
+from flashspec.kernels.rng import device_function
 from flashspec.kernels.shims import _max_index, _online_lse, _scale
 
 
 # ----------------------------------------------------------------------------- launch 1
-@triton.jit
-def _stats_kernel(
-    target_ptr,  # [B, γ+1, V] target logits (fp32/bf16/fp16/fp64), contiguous
-    draft_ptr,  # [B, γ, V] draft logits, contiguous (not read unless HAS_DRAFT)
-    part_max_ptr,  # [B, 2γ+1, S] fp32 out: max of the scaled logits in each V-chunk
-    part_sum_ptr,  # [B, 2γ+1, S] fp32 out: sum of exp(logit - chunk max) (not written when GREEDY)
-    part_idx_ptr,  # [B, 2γ+1, S] int32 out: first argmax of each chunk (GREEDY only)
-    batch,  # B
-    gamma,  # γ
-    vocab,  # V
-    num_splits,  # S
-    scale,  # T (SCALE_MODE 1) or float32(1/T) (SCALE_MODE 2)
-    CHUNK: tl.constexpr,  # V-elements per split, a multiple of BLOCK_V (constexpr: the interpreter
-    #                       cannot loop to a runtime bound under numpy 2)
-    SCALE_MODE: tl.constexpr,
-    HAS_DRAFT: tl.constexpr,  # draft logits given (False: deterministic proposals, or greedy)
-    GREEDY: tl.constexpr,  # T = 0: partial argmax of the target instead of log-sum-exp
-    BLOCK_B: tl.constexpr,  # rows per program
-    BLOCK_V: tl.constexpr,  # vocabulary tile
-):
-    pid_b = tl.program_id(0)
-    position = tl.program_id(1)  # 0..γ; row j = position of the partials (draft: γ+1+position)
-    split = tl.program_id(2)
+@device_function
+def _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr,
+                 pid_b, position, split, batch, gamma, vocab, num_splits, scale,
+                 CHUNK: tl.constexpr, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, GREEDY: tl.constexpr,
+                 BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The partials of one V-chunk (`split`) of the target row at `position` and of the draft row at the
+    same position (when there is one), for the BLOCK_B rows of row block `pid_b`."""
     rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = rows < batch
     rows64 = rows.to(tl.int64)  # int64 offsets: B·(γ+1)·V overflows int32 past 2**31
@@ -83,3 +68,28 @@ def _stats_kernel(
             tl.store(part_max_ptr + out_draft, q_max, mask=row_ok & has_draft_row)
             tl.store(part_sum_ptr + out_draft, q_sum, mask=row_ok & has_draft_row)
 
+
+@triton.jit
+def _stats_kernel(
+    target_ptr,  # [B, γ+1, V] target logits (fp32/bf16/fp16/fp64), contiguous
+    draft_ptr,  # [B, γ, V] draft logits, contiguous (not read unless HAS_DRAFT)
+    part_max_ptr,  # [B, 2γ+1, S] fp32 out: max of the scaled logits in each V-chunk
+    part_sum_ptr,  # [B, 2γ+1, S] fp32 out: sum of exp(logit - chunk max) (not written when GREEDY)
+    part_idx_ptr,  # [B, 2γ+1, S] int32 out: first argmax of each chunk (GREEDY only)
+    batch,  # B
+    gamma,  # γ
+    vocab,  # V
+    num_splits,  # S
+    scale,  # T (SCALE_MODE 1) or float32(1/T) (SCALE_MODE 2)
+    CHUNK: tl.constexpr,  # V-elements per split, a multiple of BLOCK_V (constexpr: the interpreter
+    #                       cannot loop to a runtime bound under numpy 2)
+    SCALE_MODE: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,  # draft logits given (False: deterministic proposals, or greedy)
+    GREEDY: tl.constexpr,  # T = 0: partial argmax of the target instead of log-sum-exp
+    BLOCK_B: tl.constexpr,  # rows per program
+    BLOCK_V: tl.constexpr,  # vocabulary tile
+):
+    # position 0..γ: the target row at it, and (position < γ) the draft row at it
+    _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr,
+                 tl.program_id(0), tl.program_id(1), tl.program_id(2), batch, gamma, vocab, num_splits, scale,
+                 CHUNK, SCALE_MODE, HAS_DRAFT, GREEDY, BLOCK_B, BLOCK_V)

@@ -1,4 +1,4 @@
-"""Speculative verification in two Triton launches, with no host sync (book/design.md §1, §4).
+"""Speculative verification in Triton, in two launches or one, with no host sync (book/design.md §1, §4).
 
 Launch 1, `_stats_kernel` -- one streaming pass over every logit row. Grid
 (row blocks, γ+1 positions, V-splits); each program reduces one V-chunk of the target row
@@ -14,6 +14,12 @@ exponential race (Gumbel-max) over log max(0, p - q), or over log p for the bonu
 counter-based noise. It writes its chunk's winner; the last program of its row block
 to finish (an atomic ticket) reduces the chunk winners and writes tokens/num_accepted.
 So B = 1 still spreads each pass over the whole GPU, and nothing returns to the host.
+
+Or one launch, `_fused_kernel` (kernels/fused_pass.py): grid (row blocks, V-splits); each program
+writes its V-chunk's partials of all 2γ+1 rows, and the last program of a row block to finish (an
+atomic ticket) runs launch 2's program over the whole vocabulary. One launch fewer and no second
+read of the partials' scheduling, but one program streams the sampled row alone. Both give the same
+tokens for the same V-splits; `make_plan` picks one per shape (`plan.SHAPE_PLANS`, from the benchmark).
 
 Both kernels take BLOCK_B rows per program: 1 on a GPU with a real vocabulary; many when the
 vocabulary is tiny or when Triton runs in its CPU interpreter, where each program costs
@@ -31,7 +37,8 @@ import triton
 
 from flashspec import rng
 from flashspec.kernels import rng as krng
-from flashspec.kernels.plan import GPU_PLAN, LaunchPlan, make_plan  # noqa: F401  (re-exported: the benchmark tunes GPU_PLAN)
+from flashspec.kernels.fused_pass import _fused_kernel
+from flashspec.kernels.plan import GPU_PLAN, SHAPE_PLANS, LaunchPlan, make_plan  # noqa: F401  (re-exported: the benchmark tunes them)
 from flashspec.kernels.sample_pass import _sample_kernel
 from flashspec.kernels.shims import SCALE_DIVIDE, SCALE_MULTIPLY, SCALE_NONE, _cdiv, interpreting  # noqa: F401
 from flashspec.kernels.stats_pass import _stats_kernel
@@ -119,6 +126,7 @@ class _Launcher:
 FAST_LAUNCH = os.environ.get("FLASHSPEC_TRITON_FAST_LAUNCH", "1") != "0"
 _STATS_LAUNCHER = _Launcher(_stats_kernel)
 _SAMPLE_LAUNCHER = _Launcher(_sample_kernel)
+_FUSED_LAUNCHER = _Launcher(_fused_kernel)
 
 
 try:  # what Triton's own launcher uses
@@ -130,20 +138,24 @@ except ImportError:  # pragma: no cover
 
 @dataclass
 class PreparedVerify:
-    """One verify step with its buffers allocated and its two launches bound (no host sync).
+    """One verify step with its buffers allocated and its launches bound (no host sync).
 
-    `run()` launches both kernels; the benchmark times `launch_stats` / `launch_sample` alone.
+    `run()` launches the fused kernel (`plan.fused`) or both kernels; the benchmark times
+    `launch_stats` / `launch_sample` alone. Grids and arguments of the plan not chosen are None.
     """
 
     plan: LaunchPlan
-    stats_grid: tuple[int, int, int]
-    stats_args: tuple
-    stats_meta: dict
-    sample_grid: tuple[int, int]
-    sample_args: tuple
-    sample_meta: dict
+    stats_grid: tuple[int, int, int] | None
+    stats_args: tuple | None
+    stats_meta: dict | None
+    sample_grid: tuple[int, int] | None
+    sample_args: tuple | None
+    sample_meta: dict | None
     tokens: torch.Tensor
     num_accepted: torch.Tensor
+    fused_grid: tuple[int, int] | None = None
+    fused_args: tuple | None = None
+    fused_meta: dict | None = None
 
     def launch_stats(self) -> None:
         _STATS_LAUNCHER(self.stats_grid, self.stats_args, self.stats_meta)
@@ -151,9 +163,15 @@ class PreparedVerify:
     def launch_sample(self) -> None:
         _SAMPLE_LAUNCHER(self.sample_grid, self.sample_args, self.sample_meta)
 
+    def launch_fused(self) -> None:
+        _FUSED_LAUNCHER(self.fused_grid, self.fused_args, self.fused_meta)
+
     def run(self) -> tuple[torch.Tensor, torch.Tensor]:
-        self.launch_stats()
-        self.launch_sample()
+        if self.plan.fused:
+            self.launch_fused()
+        else:
+            self.launch_stats()
+            self.launch_sample()
         return self.tokens, self.num_accepted
 
 
@@ -168,16 +186,19 @@ def verify_triton(
     block_v: int | None = None,
     num_splits: int | None = None,
     prefixes: torch.Tensor | None = None,
+    fused: bool | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton backend of `flashspec.verify` (shapes already checked there): (tokens [B, γ+1], num_accepted [B]).
 
-    Two launches, no host sync. Top-k / top-p first truncate the logits in torch (a sort,
+    One launch or two, no host sync. Top-k / top-p first truncate the logits in torch (a sort,
     O(V log V)); the kernels' fast path is temperature only. `block_b`, `block_v` and
     `num_splits` override the launch plan (tests use them to force several V-chunks).
     `prefixes` is `device_prefixes(key)` when the caller (a device key) computed it already.
+    `fused`: True one launch, False two, None the plan's choice for this shape (`plan.SHAPE_PLANS`
+    on a GPU; two launches in the interpreter).
     """
-    return prepare_verify(target_logits, draft_logits, draft_tokens, params, key,
-                          block_b=block_b, block_v=block_v, num_splits=num_splits, prefixes=prefixes).run()
+    return prepare_verify(target_logits, draft_logits, draft_tokens, params, key, block_b=block_b, block_v=block_v,
+                          num_splits=num_splits, prefixes=prefixes, fused=fused).run()
 
 
 def prepare_verify(
@@ -191,8 +212,11 @@ def prepare_verify(
     block_v: int | None = None,
     num_splits: int | None = None,
     prefixes: torch.Tensor | None = None,
+    fused: bool | None = None,
+    tuning: tuple[tuple[str, int], ...] | None = None,
 ) -> PreparedVerify:
-    """Allocate outputs and work buffers and bind both launches (see `verify_triton`).
+    """Allocate outputs and work buffers and bind the launches (see `verify_triton`). `tuning`: (key, value)
+    pairs of `GPU_PLAN` that replace this shape's `SHAPE_PLANS` entry (the benchmark's plan variants).
 
     `key` is a host Key (its stream prefixes become launch arguments) or a device int64 tensor [2]
     (lo, hi): then the prefixes are computed on the device into a buffer the kernel reads, so a
@@ -225,21 +249,7 @@ def prepare_verify(
     draft = draft_logits.contiguous() if has_draft else target
     tokens_in = draft_tokens.contiguous()
 
-    plan = make_plan(batch, gamma, vocab, device, greedy, block_b, block_v, num_splits)
-    row_blocks = _cdiv(batch, plan.block_b)
-    width = 2 * gamma + 1
-    split = plan.sample_splits > 1
-    stats_size = _round16(batch * width * plan.stats_splits)
-    race_size = _round16(batch * 2 * plan.sample_splits) if split else 0
-    # two allocations (fp32 and int32 work), sliced; chunks start 64-byte aligned
-    floats = torch.empty(2 * stats_size + race_size, dtype=torch.float32, device=device)
-    ints = torch.empty((stats_size if greedy else 0) + race_size + 16, dtype=torch.int32, device=device)
-    part_max = floats[:stats_size]
-    part_sum = part_max if greedy else floats[stats_size:2 * stats_size]
-    part_idx = ints[:stats_size] if greedy else ints
-    race_val = floats[2 * stats_size:] if split else floats
-    race_idx = ints[(stats_size if greedy else 0):] if split else ints
-    counter = _ticket_counter(device, row_blocks) if split else ints
+    plan = make_plan(batch, gamma, vocab, device, greedy, block_b, block_v, num_splits, fused, tuning)
     out_tokens = torch.empty((batch, gamma + 1), dtype=torch.int64, device=device)
     out_accepted = torch.empty(batch, dtype=torch.int64, device=device)
     prefix_in_memory = isinstance(key, torch.Tensor)
@@ -248,17 +258,55 @@ def prepare_verify(
         accept_prefix, sample_prefix = prefixes[0:1], prefixes[1:2]
     else:
         accept_prefix, sample_prefix = _prefixes(key)
+    inputs = (target, draft, tokens_in)
+    outputs = (out_tokens, out_accepted)
+    shape = (batch, gamma, vocab)
+    flags = dict(SCALE_MODE=scale_mode, HAS_DRAFT=has_draft, GREEDY=greedy)
+    prefix = (accept_prefix, sample_prefix, prefix_in_memory)
+    if plan.fused:
+        return _bind_fused(plan, inputs, outputs, shape, scale, flags, prefix)
+    return _bind_two_launches(plan, inputs, outputs, shape, scale, flags, prefix)
 
+
+def _stats_buffers(device: torch.device, batch: int, width: int, splits: int, greedy: bool,
+                   race_size: int) -> tuple[torch.Tensor, ...]:
+    """(part_max, part_sum, part_idx, race_val, race_idx, ints): stats partials [B, 2γ+1, splits] and the
+    race's work, in two allocations (fp32 and int32), sliced so chunks start 64-byte aligned."""
+    stats_size = _round16(batch * width * splits)
+    floats = torch.empty(2 * stats_size + race_size, dtype=torch.float32, device=device)
+    ints = torch.empty((stats_size if greedy else 0) + race_size + 16, dtype=torch.int32, device=device)
+    part_max = floats[:stats_size]
+    part_sum = part_max if greedy else floats[stats_size:2 * stats_size]
+    part_idx = ints[:stats_size] if greedy else ints
+    race_val = floats[2 * stats_size:] if race_size else floats
+    race_idx = ints[(stats_size if greedy else 0):] if race_size else ints
+    return part_max, part_sum, part_idx, race_val, race_idx, ints
+
+
+def _bind_two_launches(plan: LaunchPlan, inputs: tuple, outputs: tuple, shape: tuple[int, int, int], scale: float,
+                       flags: dict, prefix: tuple) -> PreparedVerify:
+    """The stats launch and the sample launch (module docstring), bound to fresh work buffers."""
+    target, draft, tokens_in = inputs
+    out_tokens, out_accepted = outputs
+    batch, gamma, vocab = shape
+    accept_prefix, sample_prefix, prefix_in_memory = prefix
+    device = target.device
+    row_blocks = _cdiv(batch, plan.block_b)
+    split = plan.sample_splits > 1
+    race_size = _round16(batch * 2 * plan.sample_splits) if split else 0
+    part_max, part_sum, part_idx, race_val, race_idx, ints = _stats_buffers(
+        device, batch, 2 * gamma + 1, plan.stats_splits, flags["GREEDY"], race_size)
+    counter = _ticket_counter(device, row_blocks) if split else ints
     stats_args = (target, draft, part_max, part_sum, part_idx,
                   batch, gamma, vocab, plan.stats_splits, scale)
-    stats_meta = dict(CHUNK=plan.stats_chunk, SCALE_MODE=scale_mode, HAS_DRAFT=has_draft, GREEDY=greedy,
+    stats_meta = dict(CHUNK=plan.stats_chunk, **flags,
                       BLOCK_B=plan.block_b, BLOCK_V=plan.stats_block_v, num_warps=plan.stats_warps,
                       **_COMPILE_OPTIONS)
     sample_args = (target, draft, tokens_in, part_max, part_sum, part_idx, race_val, race_idx, counter,
                    out_tokens, out_accepted,
                    batch, gamma, vocab, plan.stats_splits, plan.sample_splits, scale,
                    accept_prefix, sample_prefix)
-    sample_meta = dict(CHUNK=plan.sample_chunk, SCALE_MODE=scale_mode, HAS_DRAFT=has_draft, GREEDY=greedy,
+    sample_meta = dict(CHUNK=plan.sample_chunk, **flags,
                        SPLIT=split, PRECISE=not interpreting(), PREFIX_IN_MEMORY=prefix_in_memory,
                        BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_S=plan.block_s, BLOCK_S2=plan.block_s2,
                        BLOCK_V=plan.sample_block_v, num_warps=plan.sample_warps, **_COMPILE_OPTIONS)
@@ -272,4 +320,32 @@ def prepare_verify(
         sample_meta=sample_meta,
         tokens=out_tokens,
         num_accepted=out_accepted,
+    )
+
+
+def _bind_fused(plan: LaunchPlan, inputs: tuple, outputs: tuple, shape: tuple[int, int, int], scale: float,
+                flags: dict, prefix: tuple) -> PreparedVerify:
+    """The one fused launch (module docstring), bound to fresh partial buffers."""
+    target, draft, tokens_in = inputs
+    out_tokens, out_accepted = outputs
+    batch, gamma, vocab = shape
+    accept_prefix, sample_prefix, prefix_in_memory = prefix
+    device = target.device
+    row_blocks = _cdiv(batch, plan.block_b)
+    split = plan.fused_splits > 1
+    part_max, part_sum, part_idx, _, _, ints = _stats_buffers(
+        device, batch, 2 * gamma + 1, plan.fused_splits, flags["GREEDY"], 0)
+    counter = _ticket_counter(device, row_blocks) if split else ints
+    args = (target, draft, tokens_in, part_max, part_sum, part_idx, counter, out_tokens, out_accepted,
+            batch, gamma, vocab, plan.fused_splits, scale, accept_prefix, sample_prefix)
+    meta = dict(CHUNK=plan.fused_chunk, ROW=_cdiv(vocab, plan.sample_block_v) * plan.sample_block_v, **flags,
+                SPLIT=split, PRECISE=not interpreting(), PREFIX_IN_MEMORY=prefix_in_memory,
+                BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_S=plan.block_s3,
+                STATS_BLOCK_V=plan.stats_block_v, BLOCK_V=plan.sample_block_v, num_warps=plan.stats_warps,
+                **_COMPILE_OPTIONS)
+    return PreparedVerify(
+        plan=plan, stats_grid=None, stats_args=None, stats_meta=None,
+        sample_grid=None, sample_args=None, sample_meta=None,
+        tokens=out_tokens, num_accepted=out_accepted,
+        fused_grid=(row_blocks, plan.fused_splits), fused_args=args, fused_meta=meta,
     )

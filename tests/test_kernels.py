@@ -114,42 +114,70 @@ TRUNCATIONS = [(0, 1.0), (3, 1.0), (0, 0.8), (4, 0.9)]
     with_draft=st.booleans(),
     dtype=st.sampled_from([torch.float32, torch.float16]),
     seed=st.integers(0, 2**40),
+    fused=st.sampled_from([None, True]),
 )
-def test_triton_equals_torch_reference(batch, gamma, vocab, temperature, truncation, with_draft, dtype, seed):
+def test_triton_equals_torch_reference(batch, gamma, vocab, temperature, truncation, with_draft, dtype, seed, fused):
     params = SamplingParams(temperature, *truncation)
     target, draft, tokens = make_case(batch, gamma, vocab, params, with_draft, dtype, seed % 10_000)
-    assert_backends_agree(target, draft, tokens, params, seed)
+    assert_backends_agree(target, draft, tokens, params, seed, **({"fused": True} if fused else {}))
 
 
+PLANS = {"default": {}, "fused": {"fused": True}}  # the launch plans every kernel test runs
+
+
+@pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("temperature", [0.0, 0.5, 1.0, 1.7])
 @pytest.mark.parametrize("with_draft", [True, False])
-def test_every_temperature_and_proposal_kind(temperature: float, with_draft: bool) -> None:
+def test_every_temperature_and_proposal_kind(temperature: float, with_draft: bool, plan: str) -> None:
     params = SamplingParams(temperature)
     target, draft, tokens = make_case(8, 4, 33, params, with_draft, torch.float32, seed=int(temperature * 10) + with_draft)
-    assert_backends_agree(target, draft, tokens, params, seed=11)
+    assert_backends_agree(target, draft, tokens, params, seed=11, **PLANS[plan])
 
 
-def test_draft_equal_to_target_accepts_everything() -> None:
+@pytest.mark.parametrize("plan", PLANS)
+def test_draft_equal_to_target_accepts_everything(plan: str) -> None:
     params = SamplingParams(1.0)
     target, _, tokens = make_case(8, 4, 33, params, False, torch.float32, seed=3)
     tokens = torch.multinomial(warp_logits(target[:, :4].cpu(), params).exp().reshape(-1, 33), 1).view(8, 4).to(DEVICE)
-    out = assert_backends_agree(target, target[:, :4].clone(), tokens, params, seed=5)
+    out = assert_backends_agree(target, target[:, :4].clone(), tokens, params, seed=5, **PLANS[plan])
     assert bool((out.num_accepted == 4).all())
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.7])
+SPLIT_PARAMS = [SamplingParams(0.0), SamplingParams(1.0), SamplingParams(0.7), SamplingParams(0.8, 4, 0.9)]
+
+
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("params", SPLIT_PARAMS, ids=str)
 @pytest.mark.parametrize("with_draft", [True, False])
-def test_long_rows_split_into_several_chunks(temperature: float, with_draft: bool) -> None:
+def test_long_rows_split_into_several_chunks(params: SamplingParams, with_draft: bool, plan: str) -> None:
     """V = 100 in tiles of 16 and 3 splits: several tiles per program, several programs per
-    row in both passes, chunk winners meeting through the ticket counter; called twice to
-    check the counter resets itself."""
-    params = SamplingParams(temperature)
+    row (in both passes, or in the fused launch), partials or chunk winners meeting through the
+    ticket counter; called twice to check the counter resets itself. Two rows per program in
+    the fused launch: three row blocks, each with its own ticket."""
     target, draft, tokens = make_case(5, 3, 100, params, with_draft, torch.float32, seed=21)
-    plan = make_plan(5, 3, 100, DEVICE, params.greedy, block_b=8, block_v=16, num_splits=3)
-    assert plan.stats_splits == 3 and plan.stats_chunk == 48
-    assert params.greedy or plan.sample_splits == 3
+    shape = dict(block_b=2, block_v=16, num_splits=3) if PLANS[plan] else dict(block_b=8, block_v=16, num_splits=3)
+    chosen = make_plan(5, 3, 100, DEVICE, params.greedy, **shape, **PLANS[plan])
+    assert chosen.launches == (1 if PLANS[plan] else 2)
+    assert chosen.stats_splits == chosen.fused_splits == 3 and chosen.stats_chunk == chosen.fused_chunk == 48
+    assert params.greedy or chosen.sample_splits == 3
     for seed in (1, 2):
-        assert_backends_agree(target, draft, tokens, params, seed, block_b=8, block_v=16, num_splits=3)
+        assert_backends_agree(target, draft, tokens, params, seed, **shape, **PLANS[plan])
+
+
+@pytest.mark.parametrize("params", SPLIT_PARAMS, ids=str)
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_fused_launch_gives_the_two_launches_tokens(params: SamplingParams, with_draft: bool) -> None:
+    """Same V-splits, same partials, same race: the fused launch returns the two launches' tokens bit
+    for bit, on rows that reject at every position and rows that accept everything."""
+    target, draft, tokens = make_case(6, 3, 100, params, with_draft, torch.float32, seed=5)
+    if with_draft:  # rows 4-5 propose from the target itself: every draft accepted, the bonus sampled
+        draft = draft.clone()
+        draft[4:] = target[4:, :3]
+    for seed in (3, 4, 5):
+        key = rng.key_from_generator(seed)
+        two = verify_triton(target, draft, tokens, params, key, block_v=16, num_splits=4, fused=False)
+        one = verify_triton(target, draft, tokens, params, key, block_v=16, num_splits=4, fused=True)
+        assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1]), (one, two)
 
 
 def test_plan_spreads_one_long_row_over_the_gpu() -> None:
@@ -213,8 +241,9 @@ def test_rows_past_two_to_the_31_elements(temperature: float) -> None:
     torch.cuda.empty_cache()
 
 
+@pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("with_draft", [True, False])
-def test_device_key_gives_the_same_tokens_as_the_host_key(with_draft):
+def test_device_key_gives_the_same_tokens_as_the_host_key(with_draft, plan):
     """A key held in a device tensor (what a captured CUDA graph advances between replays) draws the
     same uniforms as the host Key, on both backends."""
     from flashspec import rng
@@ -233,7 +262,7 @@ def test_device_key_gives_the_same_tokens_as_the_host_key(with_draft):
         device_key = rng.step_key(rng.key_tensor(rng.Key.from_seed(99), device), torch.tensor([step], device=device))
         expected = verify_reference(target, draft, tokens, params, key)
         by_device = verify_reference(target, draft, tokens, params, device_key)
-        tokens_t, accepted_t = verify_triton(target, draft, tokens, params, device_key)
+        tokens_t, accepted_t = verify_triton(target, draft, tokens, params, device_key, **PLANS[plan])
         assert torch.equal(expected.tokens, by_device.tokens)
         assert torch.equal(expected.tokens, tokens_t) and torch.equal(expected.num_accepted, accepted_t)
         # the fast path computes the stream prefixes in its own (compiled) step prologue
@@ -243,5 +272,41 @@ def test_device_key_gives_the_same_tokens_as_the_host_key(with_draft):
         prefixes = device_prefixes(device_key)
         assert prefixes.tolist() == [krng.as_int32(krng.stream_prefix(key, stream))
                                      for stream in (rng.STREAM_ACCEPT, rng.STREAM_SAMPLE)]
-        tokens_p, accepted_p = verify_triton(target, draft, tokens, params, device_key, prefixes=prefixes)
+        tokens_p, accepted_p = verify_triton(target, draft, tokens, params, device_key, prefixes=prefixes,
+                                             **PLANS[plan])
         assert torch.equal(tokens_p, tokens_t) and torch.equal(accepted_p, accepted_t)
+
+
+@gpu_only
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_captured_step_draws_new_uniforms_per_replay(plan: str, temperature: float) -> None:
+    """verify_triton with a device key captured in a CUDA graph: every replay, with the key buffer advanced,
+    returns the reference's tokens for that key (the prefixes are read from memory, the tickets reset
+    themselves between replays), and the step makes no host sync."""
+    from flashspec.verify import verify_reference
+
+    params = SamplingParams(temperature)
+    target, draft, tokens = make_case(4, 4, 32000, params, True, torch.float32, seed=8)
+    base = rng.key_tensor(rng.Key.from_seed(7), DEVICE)
+    step = torch.zeros(1, dtype=torch.int64, device=DEVICE)
+    key = rng.step_key(base, step)
+
+    def verify_step():
+        return verify_triton(target, draft, tokens, params, key, **PLANS[plan])
+
+    verify_step()  # compile outside the capture
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        verify_step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out_tokens, out_accepted = verify_step()
+    for value in range(3):
+        key.copy_(rng.step_key(base, torch.tensor([value], device=DEVICE)))
+        graph.replay()
+        expected = verify_reference(target, draft, tokens, params, rng.step_key_host(rng.Key.from_seed(7), value))
+        assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)

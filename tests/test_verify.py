@@ -212,16 +212,26 @@ def test_bad_input_writes_nothing():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: host syncs only exist there")
+@pytest.mark.parametrize("fused", [False, True], ids=["fs.verify", "fused launch"])
 @pytest.mark.parametrize("params", [fs.SamplingParams(1.0), fs.SamplingParams(0.0), fs.SamplingParams(0.7, top_p=0.9)])
-def test_triton_verify_makes_no_host_sync(params):
-    """Zero host syncs inside verify; torch raises on any synchronising call."""
+def test_triton_verify_makes_no_host_sync(params, fused):
+    """Zero host syncs inside verify (its default plan, and the fused launch); torch raises on any
+    synchronising call."""
+    from flashspec.kernels import verify_triton
+
     target, draft, tokens = make_inputs(8, 4, 32000, 1, fs.SamplingParams(1.0))
     target, draft, tokens = target.cuda(), draft.cuda(), tokens.cuda()
-    fs.verify(target, draft, tokens, params, generator=0, backend="triton", validate=False)  # compile first
+
+    def call(seed: int) -> torch.Tensor:
+        if fused:
+            return verify_triton(target, draft, tokens, params, rng.Key.from_seed(seed), fused=True)[0]
+        return fs.verify(target, draft, tokens, params, generator=seed, backend="triton", validate=False).tokens
+
+    call(0)  # compile first
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")
     try:
-        out = fs.verify(target, draft, tokens, params, generator=1, backend="triton", validate=False)
+        out = call(1)
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert out.tokens.is_cuda
+    assert out.is_cuda
