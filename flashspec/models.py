@@ -7,6 +7,7 @@ code so tests, the CLI default and benchmarks need no download.
 """
 from __future__ import annotations
 
+import importlib
 import string
 from typing import Any
 
@@ -84,24 +85,96 @@ def load_model(
     return model.eval()
 
 
-def nf4_config() -> Any:
-    """A BitsAndBytesConfig for 4-bit NF4 weights; a clear error where bitsandbytes or a GPU is missing."""
+def nf4_config(compute_dtype: torch.dtype | None = None, require_cuda: bool = True) -> Any:
+    """A BitsAndBytesConfig for 4-bit NF4 weights (double-quantised absmax); a clear error where
+    bitsandbytes or a GPU is missing. `compute_dtype` is what the matmuls run in (default
+    `nf4_compute_dtype()`); `require_cuda=False` lets bitsandbytes' CPU backend run it (tests)."""
     try:
-        import bitsandbytes  # noqa: F401
+        importlib.import_module("bitsandbytes")
     except ImportError as error:
         raise ValueError(
             "quantization='nf4' needs bitsandbytes: `pip install flashspec[nf4]` (CUDA GPU only)"
         ) from error
-    if not torch.cuda.is_available():
+    if require_cuda and not torch.cuda.is_available():
         raise ValueError("quantization='nf4' needs a CUDA GPU (bitsandbytes 4-bit kernels); use quantization=None")
     from transformers import BitsAndBytesConfig
 
     return BitsAndBytesConfig(
         load_in_4bit=True,
         bnb_4bit_quant_type="nf4",
-        bnb_4bit_compute_dtype=nf4_compute_dtype(),
+        bnb_4bit_compute_dtype=nf4_compute_dtype() if compute_dtype is None else compute_dtype,
         bnb_4bit_use_double_quant=True,
     )
+
+
+def nf4_unavailable_reason(device: str | torch.device) -> str | None:
+    """Why NF4 weights cannot run on `device` here (None when they can): bitsandbytes missing, no
+    CUDA, or (on the CPU) a bitsandbytes without a working CPU 4-bit backend, found by running one
+    tiny NF4 matmul."""
+    device = torch.device(device)
+    try:
+        import bitsandbytes as bnb
+    except ImportError:
+        return "bitsandbytes is not installed (`pip install flashspec[nf4]`)"
+    if device.type == "cuda":
+        return None if torch.cuda.is_available() else "NF4 on cuda needs a CUDA GPU"
+    if device.type != "cpu":
+        return f"NF4 is only wired for cuda and cpu, not {device.type}"
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            dense = torch.nn.Linear(64, 8, bias=False)
+        layer = bnb.nn.Linear4bit(64, 8, bias=False, compute_dtype=torch.float32, quant_type="nf4")
+        layer.weight = bnb.nn.Params4bit(dense.weight.data.clone(), requires_grad=False, quant_type="nf4")
+        layer = layer.to("cpu")
+        probe = torch.ones(1, 64)
+        with torch.no_grad():
+            error = (layer(probe) - dense(probe)).abs().max().item()
+        scale = dense(probe).abs().max().item()
+    except Exception as failure:  # any failure inside bitsandbytes means: no CPU backend here
+        return f"bitsandbytes {getattr(bnb, '__version__', '?')} cannot run NF4 on the CPU ({failure})"
+    if not error <= 0.25 * scale:
+        return f"bitsandbytes {bnb.__version__}'s CPU NF4 matmul is wrong (error {error:.3g} vs scale {scale:.3g})"
+    return None
+
+
+def quantize_nf4(model: torch.nn.Module, device: str | torch.device | None = None,
+                 compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    """`model` reloaded with NF4 weights, as `load_model(path, quantization="nf4")` loads a checkpoint:
+    saved to a temporary folder and read back through transformers' bitsandbytes path, so the decoder
+    layers' linear weights become `bitsandbytes.nn.Linear4bit` while embeddings, norms and the LM
+    head keep the model's dtype. For random-weight benchmarks and tests (no checkpoint on disk).
+
+    Args:
+        model: a HF causal LM (any device; its state is copied, it is left unchanged).
+        device: where the NF4 model lives (default: CUDA if available, else CPU; the CPU needs a
+            bitsandbytes with a CPU 4-bit backend, see `nf4_unavailable_reason`).
+        compute_dtype: the matmuls' dtype (default: the model's dtype on the CPU, else
+            `nf4_compute_dtype()`).
+    """
+    import tempfile
+
+    from transformers import AutoModelForCausalLM
+
+    device = default_device() if device is None else torch.device(device)
+    reason = nf4_unavailable_reason(device)
+    if reason is not None:
+        raise ValueError(f"quantize_nf4 cannot run on {device}: {reason}")
+    dtype = next(model.parameters()).dtype
+    if compute_dtype is None:
+        compute_dtype = dtype if device.type == "cpu" else nf4_compute_dtype()
+    config = nf4_config(compute_dtype, require_cuda=device.type == "cuda")
+    target = str(device) if device.type == "cpu" or device.index is not None else "cuda:0"
+    with tempfile.TemporaryDirectory(prefix="flashspec-nf4-") as folder:
+        model.save_pretrained(folder)
+        quantized = AutoModelForCausalLM.from_pretrained(folder, quantization_config=config, dtype=dtype,
+                                                         device_map={"": target})
+    return quantized.eval()
+
+
+def is_nf4(model: torch.nn.Module) -> bool:
+    """True when some of `model`'s linear layers hold bitsandbytes 4-bit weights."""
+    return any(type(module).__name__ in ("Linear4bit", "LinearNF4") for module in model.modules())
 
 
 def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
