@@ -414,16 +414,22 @@ class _Session:
         the next real step writes again, and commit nothing."""
         b = self.buffers
         b.frozen.fill_(True)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream().wait_stream(stream)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            run()
-        b.frozen.fill_(False)
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    run()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph):
+                    run()
+            except RuntimeError as error:  # e.g. a kernel (a quantized matmul) that synchronises with the host
+                raise RuntimeError(f"capturing a fast step in a CUDA graph failed: {error}. Pass graphs=False to "
+                                   "run the steps without graphs") from error
+        finally:
+            b.frozen.fill_(False)
         return graph
 
     # ------------------------------------------------------------------------------- the host loop

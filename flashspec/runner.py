@@ -1,7 +1,9 @@
 """A static-KV-cache forward for Llama-family Hugging Face models that CUDA graphs can capture.
 
 `LlamaRunner` calls the model's own modules (embeddings, norms, q/k/v/o projections, MLP, final
-norm, head) so weights are shared, not copied, and tied embeddings or biases need nothing special.
+norm, head) so weights are shared, not copied, and tied embeddings or biases need nothing special;
+quantized linear layers (bitsandbytes NF4 `Linear4bit`, whose packed weights are uint8) run as they
+are, while the cache and RoPE take the embedding's float dtype.
 RoPE cos/sin come from the model's own `rotary_emb`, evaluated once for every position into a
 table, so every RoPE variant HF implements (llama3, linear, yarn, `attention_scaling`) is HF's.
 Only the KV cache and attention belong to the runner.
@@ -45,6 +47,10 @@ def unsupported_reason(model: torch.nn.Module, max_len: int | None = None) -> st
         missing = [name for name in names if not hasattr(owner, name)]
         if missing:
             return f"the model has no {', '.join(missing)} (expected a *ForCausalLM with .model.{names[0]})"
+    embedding = getattr(body.embed_tokens, "weight", None)
+    if not isinstance(embedding, torch.Tensor) or not torch.is_floating_point(embedding):
+        return ("the input embedding's weight is not a float tensor (the cache and RoPE take its dtype); "
+                "quantize the decoder layers only, as transformers' bitsandbytes NF4 loading does")
     layer = body.layers[0]
     attn = getattr(layer, "self_attn", None)
     wanted = ("q_proj", "k_proj", "v_proj", "o_proj")
