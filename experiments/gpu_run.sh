@@ -4,7 +4,8 @@
 #   FLASHSPEC_GIT_SHA=<sha> bash experiments/gpu_run.sh tests bench-b1 verify
 # Phases: tests (GPU tests of kernels, runner, fast path), bench-b1 / bench-b8 / bench-b32
 # (bench_fast --compile, random TinyLlama/68m shapes), bench-zoo (trained GPU zoo, B=1 and 8),
-# verify (flashspec bench verify).
+# verify (flashspec bench verify), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
+# bitsandbytes must be importable).
 set -uo pipefail
 : "${OUT:?set OUT}" "${FLASHSPEC_GIT_SHA:?set FLASHSPEC_GIT_SHA to the commit being measured}"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
@@ -27,6 +28,8 @@ for name in "$@"; do
                --out "$OUT/bench_fast_b${b}_compile_h200.json" ;;
     bench-zoo) phase bench_fast_zoo_gpu_compile_h200 540 python experiments/bench_fast.py --compile "${COMPILE_MODE:-default}" --pair zoo-gpu \
                --batches 1 8 --new-tokens 128 --out "$OUT/bench_fast_zoo_gpu_compile_h200.json" ;;
+    bench-nf4) phase bench_fast_nf4_h200 240 python experiments/bench_fast.py --quantization nf4 --compile "${COMPILE_MODE:-default}" \
+               --batches 1 --new-tokens 128 --out "$OUT/bench_fast_nf4_h200.json" ;;
     verify) phase "verify_h200_$sha" 300 python -m flashspec.cli bench verify --out "$OUT/verify_h200.json" ;;
     *) echo "unknown phase $name" >&2; exit 2 ;;
   esac
