@@ -440,7 +440,8 @@ def step_breakdown(target: torch.nn.Module, drafts: list[torch.nn.Module], promp
     if setting["graphs"] is False:  # the anatomy times captured pieces: nothing to time without graphs
         out["anatomy_ms"] = None
         return out
-    parts = anatomy(fast, device, bucket=max(fast._session.graphs)[1])
+    # step graphs are keyed ("step", arm, bucket): time the pieces at the largest bucket the steps used
+    parts = anatomy(fast, device, bucket=max(key[2] for key in fast._session.graphs if key[0] == "step"))
     filled = prompt.shape[1] + args.new_tokens
     weights = floor_bytes(target, batch, filled) + args.gamma * floor_bytes(draft, batch, filled)
     out["anatomy_ms"] = parts
