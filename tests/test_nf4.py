@@ -28,12 +28,12 @@ MASK = torch.tensor([[0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]
 
 @pytest.fixture(scope="module")
 def nf4_target() -> torch.nn.Module:
-    """A tiny GQA Llama (hidden 64: one bitsandbytes block per row) reloaded with NF4 weights;
-    fp32 compute on the CPU, so the runner and HF see the same dequantised weights exactly."""
+    """A tiny GQA Llama (hidden 64: one bitsandbytes block per row) reloaded with NF4 weights and fp32
+    compute (on a GPU too), so the runner and HF differ only in summation order, not in bf16 rounding."""
     config = models.llama_config(vocab_size=VOCAB, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                                  intermediate_size=128, max_positions=64, initializer_range=0.3)
     dense = models.model_from_config(config, seed=3)
-    quantized = models.quantize_nf4(dense, device=DEVICE)
+    quantized = models.quantize_nf4(dense, device=DEVICE, compute_dtype=torch.float32)
     assert models.is_nf4(quantized) and not models.is_nf4(dense)
     return quantized
 
@@ -45,8 +45,8 @@ def hf_logits(model: torch.nn.Module, sequence: list[int]) -> torch.Tensor:
 
 def test_runner_logits_equal_the_quantized_models_own(nf4_target):
     """Prefill (left-padded, 3 rows), one decode step and one 3-token verify call: each row's logits
-    equal HF's on its compact sequence. Tolerance: fp32 compute on the CPU; bf16 on a GPU."""
-    tol = 1e-4 if DEVICE == "cpu" else 0.1
+    equal HF's on its compact sequence (fp32 compute; a GPU's attention kernels sum in another order)."""
+    tol = 1e-4 if DEVICE == "cpu" else 1e-3
     runner = LlamaRunner(nf4_target, max_batch=3, max_len=MAX_LEN, logits_dtype=torch.float32)
     last, lengths = runner.prefill(PROMPTS.to(DEVICE), MASK.to(DEVICE))
     rows = [row[mask.bool()].tolist() for row, mask in zip(PROMPTS, MASK)]
