@@ -1,72 +1,131 @@
-"""``flashspec bench verify``: time one verification step (Triton vs PyTorch vs host loop) on a GPU and write
-results/verify_h200.json.
+"""``flashspec bench verify``: time one verification step (Triton plans vs the PyTorch a user would write vs the
+bit-exact reference vs a host loop) on a GPU and write results/verify_h200.json.
 
     flashspec bench verify --out results/verify_h200.json [--batch 1 8 64] [--vocab 32000 128256]
+    flashspec bench verify --smoke --out /tmp/verify_smoke.json     # CPU, TRITON_INTERPRET=1, tiny shapes
 
 The measurements are `flashspec.bench`'s; this driver runs them over the grid of batch sizes and
-vocabularies, prints the table, and writes the file after every point, so a crash keeps what ran.
+vocabularies, prints the table, the PASS / MISS verdicts of the targets and the `SHAPE_PLANS` entries to
+paste into flashspec/kernels/plan.py, and writes the file after every point, so a crash keeps what ran.
+Optional phases (the tile sweep, the honest baseline in a CUDA graph) are skipped past --budget-s seconds.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+import time
 from typing import Any
 
 import torch
 
 from flashspec import bench, provenance
+from flashspec.kernels.shims import interpreting
 
-TARGETS = {"triton_over_floor_max": 2.0, "torch_over_triton_min_for_batch_le_8": 30.0}
-NOTES = ("floor_us = max(empty_launch_us, logit_bytes / bandwidth): every logit read once. "
-         "two_pass_bytes adds the sampled target and draft row per sequence, which the second "
-         "launch re-reads. Times are medians; the Triton step is prepare_verify(...).run() "
-         "(verify_triton), triton_api_us is fs.verify(backend='triton') with its argument checks.")
+TARGETS = bench.TARGETS
+NOTES = ("floor_us = max(empty_launch_us, logit_bytes / bandwidth): one empty Triton launch timed like the step "
+         "(do_bench, L2 flushed) or every logit read once at the measured copy bandwidth, whichever is larger; "
+         "floor_set_by says which. graph_floor_us uses the empty launch's warm graph replay instead. "
+         "two_pass_bytes adds the sampled target and draft row per sequence, which the sample pass re-reads. "
+         "Times are medians; the Triton step is prepare_verify(...).run() (verify_triton) with the default plan "
+         "(kernels.plan.SHAPE_PLANS at the measured commit), triton_api_us is fs.verify(backend='triton') with its "
+         "argument checks. honest_torch_us is flashspec.baseline.verify_pytorch (softmax, gather, rand, "
+         "multinomial), timed the same way (do_bench of one call); honest_race_* is the same with an exponential "
+         "race (capturable); torch_us is the bit-exact reference, the correctness oracle. variants: every "
+         "launch-plan variant (GPU_PLAN overrides); plan_choice: the fastest by warm graph replay per point.")
 
 
 def gpu_record(command: list[str], git_sha: str | None) -> dict[str, Any]:
     """`provenance.record` with the GPU's SM count and memory as torch sees them."""
     record = provenance.record(command, git_sha)
-    properties = torch.cuda.get_device_properties(0)
-    record["hardware"].update(sm_count=properties.multi_processor_count, gpu_memory_bytes=properties.total_memory)
+    if torch.cuda.is_available():
+        properties = torch.cuda.get_device_properties(0)
+        record["hardware"].update(sm_count=properties.multi_processor_count, gpu_memory_bytes=properties.total_memory)
     return record
 
 
+def print_verdicts(verdicts: dict) -> None:
+    for name, row in verdicts.items():
+        cells = ", ".join(f"{label}: {row[label]['verdict']} ({_fmt(row[label]['measured'])})"
+                          for label in ("as_run", "with_plan_choice"))
+        print(f"target {name} = {row['target']}: {cells}")
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
 def run_verify(args: argparse.Namespace, command: list[str]) -> int:
-    if not torch.cuda.is_available():
-        print("flashspec bench verify needs a CUDA GPU (it times device kernels)", file=sys.stderr)
+    started_at = time.perf_counter()
+    if args.smoke:
+        if not torch.cuda.is_available() and not interpreting():
+            print("flashspec bench verify --smoke without a GPU needs TRITON_INTERPRET=1", file=sys.stderr)
+            return 2
+    elif not torch.cuda.is_available() or interpreting():
+        print("flashspec bench verify needs a CUDA GPU with compiled Triton (it times device kernels); "
+              "--smoke runs the driver on tiny shapes anywhere", file=sys.stderr)
         return 2
     started = gpu_record(command, args.git_sha)
     print(json.dumps(started, indent=1))
     settings = {"benchmark": "verify", "batch": args.batch, "vocab": args.vocab, "gamma": args.gamma,
-                "host_loop": not args.skip_host_loop, "plan_sweep": not args.skip_sweep, "targets": TARGETS,
-                "notes": NOTES}
-    results: dict[str, Any] = {"floors": bench.measure_floors(), "correctness": bench.correctness_checks(),
-                               "points": [], "table": None, "plan_sweep": None}
+                "host_loop": not args.skip_host_loop, "plan_sweep": not args.skip_sweep, "smoke": args.smoke,
+                "plan_variants": bench.PLAN_VARIANTS, "budget_s": args.budget_s, "targets": TARGETS, "notes": NOTES}
+    results: dict[str, Any] = {"floors": None, "correctness": None, "points": [], "table": None,
+                               "verdicts": None, "plan_choice": None, "plan_sweep": None, "elapsed_s": {}}
 
-    def save() -> None:
+    def save(phase: str) -> None:
+        results["elapsed_s"][phase] = round(time.perf_counter() - started_at, 1)
         if args.out:
             provenance.write_result(args.out, started, settings, results)
 
+    def summarise() -> None:
+        results["verdicts"] = bench.verdicts(results["points"])
+        results["plan_choice"] = bench.plan_choice(results["points"])
+        results["table"] = bench.format_table(results["points"], results["floors"]).splitlines()
+
+    results["floors"] = bench.measure_floors(copy_numel=1 << 16 if args.smoke else 1 << 30)
+    save("floors")
+    results["correctness"] = bench.correctness_checks(smoke=args.smoke)
     for check in results["correctness"]:
         print(check)
+    save("correctness")
     for vocab in args.vocab:
         for batch in args.batch:
             point = bench.bench_point(batch, args.gamma, vocab, results["floors"], host_loop=not args.skip_host_loop)
             results["points"].append(point)
-            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in point.items()}, flush=True)
-            save()
-    table = bench.format_table(results["points"], results["floors"])
-    print(table)
-    results["table"] = table.splitlines()
-    save()
-    if not args.skip_sweep:
+            print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in point.items() if k != "variants"},
+                  flush=True)
+            for name, row in point["variants"].items():
+                print(f"  variant {name}: {row}", flush=True)
+            summarise()
+            save(f"B={batch} V={vocab}")
+
+    def within_budget(phase: str) -> bool:
+        elapsed = time.perf_counter() - started_at
+        if elapsed > args.budget_s:
+            results[f"{phase}_skipped"] = f"skipped: {elapsed:.0f} s elapsed, past the {args.budget_s} s budget"
+            print(results[f"{phase}_skipped"], flush=True)
+            return False
+        return True
+
+    if within_budget("honest_race_graph"):
+        bench.honest_graph_timings(results["points"], "race")
+        summarise()
+        save("honest_race_graph")
+    if not args.skip_sweep and not args.smoke and within_budget("plan_sweep"):
         results["plan_sweep"] = bench.plan_sweep(64, args.gamma, 128256)
-        save()
-    checks = results["correctness"]
-    mismatched = [c for c in checks if c["check"] == "triton_equals_torch" and c["rows_equal"] != c["rows"]]
-    not_one = [c for c in checks if c["check"] == "draft_equals_target_acceptance_rate" and c["acceptance_rate"] != 1.0]
-    return 1 if (mismatched or not_one) else 0
+        save("plan_sweep")
+    if within_budget("honest_multinomial_graph"):  # last: a failed capture may leave CUDA state behind
+        bench.honest_graph_timings(results["points"], "multinomial")
+        summarise()
+        save("honest_multinomial_graph")
+    print("\n".join(results["table"]))
+    print_verdicts(results["verdicts"])
+    print("Launch plans to paste into flashspec/kernels/plan.py (fastest variant per shape):")
+    print(results["plan_choice"]["paste"])
+    save("done")
+    print(f"elapsed {results['elapsed_s']['done']} s")
+    return 1 if bench.checks_failed(results["correctness"]) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,13 +133,20 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = argparse.ArgumentParser(prog="flashspec bench verify", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="write the JSON result here (e.g. results/verify_h200.json)")
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 64])
-    parser.add_argument("--vocab", type=int, nargs="+", default=[32000, 128256])
-    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--batch", type=int, nargs="+", default=None, help="default 1 8 64 (smoke: 1 2)")
+    parser.add_argument("--vocab", type=int, nargs="+", default=None, help="default 32000 128256 (smoke: 40)")
+    parser.add_argument("--gamma", type=int, default=None, help="default 4 (smoke: 2)")
     parser.add_argument("--skip-host-loop", action="store_true", help="leave out the slow .item() baseline")
-    parser.add_argument("--skip-sweep", action="store_true", help="leave out the launch-plan sweep")
+    parser.add_argument("--skip-sweep", action="store_true", help="leave out the tile sweep at B=64, V=128256")
+    parser.add_argument("--budget-s", type=float, default=200.0,
+                        help="optional phases (honest baseline in a graph, tile sweep) start only before this")
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny shapes, host-clock times, no graphs: tests the driver without a GPU")
     parser.add_argument("--git-sha", default=None, help="commit measured (default: $FLASHSPEC_GIT_SHA or git rev-parse)")
     args = parser.parse_args(argv)
+    args.batch = args.batch or ([1, 2] if args.smoke else [1, 8, 64])
+    args.vocab = args.vocab or ([40] if args.smoke else [32000, 128256])
+    args.gamma = args.gamma or (2 if args.smoke else 4)
     return run_verify(args, ["flashspec", "bench", "verify", *argv])
 
 

@@ -6,6 +6,10 @@ the same semantics as `flashspec.verify` (book/design.md §1) and is exact, but 
 generator instead of the counter-based streams, so it matches `flashspec.verify` in distribution,
 not token for token. `flashspec.verify(backend="torch")` stays the bit-exact oracle of the kernels;
 this function is what their speed is compared against.
+
+`sampler="race"` draws the residual / bonus token as the argmax of weights / Exp(1) noise (an exponential
+race, exact) instead of `torch.multinomial`, whose input check reads a value back to the host: the form a
+user would write to capture the step in a CUDA graph.
 """
 from __future__ import annotations
 
@@ -21,11 +25,15 @@ def verify_pytorch(
     draft_tokens: torch.Tensor,
     params: SamplingParams,
     generator: torch.Generator | None = None,
+    sampler: str = "multinomial",
 ) -> VerifyOutput:
     """Verify γ drafted tokens per row (shapes as `flashspec.verify`) with torch's own sampling.
 
-    `generator` must live on the logits' device (None: torch's default generator).
+    `generator` must live on the logits' device (None: torch's default generator). `sampler`:
+    "multinomial" (torch.multinomial) or "race" (argmax of weights / Exp(1), no host sync).
     """
+    if sampler not in ("multinomial", "race"):
+        raise ValueError(f"sampler must be 'multinomial' or 'race', got {sampler!r}")
     batch, gamma = draft_tokens.shape
     tokens = draft_tokens.long()
     rows = torch.arange(batch, device=target_logits.device)
@@ -43,7 +51,11 @@ def verify_pytorch(
     q_n = q[rows, num_accepted.clamp(max=gamma - 1)]
     weights = torch.where((num_accepted < gamma).unsqueeze(-1), (p_n - q_n).clamp(min=0), p_n)
     weights = torch.where((weights.sum(-1, keepdim=True) > 0), weights, p_n)  # empty residual: p = q, draw p
-    emitted = torch.multinomial(weights, 1, generator=generator).squeeze(1)
+    if sampler == "race":  # P(argmax w / E = i) = w_i / sum w for E ~ Exp(1) i.i.d.
+        noise = torch.empty_like(weights).exponential_(generator=generator)
+        emitted = (weights / noise).argmax(dim=-1)
+    else:
+        emitted = torch.multinomial(weights, 1, generator=generator).squeeze(1)
     positions = torch.arange(gamma + 1, device=p.device).view(1, -1)
     out = torch.full((batch, gamma + 1), -1, dtype=torch.long, device=p.device)
     out[:, :gamma] = torch.where(positions[:, :gamma] < num_accepted.view(-1, 1), tokens, -1)

@@ -1,14 +1,17 @@
-"""The verification-step benchmark: one speculative verification timed four ways on bf16 logits.
+"""The verification-step benchmark: one speculative verification timed several ways on bf16 logits.
 
-The Triton backend, the verify a user would write in PyTorch (`flashspec.baseline.verify_pytorch`: the
-honest speed baseline), the bit-exact vectorised reference (`backend="torch"`: the kernels' correctness
-oracle, not a speed baseline), and the per-token `.item()` host loop that the FlashSpec paper calls the
-CPU bottleneck, side by side, with the floors measured in the same
-run (one empty Triton launch; the bytes the step must read divided by the measured device-to-device copy
-bandwidth), and a check on the GPU that Triton and torch emit the same tokens.  Kernel times are device
+The Triton backend (its default launch plan, and every launch-plan variant in `PLAN_VARIANTS`: the two
+launches with a few tile sizes, the fused single launch), the verify a user would write in PyTorch
+(`flashspec.baseline.verify_pytorch`: the honest speed baseline, eagerly and, where it can be captured, in a
+CUDA graph), the bit-exact vectorised reference (`backend="torch"`: the kernels' correctness oracle, not a
+speed baseline), and the per-token `.item()` host loop that the FlashSpec paper calls the CPU bottleneck, side
+by side, with the floor measured in the same run: max(one empty Triton launch, the bytes the step must read
+divided by the measured device-to-device copy bandwidth) -- a launch-latency term, which sets the floor at
+small B. Also a check on the GPU that both plans and torch emit the same tokens. Kernel times are device
 times (`triton.testing.do_bench`, CUDA events, L2 flushed) or CUDA-graph replays; `_wall_us` is the host
-clock a Python loop sustains.  ``flashspec bench verify`` (`experiments/bench_verify.py`) writes
-results/verify_h200.json from these functions.
+clock a Python loop sustains. ``flashspec bench verify`` (`experiments/bench_verify.py`) writes
+results/verify_h200.json from these functions; without a GPU (``--smoke``, Triton's interpreter) the same
+code runs on tiny shapes with host-clock times and no graphs, to test the driver.
 """
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ import flashspec as fs
 from flashspec import rng
 from flashspec.baseline import verify_pytorch
 from flashspec.sampling import SamplingParams, warp_logits
+from flashspec.verify import verify_reference
 
 
 # ----------------------------------------------------------------------------- the naive baseline
@@ -63,8 +67,29 @@ def verify_host_loop(
 
 
 # ----------------------------------------------------------------------------- timing helpers
+def _on_gpu() -> bool:
+    """True when device times can be measured (CUDA present, Triton compiled, not interpreted)."""
+    from flashspec.kernels.shims import interpreting
+
+    return torch.cuda.is_available() and not interpreting()
+
+
+def _sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
 def _do_bench_us(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 200) -> float:
-    """Median device time of fn in µs (triton.testing.do_bench: CUDA events, L2 flushed between runs)."""
+    """Median device time of fn in µs (triton.testing.do_bench: CUDA events, L2 flushed between runs).
+    Without a GPU (the CPU smoke run): the median host time of three calls."""
+    if not _on_gpu():
+        fn()
+        samples = []
+        for _ in range(3):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e6)
+        return statistics.median(samples)
     import triton.testing
 
     return 1e3 * float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
@@ -73,20 +98,23 @@ def _do_bench_us(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float 
 def _wall_us(fn: Callable[[], object], calls: int) -> float:
     """Host wall-clock per call over `calls` back-to-back calls (no L2 flush), synchronised at the end:
     the rate a Python loop sustains, CPU launch overhead included."""
+    calls = calls if _on_gpu() else 1
     fn()
-    torch.cuda.synchronize()
+    _sync()
     samples = []
     for _ in range(3):
         start = time.perf_counter()
         for _ in range(calls):
             fn()
-        torch.cuda.synchronize()
+        _sync()
         samples.append((time.perf_counter() - start) / calls * 1e6)
     return statistics.median(samples)
 
 
 def _capture_graph(fn: Callable[[], object], calls: int = 1) -> "torch.cuda.CUDAGraph":
     """`calls` back-to-back calls of fn captured in one CUDA graph (after a side-stream warm-up), replayed once."""
+    if not _on_gpu():
+        raise RuntimeError("CUDA graphs need a CUDA GPU")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
@@ -123,28 +151,57 @@ def _graph_warm_us(fn: Callable[[], object], steps: int = 20) -> float:
     return statistics.median(times)
 
 
-def measure_floors() -> dict:
-    """One empty Triton launch (eager and graph-replayed) and device copy bandwidth."""
+def _attempt(fn: Callable[[], float]) -> tuple[float | None, str | None]:
+    """(fn(), None), or (None, the error's text) when it raises: a measurement that may fail on some
+    setup (a capture that syncs, a plan that does not compile) is recorded, never fatal."""
+    try:
+        return fn(), None
+    except Exception as error:  # noqa: BLE001 -- the text goes into the results file
+        _sync_quietly()
+        return None, _error_text(error)
+
+
+def _error_text(error: BaseException) -> str:
+    """'Type: first line' of an error and of the error it was raised while handling, if any."""
+    def line(e: BaseException) -> str:
+        text = str(e).strip()
+        return f"{type(e).__name__}: {text.splitlines()[0] if text else ''}"
+
+    context = error.__cause__ or error.__context__
+    return line(error) + (f" (while handling {line(context)})" if context is not None else "")
+
+
+def _sync_quietly() -> None:
+    try:
+        _sync()
+    except Exception:  # noqa: BLE001 -- a broken capture may leave an error to clear
+        pass
+
+
+def measure_floors(copy_numel: int = 1 << 30) -> dict:
+    """One empty Triton launch (eager and graph-replayed) and device copy bandwidth (`copy_numel` bf16
+    elements each way; 2 GiB by default)."""
     import triton
 
     @triton.jit
     def empty_kernel(ptr):
         pass
 
-    scratch = torch.empty(1, device="cuda")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    scratch = torch.empty(1, device=device)
     empty_kernel[(1,)](scratch)
     launch_us = _do_bench_us(lambda: empty_kernel[(1,)](scratch))
-    launch_graph_us = _graph_us(lambda: empty_kernel[(1,)](scratch))
-    launch_graph_warm_us = _graph_warm_us(lambda: empty_kernel[(1,)](scratch))
+    launch_graph_us, graph_error = _attempt(lambda: _graph_us(lambda: empty_kernel[(1,)](scratch)))
+    launch_graph_warm_us, _ = _attempt(lambda: _graph_warm_us(lambda: empty_kernel[(1,)](scratch)))
     launch_wall_us = _wall_us(lambda: empty_kernel[(1,)](scratch), calls=500)
-    numel = 1 << 30  # 2 GiB of bf16 each way
-    src = torch.randn(numel, device="cuda", dtype=torch.bfloat16)
+    src = torch.randn(copy_numel, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     copy_us = _do_bench_us(lambda: dst.copy_(src))
     bytes_moved = 2 * src.numel() * src.element_size()  # read + write
     del src, dst
-    torch.cuda.empty_cache()
-    return {
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    floors = {
         "empty_launch_us": launch_us,
         "empty_launch_graph_replay_us": launch_graph_us,
         "empty_launch_graph_warm_us": launch_graph_warm_us,
@@ -153,6 +210,9 @@ def measure_floors() -> dict:
         "copy_us": copy_us,
         "bandwidth_bytes_per_s": bytes_moved / (copy_us * 1e-6),
     }
+    if graph_error:
+        floors["graph_error"] = graph_error
+    return floors
 
 
 # ----------------------------------------------------------------------------- inputs
@@ -171,65 +231,167 @@ def make_inputs(batch: int, gamma: int, vocab: int, dtype: torch.dtype, params: 
 
 
 # ----------------------------------------------------------------------------- correctness on the GPU
-def correctness_checks() -> list[dict]:
-    """Triton vs torch token by token on a few configurations, and draft = target ⇒ all accepted."""
-    configs = [
-        dict(batch=64, vocab=128256, dtype=torch.bfloat16, params=SamplingParams(1.0), with_draft=True),
-        dict(batch=64, vocab=128256, dtype=torch.bfloat16, params=SamplingParams(0.7), with_draft=True),
-        dict(batch=8, vocab=32000, dtype=torch.bfloat16, params=SamplingParams(0.0), with_draft=True),
-        dict(batch=8, vocab=32000, dtype=torch.float32, params=SamplingParams(1.3), with_draft=False),
-        dict(batch=8, vocab=32000, dtype=torch.float16, params=SamplingParams(0.8, top_k=50, top_p=0.9),
-             with_draft=True),
-        dict(batch=1, vocab=128256, dtype=torch.bfloat16, params=SamplingParams(1.0), with_draft=True),
-    ]
+def correctness_checks(smoke: bool = False) -> list[dict]:
+    """Triton (the default plan and the fused launch) vs torch token by token on a few configurations,
+    and draft = target ⇒ all accepted. `smoke`: tiny float32 shapes on whatever device there is."""
+    from flashspec.kernels import verify_triton
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    if smoke:
+        configs = [dict(batch=2, vocab=40, dtype=torch.float32, params=SamplingParams(1.0), with_draft=True),
+                   dict(batch=2, vocab=40, dtype=torch.float32, params=SamplingParams(0.0), with_draft=True)]
+    else:
+        configs = [
+            dict(batch=64, vocab=128256, dtype=torch.bfloat16, params=SamplingParams(1.0), with_draft=True),
+            dict(batch=64, vocab=128256, dtype=torch.bfloat16, params=SamplingParams(0.7), with_draft=True),
+            dict(batch=8, vocab=32000, dtype=torch.bfloat16, params=SamplingParams(0.0), with_draft=True),
+            dict(batch=8, vocab=32000, dtype=torch.float32, params=SamplingParams(1.3), with_draft=False),
+            dict(batch=8, vocab=32000, dtype=torch.float16, params=SamplingParams(0.8, top_k=50, top_p=0.9),
+                 with_draft=True),
+            dict(batch=1, vocab=128256, dtype=torch.bfloat16, params=SamplingParams(1.0), with_draft=True),
+        ]
     results = []
-    gamma = 4
+    gamma = 2 if smoke else 4
+    seeds = range(2 if smoke else 5)
     for index, config in enumerate(configs):
         params = config["params"]
         target, draft, tokens = make_inputs(config["batch"], gamma, config["vocab"], config["dtype"], params,
-                                            seed=100 + index, with_draft=config["with_draft"])
-        rows_equal = 0
-        rows = 0
+                                            seed=100 + index, with_draft=config["with_draft"], device=device)
+        rows_equal = rows_equal_fused = rows = 0
         accepted = 0.0
-        for seed in range(5):
+        fused_error = None
+        for seed in seeds:
             ref = fs.verify(target, draft, tokens, params, generator=seed, backend="torch")
             got = fs.verify(target, draft, tokens, params, generator=seed, backend="triton")
             same = (ref.tokens == got.tokens).all(dim=1) & (ref.num_accepted == got.num_accepted)
             rows_equal += int(same.sum().item())
+            try:
+                fused_tokens, fused_accepted = verify_triton(target, draft, tokens, params,
+                                                             rng.key_from_generator(seed), fused=True)
+                same = (ref.tokens == fused_tokens).all(dim=1) & (ref.num_accepted == fused_accepted)
+                rows_equal_fused += int(same.sum().item())
+            except Exception as error:  # noqa: BLE001 -- recorded; the default plan's check still counts
+                fused_error = f"{type(error).__name__}: {error}"
             rows += config["batch"]
             accepted += float(ref.num_accepted.float().mean().item())
-        results.append({
+        check = {
             "check": "triton_equals_torch",
             "batch": config["batch"], "gamma": gamma, "vocab": config["vocab"],
             "dtype": str(config["dtype"]).replace("torch.", ""),
             "temperature": params.temperature, "top_k": params.top_k, "top_p": params.top_p,
             "draft_logits": config["with_draft"],
-            "rows_equal": rows_equal, "rows": rows, "mean_num_accepted": accepted / 5,
-        })
-    for vocab in (32000, 128256):
+            "rows_equal": rows_equal, "rows_equal_fused": rows_equal_fused, "rows": rows,
+            "mean_num_accepted": accepted / len(seeds),
+        }
+        if fused_error:
+            check["fused_error"] = fused_error
+        results.append(check)
+    for vocab in ((40,) if smoke else (32000, 128256)):
         params = SamplingParams(1.0)
-        target, _, tokens = make_inputs(64, gamma, vocab, torch.bfloat16, params, seed=7, with_draft=False)
+        batch = 4 if smoke else 64
+        dtype = torch.float32 if smoke else torch.bfloat16
+        target, _, tokens = make_inputs(batch, gamma, vocab, dtype, params, seed=7, with_draft=False, device=device)
         out = fs.verify(target, target[:, :gamma].contiguous(), tokens, params, generator=3, backend="triton")
         results.append({
             "check": "draft_equals_target_acceptance_rate",
-            "batch": 64, "gamma": gamma, "vocab": vocab, "dtype": "bfloat16",
+            "batch": batch, "gamma": gamma, "vocab": vocab, "dtype": str(dtype).replace("torch.", ""),
             "acceptance_rate": float(out.num_accepted.float().mean().item()) / gamma,
         })
     return results
 
 
+def checks_failed(checks: list[dict]) -> list[dict]:
+    """The correctness checks that failed: a row where a Triton plan and torch differ, a failed fused
+    launch, or draft = target not accepting everything."""
+    return [c for c in checks
+            if (c["check"] == "triton_equals_torch"
+                and (c["rows_equal"] != c["rows"] or c["rows_equal_fused"] != c["rows"] or "fused_error" in c))
+            or (c["check"] == "draft_equals_target_acceptance_rate" and c["acceptance_rate"] != 1.0)]
+
+
 # ----------------------------------------------------------------------------- the benchmark
-def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: bool) -> dict:
+# Launch-plan variants timed at every point: overrides of `flashspec.kernels.plan.GPU_PLAN`. The fastest by
+# warm CUDA-graph replay becomes that shape's `SHAPE_PLANS` entry (`plan_choice`).
+PLAN_VARIANTS: dict[str, dict[str, int]] = {
+    "two_launch": {},
+    "two_launch_sample_bv512": {"sample_block_v": 512},
+    "two_launch_sample_bv256": {"sample_block_v": 256, "sample_max_tiles": 4},
+    "fused": {"fused": 1, "sample_block_v": 2048},  # one program streams the sampled row: a wider tile
+}
+
+
+def _plan_record(prepared) -> dict:
+    """The grid and block sizes of a prepared step, for the results file."""
+    plan = prepared.plan
+    if plan.fused:
+        return {"fused": True, "block_b": plan.block_b, "grid": list(prepared.fused_grid),
+                "stats_block_v": plan.stats_block_v, "sample_block_v": plan.sample_block_v,
+                "warps": plan.stats_warps}
+    return {"fused": False, "block_b": plan.block_b,
+            "stats_grid": list(prepared.stats_grid), "stats_block_v": plan.stats_block_v,
+            "stats_warps": plan.stats_warps,
+            "sample_grid": list(prepared.sample_grid), "sample_block_v": plan.sample_block_v,
+            "sample_warps": plan.sample_warps}
+
+
+def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides: dict[str, int],
+                  expected: tuple[torch.Tensor, torch.Tensor] | None) -> dict:
+    """One launch-plan variant at one point: its grid, eager step time (do_bench) and warm graph replay,
+    and whether it returns `expected` (the reference's tokens for `key`). A failure is recorded."""
+    from flashspec.kernels import prepare_verify
+
+    tuning = tuple(sorted(overrides.items()))
+    fused = bool(overrides.get("fused", 0))
+
+    def step():
+        return prepare_verify(*inputs, params, key, fused=fused, tuning=tuning).run()
+
+    row: dict = {"overrides": dict(overrides)}
+    try:
+        prepared = prepare_verify(*inputs, params, key, fused=fused, tuning=tuning)
+        tokens, accepted = prepared.run()
+        _sync()
+        row.update(launches=prepared.plan.launches, plan=_plan_record(prepared))
+        if expected is not None:
+            row["tokens_equal_reference"] = bool(torch.equal(tokens, expected[0]) and torch.equal(accepted, expected[1]))
+        row["eager_us"] = _do_bench_us(step, rep_ms=100)
+    except Exception as error:  # noqa: BLE001 -- recorded; the other variants still run
+        _sync_quietly()
+        row["error"] = f"{type(error).__name__}: {error}"
+        return row
+    row["graph_warm_us"], graph_error = _attempt(lambda: _graph_warm_us(step))
+    if graph_error:
+        row["graph_error"] = graph_error
+    return row
+
+
+def _best(variants: dict[str, dict], key: str) -> str | None:
+    """The variant with the smallest `key` among those that measured it and returned the reference's tokens."""
+    timed = {name: row[key] for name, row in variants.items()
+             if row.get(key) is not None and row.get("tokens_equal_reference", True)}
+    return min(timed, key=timed.get) if timed else None
+
+
+def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: bool,
+                variants: dict[str, dict[str, int]] | None = None, device: str | None = None) -> dict:
+    """Every timing of one (B, V) point: the floor, the honest PyTorch baseline, the Triton step with the
+    default plan (eager, graph replay, warm graph, each kernel), each launch-plan variant, the bit-exact
+    reference, the host loop. `device`: "cuda" (default when present) or "cpu" for the smoke run."""
     from flashspec.kernels import prepare_verify
     from flashspec.kernels import verify as kernels
 
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    variants = PLAN_VARIANTS if variants is None else variants
     params = SamplingParams(1.0)
-    target, draft, tokens = make_inputs(batch, gamma, vocab, torch.bfloat16, params, seed=batch * 7 + vocab)
+    dtype = torch.bfloat16 if _on_gpu() else torch.float32  # the interpreter computes bf16 wrong
+    target, draft, tokens = make_inputs(batch, gamma, vocab, dtype, params, seed=batch * 7 + vocab, device=device)
     key = rng.Key.from_seed(12345)
     element = target.element_size()
     logit_bytes = (target.numel() + draft.numel()) * element
     two_pass_bytes = logit_bytes + 2 * batch * vocab * element  # + the sampled row of target and draft
-    floor_us = max(floors["empty_launch_us"], logit_bytes / floors["bandwidth_bytes_per_s"] * 1e6)
+    bytes_us = logit_bytes / floors["bandwidth_bytes_per_s"] * 1e6
+    floor_us = max(floors["empty_launch_us"], bytes_us)
+    graph_launch_us = floors.get("empty_launch_graph_warm_us")
 
     def triton_step():
         return prepare_verify(target, draft, tokens, params, key).run()
@@ -245,37 +407,54 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
     def honest_step():  # what a user would write: softmax, gather, rand, multinomial (flashspec.baseline)
         return verify_pytorch(target, draft, tokens, params, honest_generator)
 
+    def honest_race_step():  # the same with an exponential race instead of multinomial (no host sync)
+        return verify_pytorch(target, draft, tokens, params, honest_generator, sampler="race")
+
     prepared = prepare_verify(target, draft, tokens, params, key)
     prepared.run()
-    torch.cuda.synchronize()
+    two = prepared if not prepared.plan.fused else prepare_verify(target, draft, tokens, params, key, fused=False)
+    two.run()
+    _sync()
+    reference = verify_reference(target, draft, tokens, params, key)
+    expected = (reference.tokens, reference.num_accepted)
     point = {
-        "batch": batch, "gamma": gamma, "vocab": vocab, "dtype": "bfloat16", "temperature": 1.0,
+        "batch": batch, "gamma": gamma, "vocab": vocab, "dtype": str(dtype).replace("torch.", ""),
+        "temperature": 1.0,
         "launches_per_step": prepared.plan.launches,
-        "plan": {
-            "block_b": prepared.plan.block_b,
-            "stats_grid": list(prepared.stats_grid), "stats_block_v": prepared.plan.stats_block_v,
-            "stats_warps": prepared.plan.stats_warps,
-            "sample_grid": list(prepared.sample_grid), "sample_block_v": prepared.plan.sample_block_v,
-            "sample_warps": prepared.plan.sample_warps,
-        },
+        "plan": _plan_record(prepared),
         "logit_bytes": logit_bytes,
         "two_pass_bytes": two_pass_bytes,
         "floor_us": floor_us,
-        "triton_us": _do_bench_us(triton_step),
-        "triton_api_us": _do_bench_us(triton_api),
-        "triton_stats_kernel_us": _do_bench_us(prepared.launch_stats),
-        "triton_sample_kernel_us": _do_bench_us(prepared.launch_sample),
-        "triton_stats_kernel_warm_us": _graph_warm_us(prepared.launch_stats),
-        "triton_sample_kernel_warm_us": _graph_warm_us(prepared.launch_sample),
-        "triton_graph_replay_us": _graph_us(triton_step),
-        "triton_graph_warm_us": _graph_warm_us(triton_step),
-        "triton_wall_us_per_call": _wall_us(triton_step, calls=200),
-        "triton_api_wall_us_per_call": _wall_us(triton_api, calls=200),
-        "torch_us": _do_bench_us(torch_step),
-        "torch_wall_us_per_call": _wall_us(torch_step, calls=20),
+        "floor_launch_us": floors["empty_launch_us"],
+        "floor_bytes_us": bytes_us,
+        "floor_set_by": "bytes" if bytes_us > floors["empty_launch_us"] else "one launch",
+        "graph_floor_us": max(graph_launch_us, bytes_us) if graph_launch_us is not None else None,
         "honest_torch_us": _do_bench_us(honest_step),
         "honest_torch_wall_us_per_call": _wall_us(honest_step, calls=50),
+        "honest_race_torch_us": _do_bench_us(honest_race_step),
+        "triton_us": _do_bench_us(triton_step),
+        "triton_api_us": _do_bench_us(triton_api),
+        "triton_stats_kernel_us": _do_bench_us(two.launch_stats),
+        "triton_sample_kernel_us": _do_bench_us(two.launch_sample),
     }
+    graph_timings = {
+        "triton_stats_kernel_warm_us": lambda: _graph_warm_us(two.launch_stats),
+        "triton_sample_kernel_warm_us": lambda: _graph_warm_us(two.launch_sample),
+        "triton_graph_replay_us": lambda: _graph_us(triton_step),
+        "triton_graph_warm_us": lambda: _graph_warm_us(triton_step),
+    }
+    for name, measure in graph_timings.items():
+        point[name], error = _attempt(measure)
+        if error:
+            point[name.replace("_us", "_error")] = error
+    point.update({
+        "triton_wall_us_per_call": _wall_us(triton_step, calls=200),
+        "triton_api_wall_us_per_call": _wall_us(triton_api, calls=200),
+        "torch_us": _do_bench_us(torch_step, rep_ms=100),
+        "torch_wall_us_per_call": _wall_us(torch_step, calls=10),
+    })
+    point["variants"] = {name: bench_variant((target, draft, tokens), params, key, overrides, expected)
+                         for name, overrides in variants.items()}
     kernels.FAST_LAUNCH = False  # Triton's own launch path, for the host-overhead comparison
     try:
         point["triton_jit_launch_us"] = _do_bench_us(triton_step)
@@ -283,75 +462,184 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
     finally:
         kernels.FAST_LAUNCH = True
     if host_loop:
-        generator = torch.Generator(device="cuda").manual_seed(0)
+        generator = torch.Generator(device=device).manual_seed(0)
         loop = lambda: verify_host_loop(target, draft, tokens, 1.0, generator)  # noqa: E731
         point["host_loop_us"] = _do_bench_us(loop, warmup_ms=10, rep_ms=100)
-    point["triton_over_floor"] = point["triton_us"] / floor_us
-    point["graph_over_floor"] = point["triton_graph_replay_us"] / floor_us
-    point["graph_warm_over_floor"] = point["triton_graph_warm_us"] / floor_us
-    point["torch_over_triton"] = point["torch_us"] / point["triton_us"]
-    point["honest_over_triton"] = point["honest_torch_us"] / point["triton_us"]
-    if host_loop:
-        point["host_loop_over_triton"] = point["host_loop_us"] / point["triton_us"]
-    point["achieved_bandwidth_fraction"] = (logit_bytes / (point["triton_us"] * 1e-6)) / floors["bandwidth_bytes_per_s"]
+    point.update(point_ratios(point))
     return point
 
 
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return None if numerator is None or not denominator else numerator / denominator
+
+
+def point_ratios(point: dict) -> dict:
+    """The ratios of one point: against the floor, the honest baseline over the Triton step, and the same for
+    the best recorded variant (what the step costs once `SHAPE_PLANS` holds this point's choice)."""
+    floor = point["floor_us"]
+    variants = point.get("variants", {})
+    best = _best(variants, "graph_warm_us") or _best(variants, "eager_us")  # eager: no graph could be timed
+    best_row = variants[best] if best else {}
+    ratios = {
+        "triton_over_floor": _ratio(point["triton_us"], floor),
+        "graph_over_floor": _ratio(point.get("triton_graph_replay_us"), floor),
+        "graph_warm_over_floor": _ratio(point.get("triton_graph_warm_us"), floor),
+        "graph_warm_over_graph_floor": _ratio(point.get("triton_graph_warm_us"), point.get("graph_floor_us")),
+        "torch_over_triton": _ratio(point["torch_us"], point["triton_us"]),
+        "honest_over_triton": _ratio(point["honest_torch_us"], point["triton_us"]),
+        "honest_over_graph_warm": _ratio(point["honest_torch_us"], point.get("triton_graph_warm_us")),
+        "achieved_bandwidth_fraction": _ratio(point["floor_bytes_us"], point["triton_us"]),  # copy bandwidth = 1
+        "best_variant": best,
+        "best_variant_by": "graph_warm_us" if best_row.get("graph_warm_us") is not None else "eager_us",
+        "best_variant_eager": _best(variants, "eager_us"),
+        "best_graph_warm_us": best_row.get("graph_warm_us"),
+        "best_eager_us": best_row.get("eager_us"),
+        "best_graph_warm_over_floor": _ratio(best_row.get("graph_warm_us"), floor),
+        "honest_over_best_eager": _ratio(point["honest_torch_us"], best_row.get("eager_us")),
+    }
+    if "host_loop_us" in point:
+        ratios["host_loop_over_triton"] = _ratio(point["host_loop_us"], point["triton_us"])
+    return ratios
+
+
+HONEST_GRAPH_KEYS = {"race": "honest_race_graph", "multinomial": "honest_torch_graph"}
+
+
+def honest_graph_timings(points: list[dict], sampler: str, device: str | None = None) -> None:
+    """Capture the honest baseline (`sampler` "race" or "multinomial") in a CUDA graph at every point, in
+    place: its warm replay time, or the error's text. torch.multinomial checks its input by reading a value
+    back to the host, which a capture forbids; after one failed capture the remaining points are not tried
+    (a failed capture can leave the stream in capture mode's aftermath, so the benchmark runs it last)."""
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    prefix = HONEST_GRAPH_KEYS[sampler]
+    failed = None
+    for point in points:
+        if failed:
+            point[f"{prefix}_error"] = f"not tried: the capture failed at B={failed[0]}, V={failed[1]}"
+            continue
+        params = SamplingParams(1.0)
+        dtype = torch.bfloat16 if _on_gpu() else torch.float32
+        target, draft, tokens = make_inputs(point["batch"], point["gamma"], point["vocab"], dtype, params,
+                                            seed=point["batch"] * 7 + point["vocab"], device=device)
+        step = lambda: verify_pytorch(target, draft, tokens, params, None, sampler=sampler)  # noqa: E731
+        point[f"{prefix}_warm_us"], error = _attempt(lambda: _graph_warm_us(step))
+        if error:
+            point[f"{prefix}_error"] = error
+            failed = (point["batch"], point["vocab"])
+        point[f"{prefix}_over_triton_graph_warm"] = _ratio(point[f"{prefix}_warm_us"],
+                                                            point.get("triton_graph_warm_us"))
+
+
+def plan_choice(points: list[dict]) -> dict:
+    """The fastest variant per measured point (warm graph replay) as `SHAPE_PLANS` entries, and the
+    dict to paste into flashspec/kernels/plan.py."""
+    from flashspec.kernels.plan import shape_bucket
+
+    table: dict[tuple[int, int], dict[str, int]] = {}
+    chosen = {}
+    for point in points:
+        best = point.get("best_variant")
+        if best is None:
+            continue
+        bucket = shape_bucket(point["batch"], point["vocab"])
+        table.setdefault(bucket, point["variants"][best]["overrides"])
+        chosen[f"B={point['batch']} V={point['vocab']}"] = {"variant": best, "by": point.get("best_variant_by"),
+                                                            "bucket": list(bucket)}
+    paste = "SHAPE_PLANS: dict[tuple[int, int], dict[str, int]] = {\n" + "".join(
+        f"    {bucket}: {overrides},\n" for bucket, overrides in sorted(table.items())) + "}"
+    return {"by": "warm CUDA-graph replay, else eager where no graph was timed (ties: the first variant listed)",
+            "chosen": chosen, "paste": paste}
+
+
+# Done-when bars of the verify step (issue 15): the warm graph replay within 2x the floor everywhere; the eager
+# step (one call, launch included) 10x faster than the honest PyTorch verify at B <= 8 and 3x at B = 64.
+TARGETS = {"graph_over_floor_max": 2.0, "honest_over_eager_min_for_batch_le_8": 10.0,
+           "honest_over_eager_at_batch_64": 3.0}
+
+
+def verdicts(points: list[dict], targets: dict[str, float] = TARGETS) -> dict:
+    """PASS / MISS per target from the measurements: 'as_run' with the plan each point ran by default,
+    'with_plan_choice' with the fastest recorded variant (what the default gives once SHAPE_PLANS is
+    filled from this run). A target whose points were not measured is 'NOT MEASURED'."""
+    def bar(name: str, chosen: list[dict], as_run: str, with_choice: str, worst, passes) -> dict:
+        row = {"target": targets[name], "points": [f"B={p['batch']} V={p['vocab']}" for p in chosen]}
+        for label, key in (("as_run", as_run), ("with_plan_choice", with_choice)):
+            values = [p.get(key) for p in chosen]
+            if not chosen or any(v is None for v in values):
+                row[label] = {"measured": None, "verdict": "NOT MEASURED"}
+            else:
+                measured = worst(values)
+                row[label] = {"measured": measured, "verdict": "PASS" if passes(measured, targets[name]) else "MISS"}
+        return row
+
+    return {
+        "graph_over_floor_max": bar("graph_over_floor_max", points, "graph_warm_over_floor",
+                                    "best_graph_warm_over_floor", max, lambda m, t: m <= t),
+        "honest_over_eager_min_for_batch_le_8": bar(
+            "honest_over_eager_min_for_batch_le_8", [p for p in points if p["batch"] <= 8],
+            "honest_over_triton", "honest_over_best_eager", min, lambda m, t: m >= t),
+        "honest_over_eager_at_batch_64": bar(
+            "honest_over_eager_at_batch_64", [p for p in points if p["batch"] == 64],
+            "honest_over_triton", "honest_over_best_eager", min, lambda m, t: m >= t),
+    }
+
+
 def plan_sweep(batch: int, gamma: int, vocab: int) -> list[dict]:
-    """Per-kernel device time (L2 flushed, do_bench) for a few launch plans around the default."""
-    from flashspec.kernels import make_plan, prepare_verify
-    from flashspec.kernels import verify as kernels
+    """Per-kernel device time (L2 flushed, do_bench) for a few two-launch plans around the default."""
+    from flashspec.kernels import prepare_verify
 
     params = SamplingParams(1.0)
     target, draft, tokens = make_inputs(batch, gamma, vocab, torch.bfloat16, params, seed=1)
     key = rng.Key.from_seed(1)
-    default = dict(kernels.GPU_PLAN)
     variants = [{"stats_block_v": v, "stats_max_tiles": t} for v in (2048, 4096) for t in (2, 4, 8)]
     variants += [{"sample_block_v": v, "sample_max_tiles": t} for v in (512, 1024) for t in (1, 2, 4)]
     rows = []
-    try:
-        for variant in variants:
-            kernels.GPU_PLAN.update(default)
-            kernels.GPU_PLAN.update(variant)
-            make_plan.cache_clear()
-            prepared = prepare_verify(target, draft, tokens, params, key)
-            prepared.run()
-            torch.cuda.synchronize()
-            rows.append({
-                "batch": batch, "vocab": vocab, **variant,
-                "stats_grid": list(prepared.stats_grid), "sample_grid": list(prepared.sample_grid),
-                "stats_kernel_us": _do_bench_us(prepared.launch_stats, rep_ms=100),
-                "sample_kernel_us": _do_bench_us(prepared.launch_sample, rep_ms=100),
-                "stats_kernel_warm_us": _graph_warm_us(prepared.launch_stats),
-                "sample_kernel_warm_us": _graph_warm_us(prepared.launch_sample),
-            })
-            print(rows[-1], flush=True)
-    finally:
-        kernels.GPU_PLAN.update(default)
-        make_plan.cache_clear()
+    for variant in variants:
+        prepared = prepare_verify(target, draft, tokens, params, key, fused=False,
+                                  tuning=tuple(sorted(variant.items())))
+        prepared.run()
+        torch.cuda.synchronize()
+        rows.append({
+            "batch": batch, "vocab": vocab, **variant,
+            "stats_grid": list(prepared.stats_grid), "sample_grid": list(prepared.sample_grid),
+            "stats_kernel_us": _do_bench_us(prepared.launch_stats, rep_ms=100),
+            "sample_kernel_us": _do_bench_us(prepared.launch_sample, rep_ms=100),
+            "stats_kernel_warm_us": _graph_warm_us(prepared.launch_stats),
+            "sample_kernel_warm_us": _graph_warm_us(prepared.launch_sample),
+        })
+        print(rows[-1], flush=True)
     return rows
 
 
+def _cell(value: float | None, width: int, digits: int = 1) -> str:
+    return f"{'n/a':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
+
+
 def format_table(points: list[dict], floors: dict) -> str:
+    """The benchmark's table: floor, honest baseline, the Triton step eager and replayed, the best variant."""
+    graph = floors.get("empty_launch_graph_replay_us")
     lines = [
-        f"empty Triton launch {floors['empty_launch_us']:.2f} us (graph replay {floors['empty_launch_graph_replay_us']:.2f} us); "
+        f"empty Triton launch {floors['empty_launch_us']:.2f} us (graph replay "
+        f"{'n/a' if graph is None else f'{graph:.2f}'} us); "
         f"copy bandwidth {floors['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s",
-        f"{'B':>3} {'V':>7} {'floor':>7} {'triton':>7} {'graph':>7} {'warm':>7} {'stats':>7} {'sample':>7} "
-        f"{'wall':>7} {'jitwall':>7} {'torch':>8} {'hostloop':>9} {'tri/floor':>9} {'graph/fl':>8} {'warm/fl':>7} "
-        f"{'torch/tri':>9} {'loop/tri':>8}",
+        f"{'B':>3} {'V':>7} {'floor':>7} {'honest':>8} {'triton':>7} {'graph':>7} {'warm':>7} {'stats':>7} "
+        f"{'sample':>7} {'wall':>7} {'torch':>8} {'hostloop':>9} {'warm/fl':>7} {'hon/tri':>7} {'best':>24} "
+        f"{'bestwarm':>8} {'bestw/fl':>8}",
     ]
     for p in points:
-        loop = p.get("host_loop_us", float("nan"))
         lines.append(
-            f"{p['batch']:>3} {p['vocab']:>7} {p['floor_us']:>7.2f} {p['triton_us']:>7.2f} "
-            f"{p['triton_graph_replay_us']:>7.2f} {p['triton_graph_warm_us']:>7.2f} {p['triton_stats_kernel_us']:>7.2f} "
-            f"{p['triton_sample_kernel_us']:>7.2f} {p['triton_wall_us_per_call']:>7.2f} "
-            f"{p['triton_jit_launch_wall_us_per_call']:>7.2f} {p['torch_us']:>8.1f} {loop:>9.1f} "
-            f"{p['triton_over_floor']:>9.2f} {p['graph_over_floor']:>8.2f} {p['graph_warm_over_floor']:>7.2f} "
-            f"{p['torch_over_triton']:>9.1f} {p.get('host_loop_over_triton', float('nan')):>8.1f}"
+            f"{p['batch']:>3} {p['vocab']:>7} {p['floor_us']:>7.2f} {p['honest_torch_us']:>8.1f} "
+            f"{p['triton_us']:>7.2f} {_cell(p.get('triton_graph_replay_us'), 7, 2)} "
+            f"{_cell(p.get('triton_graph_warm_us'), 7, 2)} {p['triton_stats_kernel_us']:>7.2f} "
+            f"{p['triton_sample_kernel_us']:>7.2f} {p['triton_wall_us_per_call']:>7.2f} {p['torch_us']:>8.1f} "
+            f"{_cell(p.get('host_loop_us'), 9)} {_cell(p.get('graph_warm_over_floor'), 7, 2)} "
+            f"{_cell(p.get('honest_over_triton'), 7)} {str(p.get('best_variant')):>24} "
+            f"{_cell(p.get('best_graph_warm_us'), 8, 2)} {_cell(p.get('best_graph_warm_over_floor'), 8, 2)}"
         )
-    lines.append("times in us. triton/graph/stats/sample/torch/hostloop: medians of triton.testing.do_bench (CUDA "
-                 "events, L2 flushed before each call); warm: per step of 20 steps replayed from one CUDA graph, no "
-                 "flush; wall/jitwall: host clock per call in a back-to-back loop with our cached launch / Triton's "
-                 "own launch path")
+    lines.append("times in us. floor: max(one empty launch, logit bytes / copy bandwidth). honest: the PyTorch "
+                 "verify a user would write (flashspec.baseline, multinomial). triton/graph/stats/sample/torch/"
+                 "hostloop: medians of triton.testing.do_bench (CUDA events, L2 flushed before each call); warm: per "
+                 "step of 20 steps replayed from one CUDA graph, no flush; wall: host clock per call in a "
+                 "back-to-back loop; torch: the bit-exact reference (the correctness oracle); best: the fastest "
+                 "launch-plan variant by warm replay")
     return "\n".join(lines)

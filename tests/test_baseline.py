@@ -12,10 +12,15 @@ from flashspec.baseline import verify_pytorch
 from flashspec.exactness import VerifyOutput
 
 
-def harness_verifier(target_logits, draft_logits, draft_tokens, params, generator, draft_noise):
+def harness_verifier(target_logits, draft_logits, draft_tokens, params, generator, draft_noise, sampler="multinomial"):
     """`verify_pytorch` in the exactness harness's signature (an int seed per call)."""
     return verify_pytorch(target_logits, draft_logits, draft_tokens, params,
-                          torch.Generator().manual_seed(generator))
+                          torch.Generator().manual_seed(generator), sampler=sampler)
+
+
+def race_verifier(target_logits, draft_logits, draft_tokens, params, generator, draft_noise):
+    """The same, drawing the residual / bonus by an exponential race (the graph-capturable form)."""
+    return harness_verifier(target_logits, draft_logits, draft_tokens, params, generator, draft_noise, "race")
 
 
 def bonus_from_wrong_position(target_logits, draft_logits, draft_tokens, params, generator, draft_noise):
@@ -34,9 +39,10 @@ def bonus_from_wrong_position(target_logits, draft_logits, draft_tokens, params,
 SAMPLE = [config for config in CONFIGS if config.name in {c.name for c in CONFIGS[::6]}]
 
 
+@pytest.mark.parametrize("verifier", [harness_verifier, race_verifier], ids=["multinomial", "race"])
 @pytest.mark.parametrize("config", SAMPLE, ids=lambda c: c.name)
-def test_plain_pytorch_verify_matches_the_exact_law(config):
-    result = run_config(config, harness_verifier)
+def test_plain_pytorch_verify_matches_the_exact_law(config, verifier):
+    result = run_config(config, verifier)
     assert result.passes(ALPHA_EACH), f"{config.name}: {result}"
 
 
@@ -56,5 +62,9 @@ def test_greedy_equals_the_library_and_shapes():
     ours = verify_pytorch(target, draft, tokens, greedy, torch.Generator().manual_seed(1))
     library = fs.verify(target, draft, tokens, greedy, generator=1, backend="torch")
     assert torch.equal(ours.tokens, library.tokens) and torch.equal(ours.num_accepted, library.num_accepted)
-    sampled = verify_pytorch(target, None, tokens, fs.SamplingParams(0.8), torch.Generator().manual_seed(2))
-    assert sampled.tokens.shape == (5, 4) and bool(((sampled.num_accepted >= 0) & (sampled.num_accepted <= 3)).all())
+    for sampler in ("multinomial", "race"):
+        sampled = verify_pytorch(target, None, tokens, fs.SamplingParams(0.8), torch.Generator().manual_seed(2),
+                                 sampler=sampler)
+        assert sampled.tokens.shape == (5, 4) and bool(((sampled.num_accepted >= 0) & (sampled.num_accepted <= 3)).all())
+    with pytest.raises(ValueError, match="sampler"):
+        verify_pytorch(target, draft, tokens, greedy, sampler="gumbel")

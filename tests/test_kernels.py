@@ -310,3 +310,81 @@ def test_captured_step_draws_new_uniforms_per_replay(plan: str, temperature: flo
         graph.replay()
         expected = verify_reference(target, draft, tokens, params, rng.step_key_host(rng.Key.from_seed(7), value))
         assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)
+
+
+@pytest.fixture
+def gpu_planner(monkeypatch):
+    """`make_plan`'s GPU branch on any machine: a 132-SM device, compiled Triton (plans only; nothing runs)."""
+    from flashspec.kernels import plan as plan_module
+
+    monkeypatch.setattr(plan_module, "interpreting", lambda: False)
+    monkeypatch.setattr(plan_module, "_num_sms", lambda index: 132)
+    plan_module.make_plan.cache_clear()
+    yield plan_module
+    plan_module.make_plan.cache_clear()
+
+
+@pytest.mark.parametrize("batch", [1, 8, 64])
+@pytest.mark.parametrize("vocab", [32000, 128256])
+def test_gpu_plans_of_every_benchmark_variant_are_valid(gpu_planner, batch: int, vocab: int) -> None:
+    """Every launch-plan variant the benchmark times gives a plan within the kernels' limits, on both
+    plans, and a SHAPE_PLANS entry changes the default of its bucket only."""
+    from flashspec.bench import PLAN_VARIANTS
+
+    device = torch.device("cuda", 0)
+    for overrides in PLAN_VARIANTS.values():
+        chosen = gpu_planner.make_plan(batch, 4, vocab, device, False, tuning=tuple(sorted(overrides.items())))
+        assert chosen.fused == bool(overrides.get("fused", 0))
+        for chunk, splits, block_v, most in ((chosen.stats_chunk, chosen.stats_splits, chosen.stats_block_v, 256),
+                                             (chosen.sample_chunk, chosen.sample_splits, chosen.sample_block_v, 1024),
+                                             (chosen.fused_chunk, chosen.fused_splits, chosen.stats_block_v, 256)):
+            assert chunk % block_v == 0 and (splits - 1) * chunk < vocab <= splits * chunk and splits <= most
+        assert chosen.block_s3 >= chosen.fused_splits and chosen.block_s >= chosen.stats_splits
+        assert chosen.launches == (1 if chosen.fused else 2)
+    default = gpu_planner.make_plan(batch, 4, vocab, device, False)
+    assert not default.fused  # an empty SHAPE_PLANS runs GPU_PLAN: two launches
+    bucket = gpu_planner.shape_bucket(batch, vocab)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(gpu_planner.SHAPE_PLANS, bucket, {"fused": 1})
+        gpu_planner.make_plan.cache_clear()
+        assert gpu_planner.make_plan(batch, 4, vocab, device, False).fused
+        assert not gpu_planner.make_plan(batch, 4, vocab, device, False, fused=False).fused
+        other = gpu_planner.shape_bucket(batch * 8 + 1, vocab)
+        assert other == bucket or not gpu_planner.make_plan(batch * 8 + 1, 4, vocab, device, False).fused
+    gpu_planner.make_plan.cache_clear()
+    with pytest.raises(ValueError, match="unknown launch-plan keys"):
+        gpu_planner.make_plan(batch, 4, vocab, device, False, tuning=(("sample_tile", 1),))
+
+
+def test_shape_buckets() -> None:
+    from flashspec.kernels.plan import shape_bucket
+
+    assert shape_bucket(1, 32000) == (1, 32768)
+    assert shape_bucket(2, 32768) == (8, 32768)
+    assert shape_bucket(9, 50000) == (64, 131072)
+    assert shape_bucket(500, 256000) == (64, 131072)
+
+
+def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
+    """`flashspec bench verify --smoke`: the GPU benchmark's driver end to end on tiny shapes (host clock, no
+    graphs) -- every plan variant returns the reference's tokens, verdicts and the plan table are written."""
+    import json
+
+    from experiments import bench_verify
+    from flashspec.bench import PLAN_VARIANTS, TARGETS
+
+    out = tmp_path / "verify.json"
+    assert bench_verify.main(["--smoke", "--batch", "1", "3", "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    results = record["results"]
+    assert [p["batch"] for p in results["points"]] == [1, 3]
+    for point in results["points"]:
+        assert set(point["variants"]) == set(PLAN_VARIANTS)
+        assert all(row["tokens_equal_reference"] for row in point["variants"].values()), point["variants"]
+        assert point["honest_torch_us"] > 0 and point["honest_over_triton"] is not None
+        assert point["best_variant"] in PLAN_VARIANTS
+        assert "honest_torch_graph_error" in point or "honest_torch_graph_warm_us" in point
+    assert set(results["verdicts"]) == set(TARGETS)
+    assert results["verdicts"]["honest_over_eager_at_batch_64"]["as_run"]["verdict"] == "NOT MEASURED"
+    assert results["plan_choice"]["paste"].startswith("SHAPE_PLANS")
+    assert record["settings"]["targets"] == TARGETS
