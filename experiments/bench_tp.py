@@ -39,7 +39,7 @@ from flashspec import models, provenance  # noqa: E402
 from flashspec.drafters import PromptLookupDrafter  # noqa: E402
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
 from flashspec.runner import capture  # noqa: E402
-from flashspec.tp import TensorParallel, shard_target  # noqa: E402
+from flashspec.tp import TensorParallel, shard_target, shutdown  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -131,6 +131,11 @@ def anatomy(decoder: FastSpeculativeDecoder, tp: TensorParallel, gamma: int, gra
     batch = tokens.shape[0]
     reduced_1 = torch.zeros(batch, 1, hidden, dtype=target.dtype, device=device)
     reduced_q = torch.zeros(batch, gamma + 1, hidden, dtype=target.dtype, device=device)
+    per_forward = 2 * len(target.layers)
+
+    def allreduces(tensor: torch.Tensor) -> None:  # one forward's worth, back to back (a graph pays one launch)
+        for _ in range(per_forward):
+            dist.all_reduce(tensor, group=group)
     pieces = {
         "target_forward_1": lambda: target.forward(one, last[:, None], bucket),
         "target_forward_q": lambda: target.forward(tokens, last[:, None] + offsets, bucket),
@@ -138,16 +143,19 @@ def anatomy(decoder: FastSpeculativeDecoder, tp: TensorParallel, gamma: int, gra
         "draft_window_q": lambda: draft.forward(tokens, window, bucket, torch.full_like(one, gamma)),
         "allreduce_hidden_1": lambda: dist.all_reduce(reduced_1, group=group),
         "allreduce_hidden_q": lambda: dist.all_reduce(reduced_q, group=group),
+        "allreduces_per_forward_1": lambda: allreduces(reduced_1),
+        "allreduces_per_forward_q": lambda: allreduces(reduced_q),
     }
-    out: dict[str, Any] = {"bucket": bucket, "graphed": graphed,
-                           "allreduces_per_target_forward": 2 * len(target.layers)}
+    out: dict[str, Any] = {"bucket": bucket, "graphed": graphed, "allreduces_per_target_forward": per_forward}
     for name, piece in pieces.items():
         out[name] = time_piece(piece, tp, graphed)
-        if graphed and name.startswith("allreduce"):
+        if graphed and name.startswith("allreduce_hidden"):
             out[f"{name}_eager"] = time_piece(piece, tp, False)
-    if isinstance(out["allreduce_hidden_q"], float) and isinstance(out["target_forward_q"], float):
-        comm = out["allreduces_per_target_forward"] * out["allreduce_hidden_q"]
-        out["allreduce_share_of_target_forward_q"] = comm / out["target_forward_q"]
+    for suffix in ("1", "q"):  # the forward's collectives, timed together, as a share of the forward
+        comm, forward = out[f"allreduces_per_forward_{suffix}"], out[f"target_forward_{suffix}"]
+        if isinstance(comm, float) and isinstance(forward, float):
+            out[f"allreduce_each_us_{suffix}"] = 1e3 * comm / per_forward
+            out[f"allreduce_share_of_target_forward_{suffix}"] = comm / forward
     return out
 
 
@@ -204,8 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.out and rank0:  # after every cell: a run cut short keeps what it measured
             provenance.write_result(args.out, origin, settings, record)
             print(f"wrote {args.out}", flush=True)
-    synchronize(tp)
-    dist.destroy_process_group()
+    shutdown(plain, speculative)
     return 0
 
 

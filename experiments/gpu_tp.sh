@@ -20,7 +20,15 @@ phase() {  # name, seconds, ranks, bench options...
   grep -E "^TP=|Error|error" "$OUT/$name.log" | grep -v anatomy | tail -n 8
   return $rc
 }
-phase bench_tp1_h200 170 1
-phase bench_tp2_h200x2 170 2 || phase bench_tp2_h200x2_eager 170 2 --graphs off
-phase bench_tp1_h200_compile 130 1 --compile
-phase bench_tp2_h200x2_compile 130 2 --compile
+# ${TP_PHASES:-all}: which runs (graphs, compile, or all); REPEATS timed requests per method
+repeats=${REPEATS:-3}
+case ${TP_PHASES:-all} in graphs|all)
+  phase bench_tp1_h200 170 1 --repeats "$repeats"
+  # eager steps only if capturing the collectives failed (the JSON then has no cells)
+  phase bench_tp2_h200x2 170 2 --repeats "$repeats" || grep -q '"batch"' "$OUT/bench_tp2_h200x2.json" 2>/dev/null \
+    || phase bench_tp2_h200x2_eager 170 2 --repeats "$repeats" --graphs off ;;
+esac
+case ${TP_PHASES:-all} in compile|all)
+  phase bench_tp1_h200_compile 200 1 --compile --repeats "$repeats"
+  phase bench_tp2_h200x2_compile 200 2 --compile --repeats "$repeats" ;;
+esac

@@ -172,6 +172,7 @@ def generate_command(argv: list[str]) -> int:
 
     import torch
 
+    decoder = run.decoder
     lead = tp is None or tp.rank == 0
     streamer = TextStreamer(run.tokenizer, total=run.max_new_tokens, progress=not args.no_progress) if lead else None
     write = sys.stdout.write if lead else (lambda text: None)
@@ -179,36 +180,37 @@ def generate_command(argv: list[str]) -> int:
     sys.stdout.flush()
     try:
         with torch.no_grad():
-            result = run.decoder.generate(
+            result = decoder.generate(
                 run.input_ids, max_new_tokens=run.max_new_tokens, sampling=run.sampling, seed=args.seed,
                 on_step=streamer,
             )
     except ValueError as error:
         write("\n")
-        return finish(tp, report_error(error))
+        return finish(tp, report_error(error), decoder)
     except RuntimeError as error:
         if tp is None:  # outside tensor parallelism a RuntimeError is a bug: keep its traceback
             raise
         write("\n")  # the ranks disagreed on the request or diverged (flashspec.tp's guard)
-        return finish(tp, report_error(f"--tp: {error}"))
+        return finish(tp, report_error(f"--tp: {error}"), decoder)
     except KeyboardInterrupt:
         write("\n")
         print("flashspec generate: interrupted", file=sys.stderr)
-        return finish(tp, 130)
+        return finish(tp, 130, decoder)
     finally:
         if streamer is not None:
             streamer.close()
     if not lead:
-        return finish(tp, 0)
+        return finish(tp, 0, decoder)
     sys.stdout.write("\n")
     print(result.stats.format_table(), file=sys.stderr)
     if args.json:
         try:
             result.stats.to_json(args.json)
         except OSError as error:  # the path was writable when checked; the table above still has the summary
-            return finish(tp, report_error(f"--json {args.json}: could not write the statistics ({error.strerror})"))
+            message = f"--json {args.json}: could not write the statistics ({error.strerror})"
+            return finish(tp, report_error(message), decoder)
         print(f"per-step statistics written to {args.json}", file=sys.stderr)
-    return finish(tp, 0)
+    return finish(tp, 0, decoder)
 
 
 def start_tensor_parallel(args: argparse.Namespace) -> Any:
@@ -235,13 +237,12 @@ def start_tensor_parallel(args: argparse.Namespace) -> Any:
     return tp
 
 
-def finish(tp: Any, code: int) -> int:
-    """Leave the process group (if any) and return `code`."""
+def finish(tp: Any, code: int, *decoders: Any) -> int:
+    """Leave the process group (if any; after freeing the decoders' graphs) and return `code`."""
     if tp is not None:
-        import torch.distributed as dist
+        from flashspec.tp import shutdown
 
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        shutdown(*decoders)
     return code
 
 

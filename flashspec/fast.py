@@ -172,6 +172,12 @@ class FastSpeculativeDecoder:
         self.policy = resolve_policy(policy, max(1, len(self.drafts)), **(policy_kwargs or {}))
         self._session: _Session | None = None
 
+    def close(self) -> None:
+        """Free the session: its CUDA graphs, static KV caches and host buffers (the next `generate`
+        builds them again). Under tensor parallelism, do this before `destroy_process_group`: graphs
+        that captured NCCL collectives keep the communicator alive (`flashspec.tp.shutdown`)."""
+        self._session = None
+
     @property
     def arm_names(self) -> list[str]:
         if not self.drafts:

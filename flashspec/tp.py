@@ -23,8 +23,11 @@ environment), `shard_target(target, tp)`, then `FastSpeculativeDecoder(target, d
 """
 from __future__ import annotations
 
+import gc
 import hashlib
 import os
+import sys
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -200,3 +203,33 @@ def shard_target(model: torch.nn.Module, tp: TensorParallel) -> torch.nn.Module:
         parallelize_module(layer, tp.mesh, plan)
     setattr(model, TP_SIZE_ATTR, tp.size)
     return model
+
+
+SHUTDOWN_TIMEOUT_S = 60.0
+
+
+def shutdown(*decoders: Any, timeout_s: float = SHUTDOWN_TIMEOUT_S) -> None:
+    """Leave the process group cleanly: free the decoders' sessions (their CUDA graphs hold NCCL work),
+    wait for every rank, then `destroy_process_group`. NCCL's communicator teardown can hang after
+    collectives were captured in CUDA graphs (pytorch/pytorch#115388); if it has not returned after
+    `timeout_s`, this process says so and exits with status 0, its results being already written."""
+    for decoder in decoders:
+        decoder.close()
+    gc.collect()
+    if not dist.is_initialized():
+        return
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    dist.barrier()
+    done = threading.Event()
+
+    def destroy() -> None:
+        dist.destroy_process_group()
+        done.set()
+
+    threading.Thread(target=destroy, daemon=True).start()
+    if not done.wait(timeout_s):
+        print(f"flashspec.tp: destroy_process_group did not return within {timeout_s:.0f} s (NCCL teardown "
+              "after graph-captured collectives); exiting", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(0)
