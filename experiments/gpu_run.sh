@@ -5,11 +5,13 @@
 # Phases: tests (GPU tests of kernels, runner, fast path), bench-b1 / bench-b8 / bench-b32
 # (bench_fast --compile, random TinyLlama/68m shapes), bench-zoo (trained GPU zoo, B=1 and 8),
 # verify (flashspec bench verify), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
-# bitsandbytes must be importable).
+# bitsandbytes must be importable). Time limits (s): TESTS_LIMIT, BENCH_LIMIT, NF4_LIMIT, VERIFY_LIMIT.
 set -uo pipefail
 : "${OUT:?set OUT}" "${FLASHSPEC_GIT_SHA:?set FLASHSPEC_GIT_SHA to the commit being measured}"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
-pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+if [ -z "${FLASHSPEC_INSTALLED:-}" ]; then  # gpu_lanes.sh installs once for its lanes
+  pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.txt"
 sha=${FLASHSPEC_GIT_SHA:0:7}
 phase() {  # name, seconds, command...
@@ -21,16 +23,16 @@ phase() {  # name, seconds, command...
 }
 for name in "$@"; do
   case $name in
-    tests) phase "gpu_tests_$sha" 230 python -m pytest -q -x -p no:cacheprovider tests/test_kernels.py \
-             tests/test_runner.py tests/test_fast.py ;;
+    tests) phase "gpu_tests_$sha" "${TESTS_LIMIT:-300}" python -m pytest -q -p no:cacheprovider tests/test_kernels.py \
+             tests/test_runner.py tests/test_fast.py tests/test_nf4.py ;;
     bench-b*) b=${name#bench-b}
-             phase "bench_fast_b${b}_compile_h200" 340 python experiments/bench_fast.py --compile "${COMPILE_MODE:-default}" --batches "$b" \
+             phase "bench_fast_b${b}_compile_h200" "${BENCH_LIMIT:-340}" python experiments/bench_fast.py --compile "${COMPILE_MODE:-default}" --batches "$b" \
                --out "$OUT/bench_fast_b${b}_compile_h200.json" ;;
     bench-zoo) phase bench_fast_zoo_gpu_compile_h200 540 python experiments/bench_fast.py --compile "${COMPILE_MODE:-default}" --pair zoo-gpu \
                --batches 1 8 --new-tokens 128 --out "$OUT/bench_fast_zoo_gpu_compile_h200.json" ;;
-    bench-nf4) phase bench_fast_nf4_h200 240 python experiments/bench_fast.py --quantization nf4 --compile "${COMPILE_MODE:-default}" \
+    bench-nf4) phase bench_fast_nf4_h200 "${NF4_LIMIT:-240}" python experiments/bench_fast.py --quantization nf4 --compile "${COMPILE_MODE:-default}" \
                --batches 1 --new-tokens 128 --out "$OUT/bench_fast_nf4_h200.json" ;;
-    verify) phase "verify_h200_$sha" 300 python -m flashspec.cli bench verify --out "$OUT/verify_h200.json" ;;
+    verify) phase "verify_h200_$sha" "${VERIFY_LIMIT:-300}" python -m flashspec.cli bench verify --out "$OUT/verify_h200.json" ;;
     *) echo "unknown phase $name" >&2; exit 2 ;;
   esac
 done
