@@ -32,7 +32,7 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_runner import time_calls  # noqa: E402
+from bench_runner import copy_bandwidth, time_calls  # noqa: E402
 
 import flashspec as fs  # noqa: E402
 from flashspec import models, provenance  # noqa: E402
@@ -113,7 +113,26 @@ def time_piece(fn: Callable[[], Any], tp: TensorParallel, graphed: bool) -> floa
         return f"failed: {type(error).__name__}: {error}"[:300]
 
 
-def anatomy(decoder: FastSpeculativeDecoder, tp: TensorParallel, gamma: int, graphed: bool) -> dict[str, Any]:
+def local_forward_bytes(model: torch.nn.Module, batch: int, filled: int) -> int:
+    """Bytes one forward must read on this rank: its shard of every weight but the embedding table
+    (replicated pieces in full) and its heads' filled K/V."""
+    embedding = model.model.embed_tokens.weight
+    tied = model.lm_head.weight is embedding
+    weights = 0
+    for parameter in model.parameters():
+        if parameter is embedding and not tied:
+            continue
+        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter  # a DTensor's shard
+        weights += local.numel() * local.element_size()
+    config = model.config
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    kv_heads = config.num_key_value_heads // int(getattr(model, "flashspec_tp_size", 1))
+    kv = 2 * config.num_hidden_layers * batch * kv_heads * filled * head_dim * embedding.element_size()
+    return weights + kv
+
+
+def anatomy(decoder: FastSpeculativeDecoder, model: torch.nn.Module, tp: TensorParallel, gamma: int,
+            graphed: bool) -> dict[str, Any]:
     """The step's pieces timed alone at the step's shapes (every rank runs them: the target's collectives
     pair up), and one all-reduce of the hidden state on the tensor-parallel device group."""
     session = decoder._session
@@ -147,6 +166,12 @@ def anatomy(decoder: FastSpeculativeDecoder, tp: TensorParallel, gamma: int, gra
         "allreduces_per_forward_q": lambda: allreduces(reduced_q),
     }
     out: dict[str, Any] = {"bucket": bucket, "graphed": graphed, "allreduces_per_target_forward": per_forward}
+    bandwidth = copy_bandwidth(device)
+    if bandwidth is not None:  # the HBM floor of this rank's one-token forward: its bytes / copy bandwidth
+        filled = int(session.buffers.lengths.max())
+        out["copy_bandwidth_GBps"] = bandwidth / 1e9
+        out["forward_bytes_local"] = local_forward_bytes(model, batch, filled)
+        out["hbm_floor_1"] = 1e3 * out["forward_bytes_local"] / bandwidth
     for name, piece in pieces.items():
         out[name] = time_piece(piece, tp, graphed)
         if graphed and name.startswith("allreduce_hidden"):
@@ -205,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
         cell["speedup_speculative_over_plain"] = (methods["fast_speculative"]["tok_s_median"]
                                                   / methods["fast_plain"]["tok_s_median"])
         use_graphs = tp.device.type == "cuda" and graphs is None
-        cell["anatomy_ms"] = anatomy(speculative, tp, args.gamma, use_graphs)
+        cell["anatomy_ms"] = anatomy(speculative, target, tp, args.gamma, use_graphs)
         if rank0:
             print(f"TP={tp.size} B={batch} anatomy {json.dumps(cell['anatomy_ms'], default=str)}", flush=True)
         record["cells"].append(cell)
