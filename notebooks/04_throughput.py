@@ -841,3 +841,155 @@ if ZOO_READY:
         f"live on this CPU ({os.cpu_count()} cores, torch {torch.__version__}) on "
         f"{datetime.now(timezone.utc):%Y-%m-%d %H:%M} UTC while this page was "
         "built; rerun this cell to regenerate it."))
+
+# %% [markdown]
+# ## Past one GPU: the target sharded over ranks
+#
+# A target too large for one GPU's memory or bandwidth is run tensor-parallel. `flashspec.tp` shards the target's
+# decoder layers over the ranks of a torchrun job with PyTorch's own DTensor plan (query/key/value and gate/up
+# projections split by output features, output and down projections by input features), so each rank holds
+# 1/N of every layer's weights and of its KV cache, and two all-reduces per layer (after attention, after the
+# MLP) rebuild the hidden state. There is no communication code in FlashSpec itself. The drafts, the policy and
+# `verify` are small and run replicated on every rank.
+#
+# Nothing is broadcast. After each all-reduce every rank holds bitwise the same hidden state, so every rank
+# computes the same logits. The randomness is counter-based (key, stream, row, position, index), so every rank
+# draws the same uniforms and emits the same tokens. Theorem 1 therefore holds rank by rank, unchanged. The
+# assumption is checked, not trusted: the ranks compare a hash of the request before the first forward, and a
+# hash of every emitted token every 16 steps, on the host and off the step's critical path. Any mismatch stops
+# every rank with an error that names the step. The commands:
+#
+# ```
+# torchrun --nproc-per-node 2 -m flashspec generate --tp --prompt "..."       # rank 0 prints
+# torchrun --nproc-per-node 2 -m flashspec bench tp --out bench_tp2.json      # TP = 2
+# torchrun --nproc-per-node 1 -m flashspec bench tp --out bench_tp1.json      # TP = 1, the unsharded target
+# ```
+#
+# Live here: the default tiny models with greedy decoding, sharded over two CPU processes (gloo), against one
+# process. The sharded run must print the same text.
+
+# %%
+import subprocess
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+greedy = ["--max-new-tokens", "16", "--temperature", "0", "--no-progress"]
+cpu_env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "TRITON_INTERPRET": "1"}  # CPU ranks, gloo
+sharded_run = subprocess.run(
+    [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+     str(free_port()), "-m", "flashspec", "generate", "--tp", *greedy],
+    capture_output=True, text=True, env=cpu_env, timeout=300)
+single_run = subprocess.run(
+    [sys.executable, "-m", "flashspec", "generate", "--engine", "fast", "--device", "cpu", *greedy],
+    capture_output=True, text=True, env=cpu_env, timeout=300)
+for label, done in (("2 ranks, --tp", sharded_run), ("1 process", single_run)):
+    print(f"LIVE {label:13s} exit {done.returncode}: {done.stdout.strip()!r}")
+    if done.returncode:
+        print(done.stderr[-1500:])
+print("same text:", sharded_run.stdout == single_run.stdout)
+
+# %% [markdown]
+# Measured on two NVIDIA H200s in one host: a Llama-2-7B-shaped target (bf16, random weights) with two
+# llama-68m-shaped drafts and prompt lookup under Thompson sampling. The settings are γ = 4, T = 1 and 256 new
+# tokens, with one warm-up request and then timed repeats. TP = 1 is the unsharded target on one GPU, as a
+# one-GPU user would run it. There are two configurations: graphs only, and graphs with compiled regions. The
+# bars come from the issue that asked for this: TP = 2 should take at most 0.65× the TP = 1 plain step at B = 1,
+# and speculative decoding should keep its speed-up over plain decoding within 10% when going from TP = 1 to
+# TP = 2.
+
+# %%
+tp_records = {(mode, size): result_file(f"bench_tp{size}_h200{'x2' if size == 2 else ''}{suffix}.json")
+              for mode, suffix in (("graphs", ""), ("graphs + compile", "_compile")) for size in (1, 2)}
+tp_records = {key: record for key, record in tp_records.items() if record}
+
+
+def tp_cell(mode: str, size: int, batch: int) -> dict | None:
+    record = tp_records.get((mode, size))
+    return next((cell for cell in body(record)["cells"] if cell["batch"] == batch), None) if record else None
+
+
+def ratio_text(method: str, one: dict, two: dict) -> str:
+    """TP = 2 / TP = 1 tok/s of `method` with its range over the repeats and the verdict."""
+    verdict = stats.compare_runs(one["methods"][method]["seconds"], two["methods"][method]["seconds"])
+    return f"{verdict.ratio:.2f}x ({verdict.low:.2f}-{verdict.high:.2f}, {verdict.verdict})"
+
+
+for mode in ("graphs", "graphs + compile"):
+    for batch in (1, 8):
+        one, two = tp_cell(mode, 1, batch), tp_cell(mode, 2, batch)
+        if not (one and two):
+            continue
+        step_1 = one["methods"]["fast_plain"]["step_ms_p50"]
+        step_2 = two["methods"]["fast_plain"]["step_ms_p50"]
+        spec_1, spec_2 = one["speedup_speculative_over_plain"], two["speedup_speculative_over_plain"]
+        print(f"{mode}, B = {batch}: plain step p50 {step_1:.2f} ms (TP = 1) -> {step_2:.2f} ms (TP = 2), "
+              f"{step_2 / step_1:.2f}x" + (f"  [bar <= 0.65: {'PASS' if step_2 / step_1 <= 0.65 else 'MISS'}]"
+                                          if batch == 1 else ""))
+        print(f"   tok/s TP = 2 over TP = 1: plain {ratio_text('fast_plain', one, two)}, "
+              f"speculative {ratio_text('fast_speculative', one, two)}")
+        kept = spec_2 / spec_1
+        print(f"   speculative / plain: {spec_1:.2f}x at TP = 1, {spec_2:.2f}x at TP = 2 "
+              f"(kept {kept:.2f} [bar >= 0.90: {'PASS' if kept >= 0.9 else 'MISS'}]; tokens/step "
+              f"{two['methods']['fast_speculative']['mean_tokens_per_step']:.2f})")
+if tp_records:
+    meta = next(iter(tp_records.values()))["provenance"]
+    print("hardware:", meta["hardware"].get("gpu_count"), "x", meta["hardware"].get("gpu"), "| git",
+          str(meta.get("git_sha"))[:7], "|", meta.get("date_utc"), "| torch", meta["versions"].get("torch"))
+else:
+    print("No committed tensor-parallel results in results/.")
+
+# %% [markdown]
+# Why the step does not halve: the anatomy of the target's one-token forward at B = 1, from the same runs. Each
+# piece is replayed alone from its own CUDA graph. *HBM floor* is this rank's bytes (its weight shard, the
+# replicated embedding and head, its heads' K/V) divided by the measured copy bandwidth. *All-reduces* are one
+# forward's 2 × 32 collectives replayed back to back in one graph. *The rest* is everything else: per-kernel
+# latency of the few hundred small kernels (norms, RoPE, cache writes, attention, activations), which neither
+# more bandwidth nor more GPUs remove.
+
+# %%
+anatomy_rows = {}
+for mode in ("graphs", "graphs + compile"):
+    for size in (1, 2):
+        cell = tp_cell(mode, size, 1)
+        parts = cell["anatomy_ms"] if cell else {}
+        if "hbm_floor_1" not in parts or not isinstance(parts.get("allreduces_per_forward_1"), float):
+            continue
+        comm = parts["allreduces_per_forward_1"] if size > 1 else 0.0  # one rank: no collective to pay
+        anatomy_rows[f"TP = {size}, {mode}"] = {
+            "HBM floor": parts["hbm_floor_1"], "all-reduces": comm,
+            "the rest": max(parts["target_forward_1"] - parts["hbm_floor_1"] - comm, 0.0)}
+if anatomy_rows:
+    figure, axis = plt.subplots(figsize=(6.5, 0.6 + 0.6 * len(anatomy_rows)))
+    colours = {"HBM floor": "#4c72b0", "all-reduces": "#c44e52", "the rest": "#8c8c8c"}
+    for index, (label, values) in enumerate(anatomy_rows.items()):
+        left = 0.0
+        for part, colour in colours.items():
+            axis.barh(label, values[part], left=left, color=colour, label=part if index == 0 else None)
+            left += values[part]
+    axis.invert_yaxis()
+    axis.set_xlabel("ms per one-token forward of the 7B-shaped target (B = 1, NVIDIA H200)")
+    axis.legend(fontsize=8, loc="lower right")
+    figure.tight_layout()
+    plt.show()
+    for label, values in anatomy_rows.items():
+        print(f"{label:26s} " + ", ".join(f"{part} {ms:.2f} ms" for part, ms in values.items()))
+else:
+    print_wrapped("The committed tensor-parallel runs predate the floor and collective timings in the "
+                  "anatomy; rerun `flashspec bench tp` to draw this figure.", indent="")
+for mode in ("graphs", "graphs + compile"):
+    one, two = anatomy_rows.get(f"TP = 1, {mode}"), anatomy_rows.get(f"TP = 2, {mode}")
+    if not (one and two):
+        continue
+    measured_1, measured_2 = sum(one.values()), sum(two.values())
+    predicted = two["HBM floor"] + one["the rest"] + two["all-reduces"]
+    allowed = 0.65 * measured_1 - two["HBM floor"]  # what the rest and the collectives may take at the bar
+    print_wrapped(f"{mode}: if only the floor shrank and the collectives were added, TP = 2 would take "
+                  f"{two['HBM floor']:.2f} + {one['the rest']:.2f} + {two['all-reduces']:.2f} = {predicted:.2f} ms "
+                  f"(measured {measured_2:.2f} ms, {measured_2 / measured_1:.2f}x TP = 1). The 0.65x bar leaves "
+                  f"{allowed:.2f} ms for the rest and the collectives together, against "
+                  f"{two['the rest'] + two['all-reduces']:.2f} ms measured.", indent="")
