@@ -29,6 +29,46 @@ def _write_outputs(out_tokens_ptr, out_accepted_ptr, rows64, row_ok, positions, 
 
 
 @device_function
+def _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token,
+          rejected, row_ok, noise_base, first, vocab, scale,
+          CHUNK: tl.constexpr, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, RESIDUAL: tl.constexpr,
+          PRECISE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The exponential race (Gumbel-max) over V-chunk [first, first + CHUNK) of each row's sampled position:
+    (best score, first index of it) per row of log w - log(-log u), where w = max(0, p - q) on rejected rows
+    and p on the others (RESIDUAL), or w = p. `first` is the chunk's first column."""
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    best = tl.full([BLOCK_B], float("-inf"), tl.float32)
+    best_idx = tl.zeros([BLOCK_B], tl.int32)
+    for start in range(0, CHUNK, BLOCK_V):
+        cols = first + start + lanes
+        mask = row_ok[:, None] & (cols < vocab)[None, :]
+        x = tl.load(target_ptr + target_row[:, None] + cols[None, :], mask=mask, other=float("-inf"))
+        log_p = (_scale(x.to(tl.float32), scale, SCALE_MODE) - n_p_max[:, None]) - n_p_log_sum[:, None]
+        if RESIDUAL:
+            if HAS_DRAFT:
+                y = tl.load(draft_ptr + draft_row[:, None] + cols[None, :],
+                            mask=mask & rejected[:, None], other=float("-inf"))
+                log_q = (_scale(y.to(tl.float32), scale, SCALE_MODE) - n_q_max[:, None]) - n_q_log_sum[:, None]
+            else:
+                log_q = tl.where(cols[None, :] == n_token[:, None], 0.0, float("-inf"))
+            # log max(0, p - q) = log p + log1p(-exp(log q - log p)) where q < p, else -inf
+            positive = log_q < log_p
+            gap = tl.where(positive, log_q - log_p, 0.0)
+            log_w = tl.where(positive, log_p + _log1p(-_exp(gap, PRECISE), PRECISE), float("-inf"))
+            log_w = tl.where(rejected[:, None], log_w, log_p)
+        else:
+            log_w = log_p
+        u = krng.uniform_from_base(noise_base[:, None], cols[None, :])
+        gumbel = _log(-_log(u, PRECISE), PRECISE)  # the race: argmax log w - log(-log u)
+        score = tl.where(mask, log_w - gumbel, float("-inf"))
+        tile, tile_arg = _max_index(score, axis=1)
+        better = tile > best  # strict: an earlier tile keeps a tie
+        best = tl.where(better, tile, best)
+        best_idx = tl.where(better, (first + start).to(tl.int32) + tile_arg.to(tl.int32), best_idx)
+    return best, best_idx
+
+
+@device_function
 def _sample_program(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr, race_val_ptr,
                     race_idx_ptr, counter_ptr, out_tokens_ptr, out_accepted_ptr, pid_b, split,
                     batch, gamma, vocab, num_stat_splits, num_splits, scale, accept_prefix, sample_prefix,
@@ -107,44 +147,31 @@ def _sample_program(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_pt
             n_q_max = _sum(tl.where(at_n, q_max, 0.0), axis=1)
             n_q_log_sum = _sum(tl.where(at_n, q_log_sum, 0.0), axis=1)
             draft_row = (rows64 * gamma + tl.minimum(n64, gamma - 1)) * vocab
+            n_token = tl.zeros([BLOCK_B], tl.int64)  # unused: q is the draft's softmax
         else:
             n_token = _sum(tl.where(at_n & is_draft, drafted, 0), axis=1)
+            draft_row, n_q_max, n_q_log_sum = target_row, n_p_max, n_p_log_sum  # unused: q is one-hot at n_token
         noise_base = krng.base_hash(sample_prefix, rows, num_accepted)
-        lanes = tl.arange(0, BLOCK_V).to(tl.int64)
         first = split.to(tl.int64) * CHUNK
-        best_w = tl.full([BLOCK_B], float("-inf"), tl.float32)
-        best_w_idx = tl.zeros([BLOCK_B], tl.int32)
-        best_p = tl.full([BLOCK_B], float("-inf"), tl.float32)
-        best_p_idx = tl.zeros([BLOCK_B], tl.int32)
-        for start in range(0, CHUNK, BLOCK_V):
-            cols = first + start + lanes
-            mask = row_ok[:, None] & (cols < vocab)[None, :]
-            x = tl.load(target_ptr + target_row[:, None] + cols[None, :], mask=mask, other=float("-inf"))
-            log_p = (_scale(x.to(tl.float32), scale, SCALE_MODE) - n_p_max[:, None]) - n_p_log_sum[:, None]
-            if HAS_DRAFT:
-                y = tl.load(draft_ptr + draft_row[:, None] + cols[None, :],
-                            mask=mask & rejected[:, None], other=float("-inf"))
-                log_q = (_scale(y.to(tl.float32), scale, SCALE_MODE) - n_q_max[:, None]) - n_q_log_sum[:, None]
-            else:
-                log_q = tl.where(cols[None, :] == n_token[:, None], 0.0, float("-inf"))
-            # log max(0, p - q) = log p + log1p(-exp(log q - log p)) where q < p, else -inf
-            positive = log_q < log_p
-            gap = tl.where(positive, log_q - log_p, 0.0)
-            log_w = tl.where(positive, log_p + _log1p(-_exp(gap, PRECISE), PRECISE), float("-inf"))
-            log_w = tl.where(rejected[:, None], log_w, log_p)
-            u = krng.uniform_from_base(noise_base[:, None], cols[None, :])
-            gumbel = _log(-_log(u, PRECISE), PRECISE)  # the race: argmax log w - log(-log u)
-            score_w = tl.where(mask, log_w - gumbel, float("-inf"))
-            score_p = tl.where(mask, log_p - gumbel, float("-inf"))
-            tile_w, tile_w_arg = _max_index(score_w, axis=1)
-            tile_p, tile_p_arg = _max_index(score_p, axis=1)
-            offset = (first + start).to(tl.int32)
-            better_w = tile_w > best_w
-            best_w = tl.where(better_w, tile_w, best_w)
-            best_w_idx = tl.where(better_w, offset + tile_w_arg.to(tl.int32), best_w_idx)
-            better_p = tile_p > best_p
-            best_p = tl.where(better_p, tile_p, best_p)
-            best_p_idx = tl.where(better_p, offset + tile_p_arg.to(tl.int32), best_p_idx)
+        # Only a row that rejected needs the residual; the race over p is needed only as the fallback of a row
+        # whose residual race found nothing in this chunk (p <= q everywhere in it: the reduction below reads
+        # p's winners only when no chunk has a residual winner). A block that accepted everything races once.
+        if _max(tl.where(rejected & row_ok, 1, 0), axis=0) > 0:
+            best_w, best_w_idx = _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_q_max,
+                                       n_q_log_sum, n_token, rejected, row_ok, noise_base, first, vocab, scale,
+                                       CHUNK, SCALE_MODE, HAS_DRAFT, True, PRECISE, BLOCK_B, BLOCK_V)
+            if _min(tl.where((best_w > float("-inf")) | ~row_ok, 1, 0), axis=0) == 0:
+                best_p, best_p_idx = _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum,
+                                           n_q_max, n_q_log_sum, n_token, rejected, row_ok, noise_base, first, vocab,
+                                           scale, CHUNK, SCALE_MODE, HAS_DRAFT, False, PRECISE, BLOCK_B, BLOCK_V)
+            else:  # never read: every row's residual race found a winner
+                best_p = tl.full([BLOCK_B], float("-inf"), tl.float32)
+                best_p_idx = tl.zeros([BLOCK_B], tl.int32)
+        else:
+            best_w, best_w_idx = _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_q_max,
+                                       n_q_log_sum, n_token, rejected, row_ok, noise_base, first, vocab, scale,
+                                       CHUNK, SCALE_MODE, HAS_DRAFT, False, PRECISE, BLOCK_B, BLOCK_V)
+            best_p, best_p_idx = best_w, best_w_idx
 
         if SPLIT:
             race_w = (rows64 * 2) * num_splits + split

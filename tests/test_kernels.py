@@ -164,6 +164,24 @@ def test_long_rows_split_into_several_chunks(params: SamplingParams, with_draft:
         assert_backends_agree(target, draft, tokens, params, seed, **shape, **PLANS[plan])
 
 
+@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_a_chunk_with_an_empty_residual(plan: str, temperature: float) -> None:
+    """The draft puts more mass than the target on every token of the first V-chunk, so a rejected row's
+    residual max(0, p - q) is zero there: that chunk runs the fallback race over p, the others the residual
+    race, and the reduction must still pick the residual's winner (as the reference does)."""
+    params = SamplingParams(temperature)
+    target, draft, _ = make_case(6, 3, 100, params, True, torch.float32, seed=13)
+    draft = target[:, :3].clone()
+    draft[:, :, :48] += 4.0  # chunk 0 of 3 (48 columns): q > p on all of it
+    tokens = torch.multinomial(warp_logits(draft.cpu(), params).exp().reshape(-1, 100), 1,
+                               generator=torch.Generator().manual_seed(1)).view(6, 3).to(DEVICE)
+    for seed in (1, 2, 3):
+        out = assert_backends_agree(target, draft, tokens, params, seed, block_b=2, block_v=16, num_splits=3,
+                                    **PLANS[plan])
+    assert bool((out.num_accepted < 3).any())  # some row rejected: the residual races ran
+
+
 @pytest.mark.parametrize("params", SPLIT_PARAMS, ids=str)
 @pytest.mark.parametrize("with_draft", [True, False])
 def test_fused_launch_gives_the_two_launches_tokens(params: SamplingParams, with_draft: bool) -> None:
