@@ -318,7 +318,14 @@ PLAN_VARIANTS: dict[str, dict[str, int]] = {
     "two_launch_sample_bv256": {"sample_block_v": 256, "sample_max_tiles": 4},
     "two_launch_sample_bv128": {"sample_block_v": 128, "sample_max_tiles": 8},  # one element per thread
     "fused": {"fused": 1, "sample_block_v": 2048},  # one program streams the sampled row: a wider tile
+    # a diagnostic, never chosen: what approximate log/exp would save (its tokens may differ at near-ties)
+    "diagnostic_fast_math": {"precise": 0},
 }
+
+
+def is_diagnostic(overrides: dict[str, int]) -> bool:
+    """A variant that is timed but never becomes a default (it does not round as the reference does)."""
+    return overrides.get("precise", 1) == 0
 
 
 def _plan_record(prepared) -> dict:
@@ -367,9 +374,11 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
 
 
 def _best(variants: dict[str, dict], key: str) -> str | None:
-    """The variant with the smallest `key` among those that measured it and returned the reference's tokens."""
+    """The variant with the smallest `key` among those that measured it and returned the reference's tokens
+    (diagnostic variants excluded)."""
     timed = {name: row[key] for name, row in variants.items()
-             if row.get(key) is not None and row.get("tokens_equal_reference", True)}
+             if row.get(key) is not None and row.get("tokens_equal_reference", True)
+             and not is_diagnostic(row["overrides"])}
     return min(timed, key=timed.get) if timed else None
 
 

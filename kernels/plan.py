@@ -32,6 +32,7 @@ class LaunchPlan:
     fused_splits: int = 1  # V-splits of the fused launch (its programs each cover all 2γ+1 rows)
     fused_chunk: int = 0
     block_s3: int = 1  # next power of two >= fused_splits
+    precise: bool = True  # libdevice log/exp/log1p on a GPU, rounding as the reference does (False: diagnostic)
 
     @property
     def launches(self) -> int:
@@ -71,6 +72,9 @@ GPU_PLAN = {
     "programs_per_sm": 4,  # minimum grid, in programs per SM
     "row_tile": 2048,  # BLOCK_B * BLOCK_V for tiny vocabularies
     "fused": 0,  # 1: one launch (stats, then the last program of each row block samples the whole row)
+    # 0: approximate log/exp (MUFU) in the sampling pass -- a diagnostic of what the per-element math costs,
+    # never a default: the scores then round differently from the reference's, so a near-tie can flip a token
+    "precise": 1,
 }
 
 # Per-shape overrides of GPU_PLAN on a GPU, keyed by (batch bucket, vocabulary bucket) (`shape_bucket`).
@@ -118,12 +122,14 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         target_programs = config["programs_per_sm"] * _num_sms(index)
         stats_tiles, sample_tiles = config["stats_max_tiles"], config["sample_max_tiles"]
         fused = bool(config["fused"]) if fused is None else fused
+        precise = bool(config["precise"])
     else:
         stats_block_v = sample_block_v = block_v or min(4096, triton.next_power_of_2(vocab))
         tile = 1 << 16
         target_programs = 1
         stats_tiles = sample_tiles = 1 << 30
         fused = bool(fused)
+        precise = True  # the interpreter always uses numpy's math
     if block_b is None:  # compiled: independent of B, so B does not trigger a recompile
         block_b = max(1, tile // stats_block_v)
         if interpreting() or device.type != "cuda":
@@ -155,4 +161,5 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         fused_splits=fused_splits,
         fused_chunk=fused_chunk,
         block_s3=triton.next_power_of_2(fused_splits),
+        precise=precise,
     )

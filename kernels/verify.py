@@ -311,7 +311,7 @@ def _bind_two_launches(plan: LaunchPlan, inputs: tuple, outputs: tuple, shape: t
                    batch, gamma, vocab, plan.stats_splits, plan.sample_splits, scale,
                    accept_prefix, sample_prefix)
     sample_meta = dict(CHUNK=plan.sample_chunk, **flags,
-                       SPLIT=split, PRECISE=not interpreting(), PREFIX_IN_MEMORY=prefix_in_memory,
+                       SPLIT=split, PRECISE=plan.precise and not interpreting(), PREFIX_IN_MEMORY=prefix_in_memory,
                        BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_S=plan.block_s, BLOCK_S2=plan.block_s2,
                        BLOCK_V=plan.sample_block_v, num_warps=plan.sample_warps, **_COMPILE_OPTIONS)
     return PreparedVerify(
@@ -343,7 +343,7 @@ def _bind_fused(plan: LaunchPlan, inputs: tuple, outputs: tuple, shape: tuple[in
     args = (target, draft, tokens_in, part_max, part_sum, part_idx, counter, out_tokens, out_accepted,
             batch, gamma, vocab, plan.fused_splits, scale, accept_prefix, sample_prefix)
     meta = dict(CHUNK=plan.fused_chunk, ROW=_cdiv(vocab, plan.sample_block_v) * plan.sample_block_v, **flags,
-                SPLIT=split, PRECISE=not interpreting(), PREFIX_IN_MEMORY=prefix_in_memory,
+                SPLIT=split, PRECISE=plan.precise and not interpreting(), PREFIX_IN_MEMORY=prefix_in_memory,
                 BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_S=plan.block_s3,
                 STATS_BLOCK_V=plan.stats_block_v, BLOCK_V=plan.sample_block_v, num_warps=plan.stats_warps,
                 **_COMPILE_OPTIONS)

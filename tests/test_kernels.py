@@ -389,7 +389,7 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
     import json
 
     from experiments import bench_verify
-    from flashspec.bench import PLAN_VARIANTS, TARGETS
+    from flashspec.bench import PLAN_VARIANTS, TARGETS, is_diagnostic
 
     out = tmp_path / "verify.json"
     assert bench_verify.main(["--smoke", "--batch", "1", "3", "--out", str(out)]) == 0
@@ -400,9 +400,31 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
         assert set(point["variants"]) == set(PLAN_VARIANTS)
         assert all(row["tokens_equal_reference"] for row in point["variants"].values()), point["variants"]
         assert point["honest_torch_us"] > 0 and point["honest_over_triton"] is not None
-        assert point["best_variant"] in PLAN_VARIANTS
+        assert point["best_variant"] in PLAN_VARIANTS and not is_diagnostic(PLAN_VARIANTS[point["best_variant"]])
         assert "honest_torch_graph_error" in point or "honest_torch_graph_warm_us" in point
     assert set(results["verdicts"]) == set(TARGETS)
     assert results["verdicts"]["honest_over_eager_at_batch_64"]["as_run"]["verdict"] == "NOT MEASURED"
     assert results["plan_choice"]["paste"].startswith("SHAPE_PLANS")
     assert record["settings"]["targets"] == TARGETS
+
+
+def test_plan_choice_skips_diagnostic_and_wrong_variants() -> None:
+    """The fastest variant becomes a default only if it returned the reference's tokens and rounds as the
+    reference does."""
+    from flashspec.bench import plan_choice, point_ratios
+
+    point = {"batch": 8, "vocab": 32000, "floor_us": 4.0, "triton_us": 40.0, "honest_torch_us": 400.0,
+             "torch_us": 4000.0, "floor_bytes_us": 4.0, "triton_graph_warm_us": 12.0,
+             "variants": {
+                 "two_launch": {"overrides": {}, "eager_us": 40.0, "graph_warm_us": 12.0,
+                                "tokens_equal_reference": True},
+                 "fused": {"overrides": {"fused": 1}, "eager_us": 30.0, "graph_warm_us": 9.0,
+                           "tokens_equal_reference": False},
+                 "diagnostic_fast_math": {"overrides": {"precise": 0}, "eager_us": 20.0, "graph_warm_us": 6.0,
+                                          "tokens_equal_reference": True},
+                 "two_launch_sample_bv256": {"overrides": {"sample_block_v": 256}, "eager_us": 45.0,
+                                             "graph_warm_us": 10.0, "tokens_equal_reference": True}}}
+    point.update(point_ratios(point))
+    assert point["best_variant"] == "two_launch_sample_bv256" and point["best_variant_eager"] == "two_launch"
+    assert point["best_graph_warm_over_floor"] == 2.5 and point["honest_over_best_eager"] == 400.0 / 45.0
+    assert "(8, 32768): {'sample_block_v': 256}" in plan_choice([point])["paste"]
