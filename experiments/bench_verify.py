@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gamma", type=int, default=None, help="default 4 (smoke: 2)")
     parser.add_argument("--skip-host-loop", action="store_true", help="leave out the slow .item() baseline")
     parser.add_argument("--skip-sweep", action="store_true", help="leave out the tile sweep at B=64, V=128256")
-    parser.add_argument("--budget-s", type=float, default=200.0,
+    parser.add_argument("--budget-s", type=float, default=170.0,
                         help="the optional tile sweep starts only before this many seconds of the run")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes, host-clock times, no graphs: tests the driver without a GPU")

@@ -314,7 +314,6 @@ def checks_failed(checks: list[dict]) -> list[dict]:
 # warm CUDA-graph replay becomes that shape's `SHAPE_PLANS` entry (`plan_choice`).
 PLAN_VARIANTS: dict[str, dict[str, int]] = {
     "two_launch": {},
-    "two_launch_sample_bv512": {"sample_block_v": 512},
     "two_launch_sample_bv256": {"sample_block_v": 256, "sample_max_tiles": 4},
     "two_launch_sample_bv128": {"sample_block_v": 128, "sample_max_tiles": 8},  # one element per thread
     "fused": {"fused": 1, "sample_block_v": 2048},  # one program streams the sampled row: a wider tile
