@@ -70,7 +70,7 @@ def run_verify(args: argparse.Namespace, command: list[str]) -> int:
     settings = {"benchmark": "verify", "batch": args.batch, "vocab": args.vocab, "gamma": args.gamma,
                 "host_loop": not args.skip_host_loop, "plan_sweep": not args.skip_sweep, "smoke": args.smoke,
                 "plan_variants": bench.PLAN_VARIANTS, "budget_s": args.budget_s, "targets": TARGETS, "notes": NOTES}
-    results: dict[str, Any] = {"floors": None, "correctness": None, "points": [], "table": None,
+    results: dict[str, Any] = {"floors": None, "correctness": None, "points": [], "points_failed": [], "table": None,
                                "verdicts": None, "plan_choice": None, "plan_sweep": None, "elapsed_s": {}}
 
     def save(phase: str) -> None:
@@ -91,7 +91,14 @@ def run_verify(args: argparse.Namespace, command: list[str]) -> int:
     save("correctness")
     for vocab in args.vocab:
         for batch in args.batch:
-            point = bench.bench_point(batch, args.gamma, vocab, results["floors"], host_loop=not args.skip_host_loop)
+            try:
+                point = bench.bench_point(batch, args.gamma, vocab, results["floors"],
+                                          host_loop=not args.skip_host_loop)
+            except Exception as error:  # noqa: BLE001 -- recorded; the other points still run
+                results["points_failed"].append({"batch": batch, "vocab": vocab, "error": f"{type(error).__name__}: {error}"})
+                print(f"B={batch} V={vocab} failed: {error}", flush=True)
+                save(f"B={batch} V={vocab} (failed)")
+                continue
             results["points"].append(point)
             print({k: (round(v, 3) if isinstance(v, float) else v) for k, v in point.items() if k != "variants"},
                   flush=True)
@@ -113,7 +120,10 @@ def run_verify(args: argparse.Namespace, command: list[str]) -> int:
     summarise()
     save("honest_race_graph")
     if not args.skip_sweep and not args.smoke and within_budget("plan_sweep"):
-        results["plan_sweep"] = bench.plan_sweep(64, args.gamma, 128256)
+        try:
+            results["plan_sweep"] = bench.plan_sweep(64, args.gamma, 128256)
+        except Exception as error:  # noqa: BLE001 -- optional: recorded
+            results["plan_sweep_error"] = f"{type(error).__name__}: {error}"
         save("plan_sweep")
     bench.honest_graph_timings(results["points"], "multinomial")  # last: a failed capture may leave CUDA state
     summarise()
@@ -124,7 +134,7 @@ def run_verify(args: argparse.Namespace, command: list[str]) -> int:
     print(results["plan_choice"]["paste"])
     save("done")
     print(f"elapsed {results['elapsed_s']['done']} s")
-    return 1 if bench.checks_failed(results["correctness"]) else 0
+    return 1 if bench.checks_failed(results["correctness"]) or results["points_failed"] else 0
 
 
 def main(argv: list[str] | None = None) -> int:
