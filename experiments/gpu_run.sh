@@ -5,7 +5,7 @@
 # Phases: tests (GPU tests of kernels, runner, fast path), bench-b1 / bench-b8 / bench-b32
 # (bench_fast --compile, random TinyLlama/68m shapes), bench-zoo (trained GPU zoo, B=1 and 8),
 # verify (flashspec bench verify), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
-# bitsandbytes must be importable). Time limits (s): TESTS_LIMIT, BENCH_LIMIT, NF4_LIMIT, VERIFY_LIMIT.
+# bitsandbytes must be importable). TESTS: the test files of the tests phase. Time limits (s): TESTS_LIMIT, BENCH_LIMIT, NF4_LIMIT, VERIFY_LIMIT.
 set -uo pipefail
 : "${OUT:?set OUT}" "${FLASHSPEC_GIT_SHA:?set FLASHSPEC_GIT_SHA to the commit being measured}"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
@@ -23,8 +23,9 @@ phase() {  # name, seconds, command...
 }
 for name in "$@"; do
   case $name in
-    tests) phase "gpu_tests_$sha" "${TESTS_LIMIT:-300}" python -m pytest -q -p no:cacheprovider tests/test_kernels.py \
-             tests/test_runner.py tests/test_fast.py tests/test_nf4.py ;;
+    tests) # shellcheck disable=SC2086  # TESTS is a list of files
+           phase "gpu_tests_$sha" "${TESTS_LIMIT:-300}" python -m pytest -q -p no:cacheprovider \
+             ${TESTS:-tests/test_kernels.py tests/test_runner.py tests/test_fast.py tests/test_nf4.py} ;;
     bench-b*) b=${name#bench-b}
              phase "bench_fast_b${b}_compile_h200" "${BENCH_LIMIT:-340}" python experiments/bench_fast.py --compile "${COMPILE_MODE:-default}" --batches "$b" \
                --out "$OUT/bench_fast_b${b}_compile_h200.json" ;;
