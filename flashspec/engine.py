@@ -14,6 +14,9 @@ One step:
   6. append; crop the target's and the chosen drafter's caches; reward -> `policy.update`.
 Drafters not chosen catch up lazily the next time they propose.
 
+Adaptive γ (`gammas=`): the arms are (drafter, γ) pairs and the policy learns from the throughput
+reward (tokens per second of each arm's step, `flashspec.rewards.StepCosts`) how far to speculate.
+
 Batches (B > 1): rows keep their own lengths. Each row appends its own num_accepted + 1 tokens
 (cut only by its own budget or EOS), so nothing accepted is thrown away and every row is an exact
 speculative decoder of its own (Theorem 1 per row; the arm choice is shared but comes from the
@@ -41,6 +44,7 @@ import torch
 
 from flashspec import models, rng
 from flashspec.drafters import DraftContext, Proposal, as_drafter
+from flashspec.rewards import StepCosts
 from flashspec.sampling import SamplingParams
 from flashspec.stats import GenerationStats, StepRecord
 from flashspec.checks import (check_budgets, check_draft_positions, check_finite, check_prompt,  # noqa: F401
@@ -72,6 +76,50 @@ class StepEvent:
     arm: int
     new_tokens: list[list[int]]
     num_generated: list[int]
+    gamma: int | None = None  # the step's drafted tokens per row
+
+
+def check_gamma(gamma: Any) -> int:
+    """`gamma` as validated: an int in [1, MAX_GAMMA]."""
+    if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
+        raise ValueError(
+            f"gamma must be an int in [1, {MAX_GAMMA}] (drafted tokens per step; 2-8 is typical), got {gamma!r}"
+        )
+    return gamma
+
+
+def check_gammas(gammas: Any) -> tuple[int, ...] | None:
+    """`gammas` as validated: None, or distinct ints in [1, MAX_GAMMA] (the γ values arms may use)."""
+    if gammas is None:
+        return None
+    if isinstance(gammas, (str, bytes, int)) or not isinstance(gammas, Sequence) or len(gammas) == 0:
+        raise ValueError(f"gammas must be None or a non-empty list of ints, e.g. [2, 4, 8], got {gammas!r}")
+    for value in gammas:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GAMMA:
+            raise ValueError(f"gammas must hold ints in [1, {MAX_GAMMA}] (drafted tokens per step), got {value!r} "
+                             f"in {list(gammas)!r}")
+    if len(set(gammas)) != len(gammas):
+        raise ValueError(f"gammas must not repeat a value (each γ is one arm per draft), got {list(gammas)!r}; "
+                         f"drop the duplicates")
+    return tuple(gammas)
+
+
+def make_arms(n_drafts: int, gamma: int, gammas: tuple[int, ...] | None) -> list[tuple[int, int]]:
+    """The arms as (draft index, γ): one per draft at `gamma`, or every draft × every γ of `gammas`
+    (draft-major: arm = draft · len(gammas) + position of γ)."""
+    if gammas is None:
+        return [(draft, gamma) for draft in range(n_drafts)]
+    return [(draft, value) for draft in range(n_drafts) for value in gammas]
+
+
+def make_step_costs(arms: list[tuple[int, int]], gammas: tuple[int, ...] | None,
+                    arm_costs: Sequence[float] | None) -> StepCosts | None:
+    """The throughput reward's cost model when arms carry their own γ (None keeps the acceptance reward)."""
+    if gammas is None:
+        if arm_costs is not None:
+            raise ValueError("arm_costs sets the cost of each (draft, γ) arm: pass gammas=[...] with it")
+        return None
+    return StepCosts(len(arms), max(gammas), fixed=arm_costs)
 
 
 def resolve_policy(policy: Any, n_arms: int, **policy_kwargs: Any) -> Any:
@@ -109,12 +157,25 @@ class SpeculativeDecoder:
             (e.g. `PromptLookupDrafter()`); each is one arm of the bandit.
         policy: a name for `flashspec.bandits.make_policy` or a policy object (select/update/reset).
         gamma: drafted tokens per step (1 <= γ <= 256; a step never drafts past the token budget).
+        gammas: None (one arm per draft, at `gamma`), or distinct γ values: then the arms are every
+            (draft, γ) pair, draft-major, named "<draft>@γ=<γ>", and the policy learns from the
+            throughput reward (`flashspec.rewards.StepCosts`: each step's tokens over its arm's
+            moving-average wall time), so it learns how far to speculate as well as which draft.
+        arm_costs: with `gammas`, fixed per-arm step costs (any unit) instead of measured times,
+            e.g. from a benchmark: the choices then depend on the seed only (reproducible runs).
         policy_kwargs: extra arguments for `make_policy` (e.g. window, discount). Its random
             generator is restarted by every `generate` call from that call's `seed`.
         backend: verify backend, "auto" | "torch" | "triton".
 
     The arm of each step comes from `_choose_and_propose`, which asks the policy (the past only);
     the exactness tests override it in a subclass to build a cherry-picking negative control.
+
+    Exactness with measured costs: the reward of step t uses the wall times of steps <= t, which are
+    part of the past of every later step, and the uniforms of later steps are counter-based
+    functions of (seed, step), independent of any timing. So the choice of (draft, γ) at step t is
+    still a function of the past plus independent coins, and Theorem 1 holds (design notes §1).
+    What timing changes is reproducibility: with measured costs the same seed can choose other arms
+    (each output still exactly the target's distribution); `arm_costs` makes it depend on the seed only.
     """
 
     def __init__(
@@ -125,11 +186,11 @@ class SpeculativeDecoder:
         gamma: int = 4,
         policy_kwargs: dict[str, Any] | None = None,
         backend: str = "auto",
+        gammas: Sequence[int] | None = None,
+        arm_costs: Sequence[float] | None = None,
     ) -> None:
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
-            raise ValueError(
-                f"gamma must be an int in [1, {MAX_GAMMA}] (drafted tokens per step; 2-8 is typical), got {gamma!r}"
-            )
+        check_gamma(gamma)
+        self.gammas = check_gammas(gammas)
         if not hasattr(target, "config") or not callable(target):
             raise ValueError(f"target must be a Hugging Face causal LM, got {type(target).__name__}")
         if isinstance(drafts, (torch.nn.Module, str)) or not isinstance(drafts, Sequence) or len(drafts) == 0:
@@ -142,11 +203,16 @@ class SpeculativeDecoder:
                 models.check_compatible(target, model, draft_name=f"drafts[{index}]")
         self.gamma = gamma
         self.backend = backend
-        self.policy = resolve_policy(policy, len(self.drafts), **(policy_kwargs or {}))
+        self.arms = make_arms(len(self.drafts), gamma, self.gammas)
+        self.max_gamma = max(arm_gamma for _, arm_gamma in self.arms)
+        self.step_costs = make_step_costs(self.arms, self.gammas, arm_costs)
+        self.policy = resolve_policy(policy, len(self.arms), **(policy_kwargs or {}))
 
     @property
     def arm_names(self) -> list[str]:
-        return [drafter.name for drafter in self.drafts]
+        if self.gammas is None:
+            return [drafter.name for drafter in self.drafts]
+        return [f"{self.drafts[draft].name}@γ={arm_gamma}" for draft, arm_gamma in self.arms]
 
     @property
     def device(self) -> torch.device:
@@ -208,12 +274,13 @@ class SpeculativeDecoder:
             check_token_ids("pad_token_id", pad_token_id, vocab)
         pad_id = resolve_pad(pad_token_id, self.target, stop_ids)
         stats = GenerationStats(
-            arm_names=self.arm_names, batch_size=batch, prompt_length=prompt_length, synchronized_timing=timing
+            arm_names=self.arm_names, batch_size=batch, prompt_length=prompt_length, synchronized_timing=timing,
+            arm_gammas=None if self.gammas is None else [arm_gamma for _, arm_gamma in self.arms],
         )
         sync = timing and device.type == "cuda"
         start_time = _clock(sync)
 
-        state = RowState.start(input_ids.to(device), mask.to(device), budgets, self.gamma, pad_id)
+        state = RowState.start(input_ids.to(device), mask.to(device), budgets, self.max_gamma, pad_id)
         cache = models.new_cache(self.target)
         reseed = getattr(self.policy, "reseed", None)
         if callable(reseed):
@@ -238,10 +305,12 @@ class SpeculativeDecoder:
             step_start = _clock(sync)
             active_rows = [row for row in range(batch) if active[row]]
             remaining = [budgets[row] - num_generated[row] for row in range(batch)]
-            gamma = max(1, min(self.gamma, max(remaining[row] for row in active_rows) - 1))
+            # the most any arm may draft this step; the chosen arm drafts min(its γ, this)
+            gamma = max(1, min(self.max_gamma, max(remaining[row] for row in active_rows) - 1))
             step_seed = rng.derive_seed(seed, step)
             context = state.draft_context(gamma, sampling, rng.Key.from_seed(step_seed))
             arm, proposal = self._choose_and_propose(context, cache, state, seed, step)
+            gamma = proposal.tokens.shape[1]
             target_logits = self._target_forward(cache, state, proposal.tokens)
             out = verify(
                 target_logits, proposal.logits, proposal.tokens, sampling,
@@ -267,9 +336,11 @@ class SpeculativeDecoder:
 
             previous_lengths = list(state.lengths)
             state.append(out.tokens, kept, cache)
-            self.drafts[arm].rollback(
+            self.drafts[self.arms[arm][0]].rollback(
                 [length + max(count - 1, 0) for length, count in zip(previous_lengths, kept)]
             )
+            if self.step_costs is not None:  # the step's wall time so far: its cost for the throughput reward
+                self.step_costs.observe(arm, _clock(sync) - step_start)
             self._update_policy(arm, [num_accepted[row] for row in active_rows], gamma)
 
             latency = _clock(sync) - step_start
@@ -280,7 +351,8 @@ class SpeculativeDecoder:
             ))
             if on_step is not None:
                 new_tokens = [host[row][: kept[row]] for row in range(batch)]
-                on_step(StepEvent(step=step, arm=arm, new_tokens=new_tokens, num_generated=list(num_generated)))
+                on_step(StepEvent(step=step, arm=arm, new_tokens=new_tokens, num_generated=list(num_generated),
+                                  gamma=gamma))
             step += 1
 
         stats.total_s = _clock(sync) - start_time
@@ -310,21 +382,31 @@ class SpeculativeDecoder:
     def _choose_and_propose(
         self, context: DraftContext, cache: Any, state: "RowState", seed: int, step: int
     ) -> tuple[int, Proposal]:
-        """Pick an arm from the policy (the past only) and get its proposal."""
+        """Pick an arm from the policy (the past only) and get its drafter's proposal of the arm's γ
+        (`context.gamma` caps it: a step never drafts past the token budget)."""
         arm = int(self.policy.select())
-        if not 0 <= arm < len(self.drafts):
-            raise ValueError(f"policy returned arm {arm}, but there are {len(self.drafts)} drafts")
-        return arm, self.drafts[arm].propose(draft_context(context, seed, step, arm))
+        if not 0 <= arm < len(self.arms):
+            raise ValueError(f"policy returned arm {arm}, but there are {len(self.arms)} arms")
+        draft, arm_gamma = self.arms[arm]
+        context = dataclasses.replace(context, gamma=min(context.gamma, arm_gamma))
+        return arm, self.drafts[draft].propose(draft_context(context, seed, step, draft))
 
     def _update_policy(self, arm: int, num_accepted: list[int], gamma: int) -> None:
-        update_policy(self.policy, arm, num_accepted, gamma)
+        update_policy(self.policy, arm, num_accepted, gamma, self.step_costs)
 
 
-def update_policy(policy: Any, arm: int, num_accepted: list[int], gamma: int) -> None:
-    """Reward from one step's acceptances (the past of every later step). Policies with
-    `update_step` (Thompson sampling) get the geometric conjugate update per row; others the mean
-    acceptance fraction in [0, 1]."""
+def update_policy(policy: Any, arm: int, num_accepted: list[int], gamma: int,
+                  step_costs: StepCosts | None = None) -> None:
+    """Reward from one step's acceptances (the past of every later step). With `step_costs` (arms
+    of their own γ): the throughput reward, skipped while the arm has no cost yet. Otherwise policies
+    with `update_step` (Thompson sampling) get the geometric conjugate update per row; others the
+    mean acceptance fraction in [0, 1]."""
     if not num_accepted:
+        return
+    if step_costs is not None:
+        reward = step_costs.reward(arm, num_accepted, gamma)
+        if reward is not None:
+            policy.update(arm, reward)
         return
     update_step = getattr(policy, "update_step", None)
     if callable(update_step):
@@ -445,6 +527,7 @@ def generate(
     gamma: int = 4,
     policy_kwargs: dict[str, Any] | None = None,
     backend: str = "auto",
+    gammas: Sequence[int] | None = None,
     **generate_kwargs: Any,
 ) -> GenerationResult:
     """One call: build a SpeculativeDecoder (default pool: prompt lookup only) and generate.
@@ -452,7 +535,7 @@ def generate(
     from flashspec.drafters import PromptLookupDrafter
 
     decoder = SpeculativeDecoder(target, drafts if drafts is not None else [PromptLookupDrafter()], policy, gamma,
-                                 policy_kwargs=policy_kwargs, backend=backend)
+                                 policy_kwargs=policy_kwargs, backend=backend, gammas=gammas)
     return decoder.generate(input_ids, **generate_kwargs)
 
 

@@ -62,6 +62,7 @@ class GenerationStats:
     synchronized_timing: bool = False
     cache_columns: int = 0
     cache_tokens: float = 0.0
+    arm_gammas: list[int] | None = None  # each arm's γ when arms are (draft, γ) pairs; per_arm reports it
 
     def record(self, step: StepRecord) -> None:
         self.steps.append(step)
@@ -69,6 +70,11 @@ class GenerationStats:
     @property
     def arm_trace(self) -> list[int]:
         return [step.arm for step in self.steps]
+
+    @property
+    def gamma_trace(self) -> list[int]:
+        """Per step, the drafted tokens per row (the arm's γ, cut by the token budget on the eager engine)."""
+        return [step.gamma for step in self.steps]
 
     def acceptance_trace(self) -> list[float]:
         """Per step, the mean over active rows of num_accepted / γ."""
@@ -88,6 +94,8 @@ class GenerationStats:
         for arm, name in enumerate(self.arm_names):
             chosen = [step for step in self.steps if step.arm == arm]
             per_arm[name] = {"selections": len(chosen), **_acceptance(chosen)}
+            if self.arm_gammas is not None:
+                per_arm[name]["gamma"] = self.arm_gammas[arm]
         decode_s = sum(latencies)
         return {
             "batch_size": self.batch_size,
@@ -113,6 +121,7 @@ class GenerationStats:
     def to_dict(self) -> dict[str, Any]:
         return {
             "arm_names": list(self.arm_names),
+            **({"arm_gammas": list(self.arm_gammas)} if self.arm_gammas is not None else {}),
             "summary": self.summary(),
             "arm_trace": self.arm_trace,
             "steps": [asdict(step) for step in self.steps],
