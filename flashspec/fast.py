@@ -16,6 +16,11 @@ the host taken off the critical path:
 - `compile=True` fuses each model's per-layer dense work with torch.compile
   (`runner.compile_regions`) before the graphs are captured.
 - On CUDA, each (arm, attention bucket) step is captured once as a CUDA graph and replayed.
+- Adaptive γ (`gammas=`): the arms are (draft, γ) pairs. Each arm's step graph has its own query
+  lengths (the draft's γ+1 window, the target's γ+1 verify); the buffers are sized by the largest
+  γ, the commit always takes that width (shorter arms pad with -1, never emitted), and a lazy draft
+  shared by several arms catches up over the tokens appended since it last ran, bounded by the γ+1
+  of every step since (`catch_up_tokens`), which the host knows without reading the device.
 - The host only picks the arm and launches. It reads step t's outcome (accepted counts, finished
   rows) through a pinned-memory copy and an event `lag` steps later, so the GPU always has queued
   work. The policy therefore sees step t only from step t + lag on: the choice at every step is a
@@ -39,8 +44,8 @@ import torch
 from flashspec import models, rng, runner
 from flashspec.checks import check_budgets, check_prompt, check_token_ids, resolve_pad
 from flashspec.drafters import PromptLookupDrafter
-from flashspec.engine import (MAX_GAMMA, POLICY_SEED_TAG, GenerationResult, StepEvent, resolve_policy,
-                              update_policy)
+from flashspec.engine import (POLICY_SEED_TAG, GenerationResult, StepEvent, check_gamma, check_gammas,
+                              make_arms, make_step_costs, resolve_policy, update_policy)
 from flashspec.sampling import SamplingParams, sample_from_logits
 from flashspec.stats import GenerationStats, StepRecord
 from flashspec.verify import verify_reference
@@ -49,13 +54,22 @@ DRAFT_STREAM_BASE = rng.STREAM_DRAFT + 16  # arm a samples on stream DRAFT_STREA
 DRAFT_SYNC_MODES = ("lazy", "all")
 
 
+def catch_up_tokens(appended_bound: int, gamma: int, bucket: int) -> int:
+    """Tokens a draft must read before the step's γ+1 window, when at most `appended_bound` tokens
+    were appended since its cache was last complete (the sum of γ+1 over the steps from its last run
+    on): what the window does not cover, rounded up to a power of two (few graphs), capped at the bucket."""
+    missed = appended_bound - (gamma + 1)
+    if missed <= 0:
+        return 0
+    return min(1 << (missed - 1).bit_length(), bucket)
+
+
 def catch_up_length(steps_away: int, gamma: int, bucket: int) -> int:
-    """Tokens a draft must read before the step's γ+1 window when it runs `steps_away` >= 1 steps
-    after it last ran: none when it ran the step before, else the at most (steps_away-1)·(γ+1)
-    older tokens appended since, rounded up to a power of two (few graphs), capped at the bucket."""
+    """`catch_up_tokens` when every step drafts γ and the draft runs `steps_away` >= 1 steps after it
+    last ran: none when it ran the step before, else the at most (steps_away-1)·(γ+1) older tokens."""
     if steps_away <= 1:
         return 0
-    return min(1 << ((steps_away - 1) * (gamma + 1) - 1).bit_length(), bucket)
+    return catch_up_tokens(steps_away * (gamma + 1), gamma, bucket)
 
 
 @dataclass
@@ -71,7 +85,8 @@ class _Buffers:
     seed_key: torch.Tensor   # [2] long: the request's key (lo, hi)
     frozen: torch.Tensor     # [1] bool: warm-up runs (graph capture) commit nothing and keep the counter
     stop_ids: torch.Tensor   # [S] long: EOS ids (S may be 0)
-    outcome: torch.Tensor    # [B, γ+3] long out: this step's verified tokens, accepted drafts, appended count
+    outcome: torch.Tensor    # [B, Γ+3] long out: this step's verified tokens (Γ = largest γ; -1 past the
+    #                          step's own γ+1), accepted drafts, appended count
 
 
 def commit(b: _Buffers, out_tokens: torch.Tensor, num_accepted: torch.Tensor, offsets: torch.Tensor) -> None:
@@ -111,6 +126,12 @@ class FastSpeculativeDecoder:
         drafts: Llama-family HF causal LMs sharing the target's tokenizer and/or `PromptLookupDrafter` objects.
         policy, policy_kwargs: as for `SpeculativeDecoder`.
         gamma: drafted tokens per step (fixed: it is part of the captured graphs).
+        gammas, arm_costs: as for `SpeculativeDecoder`: arms are (draft, γ) pairs learning from the
+            throughput reward. Measured costs are an exponential moving average of each arm's step
+            time as the host already reads it, `lag` steps late: on CUDA the device time between
+            consecutive step ends (the recorded events; no extra sync), on a CPU the step's own
+            (synchronous) launch time; a step that captured a graph is not timed (capture is not
+            its cost). The choice of step t still uses only steps <= t - lag: Theorem 1 holds.
         graphs: capture CUDA graphs (default: when the target is on CUDA).
         lag: steps between a step's launch and the host reading its outcome (>= 1).
         backend: verify backend on CUDA, "triton" (default when available) or "torch".
@@ -128,9 +149,10 @@ class FastSpeculativeDecoder:
     def __init__(self, target: torch.nn.Module, drafts: Sequence[Any], policy: Any = "thompson", gamma: int = 4,
                  policy_kwargs: dict[str, Any] | None = None, graphs: bool | None = None, lag: int = 2,
                  backend: str = "auto", draft_sync: str = "lazy", compile: bool | str = False, *,
-                 tp: Any = None, _plain: bool = False) -> None:
-        if isinstance(gamma, bool) or not isinstance(gamma, int) or not 1 <= gamma <= MAX_GAMMA:
-            raise ValueError(f"gamma must be an int in [1, {MAX_GAMMA}] (drafted tokens per step), got {gamma!r}")
+                 tp: Any = None, gammas: Sequence[int] | None = None, arm_costs: Sequence[float] | None = None,
+                 _plain: bool = False) -> None:
+        check_gamma(gamma)
+        self.gammas = check_gammas(gammas)
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
             raise ValueError(f"lag must be an int >= 1 (steps before the host reads an outcome), got {lag!r}")
         if backend not in ("auto", "torch", "triton"):
@@ -169,7 +191,11 @@ class FastSpeculativeDecoder:
         self.backend = backend
         self.draft_sync = draft_sync
         self.compile = compile
-        self.policy = resolve_policy(policy, max(1, len(self.drafts)), **(policy_kwargs or {}))
+        # (draft index, γ) per arm; plain decoding has one arm, the target alone (draft index -1)
+        self.arms = make_arms(len(self.drafts), gamma, self.gammas) or [(-1, gamma)]
+        self.max_gamma = max(arm_gamma for _, arm_gamma in self.arms)
+        self.step_costs = make_step_costs(self.arms, self.gammas, arm_costs)
+        self.policy = resolve_policy(policy, len(self.arms), **(policy_kwargs or {}))
         self._session: _Session | None = None
 
     def close(self) -> None:
@@ -189,7 +215,9 @@ class FastSpeculativeDecoder:
             else:
                 path = str(getattr(draft.config, "_name_or_path", "") or "").rstrip("/")
                 names.append(f"draft{index}:{path.rsplit('/', 1)[-1]}" if path else f"draft{index}")
-        return names
+        if self.gammas is None:
+            return names
+        return [f"{names[draft]}@γ={arm_gamma}" for draft, arm_gamma in self.arms]
 
     @property
     def device(self) -> torch.device:
@@ -212,7 +240,7 @@ class FastSpeculativeDecoder:
         input_ids, mask = check_prompt(input_ids, attention_mask, vocab)
         batch, width = input_ids.shape
         budgets = check_budgets(max_new_tokens, batch)
-        capacity = width + max(budgets) + self.gamma + 1
+        capacity = width + max(budgets) + self.max_gamma + 1
         for name, model in [("target", self.target)] + [(f"drafts[{i}]", d) for i, d in enumerate(self.drafts)
                                                          if not isinstance(d, PromptLookupDrafter)]:
             limit = models.max_positions_of(model)
@@ -227,7 +255,7 @@ class FastSpeculativeDecoder:
         pad_id = resolve_pad(pad_token_id, self.target, stop_ids)
         if self.tp is not None:  # every rank must decode the same request (one small host all_gather)
             self.tp.guard_request(input_ids, mask, (seed, budgets, sampling, sorted(stop_ids), pad_id, self.gamma,
-                                                    self.lag, self.draft_sync, type(self.policy).__name__))
+                                                    self.gammas, self.lag, self.draft_sync, type(self.policy).__name__))
 
         device = self.device
         use_graphs = device.type == "cuda" if self.graphs is None else bool(self.graphs)
@@ -244,7 +272,8 @@ class FastSpeculativeDecoder:
         if callable(on_request_start):
             on_request_start()
         stats = GenerationStats(arm_names=self.arm_names, batch_size=batch, prompt_length=width,
-                                synchronized_timing=device.type == "cuda")
+                                synchronized_timing=device.type == "cuda",
+                                arm_gammas=None if self.gammas is None else [g for _, g in self.arms])
         start = time.perf_counter()
         lengths = session.prefill(input_ids.to(device), mask.to(device), budgets, seed, pad_id)
         stats.prefill_s = time.perf_counter() - start
@@ -256,25 +285,41 @@ class FastSpeculativeDecoder:
                                 stats=stats)
 
 
+@dataclass(frozen=True)
+class _Launch:
+    """A launched step as the host remembers it until it reads the outcome."""
+
+    step: int
+    arm: int
+    gamma: int
+    launched: float   # host perf_counter at launch
+    host_s: float     # host time of the launch call (the whole step on a CPU, where it is synchronous)
+    captured: bool    # a graph was captured: the step's time is not its cost
+
+
 class _Session:
     """Runners, buffers and captured step graphs for one (batch, capacity, sampling, EOS, graphs) shape."""
 
     def __init__(self, decoder: FastSpeculativeDecoder, key: tuple, batch: int, capacity: int,
                  sampling: SamplingParams, stop_ids: set[int], use_graphs: bool) -> None:
         self.key = key
-        self.gamma = decoder.gamma
+        self.arms = decoder.arms
+        self.max_gamma = decoder.max_gamma
         self.sampling = sampling
         self.use_graphs = use_graphs
         self.capacity = capacity
         device = decoder.device
         self.device = device
-        # compiled query lengths (when asked): decode, verify/window, and the commonest catch-up
-        hot = (1, decoder.gamma + 1, catch_up_length(2, decoder.gamma, capacity))
+        # compiled query lengths (when asked): decode, every arm's verify/window γ+1, and each γ's
+        # commonest catch-up
+        gammas = sorted({arm_gamma for _, arm_gamma in self.arms})
+        verify_lengths = (1, *(g + 1 for g in gammas))
+        catch_ups = tuple(dict.fromkeys(catch_up_length(2, g, capacity) for g in gammas))
         make = lambda model, lengths: runner.LlamaRunner(model, batch, capacity, torch.float32,  # noqa: E731
                                                          compile=decoder.compile, compile_lengths=lengths)
-        self.target = make(decoder.target, hot[:2])
+        self.target = make(decoder.target, verify_lengths)
         self.drafts: list[runner.LlamaRunner | PromptLookupDrafter] = [
-            d if isinstance(d, PromptLookupDrafter) else make(d, hot) for d in decoder.drafts]
+            d if isinstance(d, PromptLookupDrafter) else make(d, verify_lengths + catch_ups) for d in decoder.drafts]
         self.sync_all = decoder.draft_sync == "all"
         # the step's small device-side pieces: dozens of tiny kernels each unless compiled
         self.sample, self.prologue, self.commit = sample_from_logits, step_prologue, commit
@@ -294,7 +339,7 @@ class _Session:
             remaining=zeros(torch.long, batch), done=zeros(torch.bool, batch), step=zeros(torch.long, 1),
             seed_key=zeros(torch.long, 2), frozen=zeros(torch.bool, 1),
             stop_ids=torch.tensor(sorted(stop_ids), dtype=torch.long, device=device),
-            outcome=zeros(torch.long, batch, decoder.gamma + 3))
+            outcome=zeros(torch.long, batch, self.max_gamma + 3))
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # ("step", arm, bucket) or ("catch_up", arm, bucket, n)
         self.catch_ups: collections.Counter[int] = collections.Counter()  # catch-up length -> times
         self.batch = batch
@@ -338,18 +383,21 @@ class _Session:
 
     # ------------------------------------------------------------------------------- the step
     def catch_up(self, arm: int, bucket: int, length: int) -> None:
-        """Draft `arm` reads the `length` tokens before the step's window (positions last-γ-length
-        .. last-γ-1, clamped at 0) into its cache: what it missed while other arms ran."""
-        b, draft = self.buffers, self.drafts[arm]
-        end = b.lengths - 1 - self.gamma                                        # [B] the window's first position
+        """The draft of `arm` reads the `length` tokens before the step's window (positions
+        last-γ-length .. last-γ-1, clamped at 0, γ the arm's) into its cache: what it missed while
+        other arms ran."""
+        index, gamma = self.arms[arm]
+        b, draft = self.buffers, self.drafts[index]
+        end = b.lengths - 1 - gamma                                             # [B] the window's first position
         span = (end[:, None] - length + torch.arange(length, device=self.device)).clamp(min=0)
         last = torch.full((self.batch, 1), length - 1, dtype=torch.long, device=self.device)
         draft.forward(b.seq.gather(1, span), span, bucket, last)
 
     def step(self, arm: int, bucket: int) -> None:
         """One speculative step for `arm` with attention over `bucket` slots: device work only."""
-        b, gamma, params = self.buffers, self.gamma, self.sampling
+        (index, gamma), b, params = self.arms[arm], self.buffers, self.sampling
         offsets = torch.arange(gamma + 1, device=self.device)
+        out_offsets = torch.arange(self.max_gamma + 1, device=self.device)     # the commit's fixed width
         key, prefixes = self.prologue(b.seed_key, b.step, self.prefixes_of)
         last = b.lengths - 1                                                   # [B] the pending token
         if not self.drafts:  # plain decoding: one token per step from the target
@@ -358,23 +406,26 @@ class _Session:
             padded = torch.cat([token[:, None], torch.full_like(token[:, None], -1)], 1)  # the [B, γ+1] layout, γ = 1
             self.commit(b, padded, torch.zeros_like(token), offsets)
             return
-        chosen = self.drafts[arm]
+        chosen = self.drafts[index]
         logits = None
-        window = (last[:, None] - gamma + offsets).clamp(min=0)                # [B, γ+1]
+        # the window: the last γ+1 tokens; with "all", the last Γ+1 (Γ the largest γ), so that no
+        # step appends more than a draft re-reads and none ever needs a catch-up
+        span = self.max_gamma if self.sync_all else gamma
+        window = (last[:, None] - span + torch.arange(span + 1, device=self.device)).clamp(min=0)  # [B, span+1]
         window_tokens = b.seq.gather(1, window)
-        at_end = torch.full((self.batch, 1), gamma, dtype=torch.long, device=self.device)
+        at_end = torch.full((self.batch, 1), span, dtype=torch.long, device=self.device)
         for draft in self.drafts:  # "all": every model draft re-reads the window; "lazy": the chosen one
             if isinstance(draft, runner.LlamaRunner) and (draft is chosen or self.sync_all):
                 out = draft.forward(window_tokens, window, bucket, at_end)
                 if draft is chosen:
                     logits = out[:, 0]                                         # [B, V]
         if isinstance(chosen, PromptLookupDrafter):
-            drafted, draft_logits = self._lookup(chosen, bucket), None
+            drafted, draft_logits = self._lookup(chosen, bucket, gamma), None
         else:
             tokens, all_logits = [], []
             for index in range(gamma):
                 token, _ = self.sample(logits, params, key, position=index,
-                                       stream=DRAFT_STREAM_BASE + 16 * arm)
+                                       stream=DRAFT_STREAM_BASE + 16 * index)
                 tokens.append(token)
                 all_logits.append(logits)
                 if index < gamma - 1:
@@ -390,22 +441,26 @@ class _Session:
         else:
             result = verify_reference(target_logits, draft_logits, drafted, params, key)
             out_tokens, num_accepted = result.tokens, result.num_accepted
-        self.commit(b, out_tokens, num_accepted, offsets)
+        if gamma < self.max_gamma:  # -1 past the γ+1 verified tokens: never emitted (offset > num_accepted)
+            out_tokens = torch.nn.functional.pad(out_tokens, (0, self.max_gamma - gamma), value=-1)
+        self.commit(b, out_tokens, num_accepted, out_offsets)
 
-    def _lookup(self, drafter: PromptLookupDrafter, width: int) -> torch.Tensor:
+    def _lookup(self, drafter: PromptLookupDrafter, width: int, gamma: int) -> torch.Tensor:
         """Prompt lookup over each row's last `width` tokens, right-aligned as the drafter reads them."""
         b = self.buffers
         index = torch.arange(width, device=self.device)[None] - (width - b.lengths)[:, None]
         valid = index >= 0
         tokens = b.seq.gather(1, index.clamp(min=0, max=self.capacity - 1))
-        return drafter.propose_tokens(tokens, valid, self.gamma)
+        return drafter.propose_tokens(tokens, valid, gamma)
 
-    def launch(self, arm: int, bucket: int, catch_up: int = 0) -> None:
-        """Run one step (after draft `arm`'s catch-up over `catch_up` tokens, when > 0): replay
-        their graphs (each captured on first use) or run them eagerly."""
+    def launch(self, arm: int, bucket: int, catch_up: int = 0) -> bool:
+        """Run one step (after the catch-up of `arm`'s draft over `catch_up` tokens, when > 0):
+        replay their graphs (each captured on first use) or run them eagerly. True when a graph was
+        captured (the step's time is then mostly capture)."""
         work = [(("step", arm, bucket), lambda: self.step(arm, bucket))]
         if catch_up:
             work.insert(0, (("catch_up", arm, bucket, catch_up), lambda: self.catch_up(arm, bucket, catch_up)))
+        captured = False
         for key, run in work:
             if not self.use_graphs:
                 run()
@@ -413,7 +468,9 @@ class _Session:
             graph = self.graphs.get(key)
             if graph is None:
                 graph = self.graphs[key] = self._capture(run)
+                captured = True
             graph.replay()
+        return captured
 
     def _capture(self, run: Callable[[], None]) -> torch.cuda.CUDAGraph:
         """Capture `run` (a step or a catch-up). Warm-up runs are frozen: they rewrite cache slots
@@ -442,38 +499,45 @@ class _Session:
     def run(self, decoder: FastSpeculativeDecoder, budgets: list[int], lengths: list[int],
             stats: GenerationStats, on_step: Callable[[StepEvent], None] | None) -> list[int]:
         """Launch steps until every row is done; read each step's outcome `lag` steps later."""
-        b, gamma, lag = self.buffers, self.gamma, decoder.lag
+        b, lag = self.buffers, decoder.lag
         cuda = self.device.type == "cuda"
         width = max(lengths)
         slots = lag + 1
-        pinned = torch.zeros((slots, self.batch, gamma + 3), dtype=torch.long, pin_memory=cuda)
+        pinned = torch.zeros((slots, self.batch, self.max_gamma + 3), dtype=torch.long, pin_memory=cuda)
         done_host = torch.zeros((slots, self.batch), dtype=torch.bool, pin_memory=cuda)
         events = [torch.cuda.Event(enable_timing=True) if cuda else None for _ in range(slots)]
         last_end = torch.cuda.Event(enable_timing=True) if cuda else None
         if cuda:
             last_end.record()
-        issued: list[tuple[int, int, float]] = []  # (step, arm, host launch time)
+        issued: list[_Launch] = []
         num_generated = [0] * self.batch
         active = [budget > 0 for budget in budgets]
         known_max = width  # the longest row as of the last step read
-        last_ran = [-1] * len(self.drafts)  # the step each draft last ran (-1: the prefill)
+        # Per draft model (arms sharing a draft share its cache): at most how many tokens were appended
+        # since its cache was last complete: the γ+1 of each step from its last run on; the prefill
+        # counts as a step of the largest γ (with one γ: the draft is (steps away)·(γ+1) behind).
+        behind = [self.max_gamma + 1] * len(self.drafts)
         read = 0
 
         def consume() -> bool:
             """Read the oldest unread step's outcome; True when every row is done."""
             nonlocal read, known_max, last_end
-            step, arm, launched = issued[read]
+            launch = issued[read]
+            step, arm, gamma = launch.step, launch.arm, launch.gamma
             slot = step % slots
             if cuda:
                 events[slot].synchronize()
                 latency = last_end.elapsed_time(events[slot]) / 1e3
                 last_end = events[slot]
             else:
-                latency = time.perf_counter() - launched
+                latency = time.perf_counter() - launch.launched
+            if decoder.step_costs is not None and not launch.captured:
+                # the step's cost: device time between step ends on CUDA, its synchronous launch on a CPU
+                decoder.step_costs.observe(arm, latency if cuda else launch.host_s)
             outcome = pinned[slot].tolist()
             accepted, kept = [row[-2] for row in outcome], [row[-1] for row in outcome]
             rows = [row for row in range(self.batch) if active[row]]
-            update_policy(decoder.policy, arm, [accepted[row] for row in rows], gamma)
+            update_policy(decoder.policy, arm, [accepted[row] for row in rows], gamma, decoder.step_costs)
             if rows:
                 stats.record(StepRecord(step=step, arm=arm, gamma=gamma,
                                         num_accepted=[accepted[row] for row in rows],
@@ -486,7 +550,7 @@ class _Session:
                 decoder.tp.guard_step(step, arm, [outcome[row][: kept[row]] for row in range(self.batch)])
             if on_step is not None and rows:
                 on_step(StepEvent(step=step, arm=arm, new_tokens=[outcome[row][: kept[row]] for row in range(self.batch)],
-                                  num_generated=list(num_generated)))
+                                  num_generated=list(num_generated), gamma=gamma))
             read += 1
             return not any(active)
 
@@ -497,25 +561,28 @@ class _Session:
                 finished = consume()
                 if finished:
                     break
-            unread = step - read
-            bound = min(known_max + unread * (gamma + 1), self.capacity - gamma - 1)
-            bucket = runner.bucket_for(bound + gamma, self.capacity)
             arm = int(decoder.policy.select())
-            if not 0 <= arm < max(1, len(self.drafts)):
-                raise ValueError(f"policy returned arm {arm}, but there are {len(self.drafts)} drafts")
+            if not 0 <= arm < len(self.arms):
+                raise ValueError(f"policy returned arm {arm}, but there are {len(self.arms)} arms")
+            draft, gamma = self.arms[arm]
+            # the longest row is at most the last read length plus γ+1 per unread step
+            bound = min(known_max + sum(launch.gamma + 1 for launch in issued[read:]), self.capacity - gamma - 1)
+            bucket = runner.bucket_for(bound + gamma, self.capacity)
             catch_up = 0
-            if self.drafts and isinstance(self.drafts[arm], runner.LlamaRunner) and not self.sync_all:
-                catch_up = catch_up_length(step - last_ran[arm], gamma, bucket)
-                last_ran[arm] = step
+            if self.drafts and isinstance(self.drafts[draft], runner.LlamaRunner) and not self.sync_all:
+                catch_up = catch_up_tokens(behind[draft], gamma, bucket)
+                behind[draft] = 0
                 self.catch_ups[catch_up] += 1
+            behind = [count + gamma + 1 for count in behind]
             launched = time.perf_counter()
-            self.launch(arm, bucket, catch_up)
+            captured = self.launch(arm, bucket, catch_up)
+            host_s = time.perf_counter() - launched
             slot = step % slots
             pinned[slot].copy_(b.outcome, non_blocking=True)
             done_host[slot].copy_(b.done, non_blocking=True)
             if cuda:
                 events[slot].record()
-            issued.append((step, arm, launched))
+            issued.append(_Launch(step, arm, gamma, launched, host_s, captured))
             step += 1
         while read < len(issued):  # drain: steps launched after the last row finished append nothing
             consume()
