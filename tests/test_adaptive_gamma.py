@@ -1,0 +1,173 @@
+"""Adaptive γ: arms are (draft, γ) pairs learning from the throughput reward, on both engines.
+
+The output stays exactly the target's distribution while the policy switches between γ values (χ²
+against exact enumeration), greedy equals the target's greedy `generate`, a draft shared by several
+arms keeps a correct cache whatever γ each step uses, bad inputs fail with a message naming the
+fix, and planted step costs make the bandit prefer the γ that is really faster.
+"""
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+
+import flashspec as fs
+from flashspec.drafters import PromptLookupDrafter
+from flashspec.engine import SpeculativeDecoder
+from flashspec.fast import FastSpeculativeDecoder, catch_up_tokens
+from flashspec.rewards import StepCosts
+
+import test_engine_exact
+from test_engine_exact import SETTINGS, exact_continuations, fit_p_values, passes
+from test_fast import chi2_calls
+
+pool = test_engine_exact.pool  # the exactness tests' fixture: target, near-copy draft, unrelated draft
+
+ENGINES = {"eager": SpeculativeDecoder, "fast": FastSpeculativeDecoder}
+GAMMAS = (1, 2, 4)
+PROMPTS = torch.tensor([[0, 0, 5, 6, 7], [0, 3, 7, 3, 9], [1, 4, 4, 4, 4]])
+MASK = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+
+
+def planted_costs(n_drafts: int, gammas: tuple[int, ...], per_token: float = 0.3) -> list[float]:
+    """Fixed arm costs (1 + per_token·γ), so the policy's choices depend on the seed only."""
+    return [1.0 + per_token * gamma for _ in range(n_drafts) for gamma in gammas]
+
+
+class Script:
+    """A policy that plays a fixed arm sequence (cyclically) and learns nothing."""
+
+    def __init__(self, arms: list[int]) -> None:
+        self.arms, self.t = arms, -1
+
+    def select(self) -> int:
+        self.t += 1
+        return self.arms[self.t % len(self.arms)]
+
+    def update(self, arm: int, reward: float) -> None:
+        assert 0.0 <= reward <= 1.0
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+@pytest.mark.parametrize("params", SETTINGS, ids=lambda p: f"T{p.temperature}-top_p{p.top_p}")
+def test_output_matches_exact_distribution_while_gamma_switches(pool, engine, params):
+    target, near, far = pool
+    drafts = [near, far, PromptLookupDrafter()]
+    decoder = ENGINES[engine](target, drafts, policy="exp3", gammas=GAMMAS, policy_kwargs={"seed": 0},
+                              arm_costs=planted_costs(len(drafts), GAMMAS))
+    continuations, arms, kept = chi2_calls(decoder, params, calls=48)
+    p_values = fit_p_values(continuations, exact_continuations(target, params))
+    assert passes(p_values), p_values
+    gammas = Counter(decoder.arms[arm][1] for arm in arms)
+    drafts_used = {decoder.arms[arm][0] for arm in arms}
+    # the eager engine cuts γ by the 3-token budget (at most 2 drafted); the fast path drafts the arm's γ
+    assert len(gammas) >= (2 if engine == "eager" else 3), gammas
+    assert drafts_used == {0, 1, 2} and max(kept) >= 2, (drafts_used, kept)
+    assert sum(a != b for a, b in zip(arms, arms[1:])) >= 20, "the bandit must really switch arms"
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_greedy_equals_target_greedy_generate(pool, engine):
+    """Measured costs (wall time): the choices vary with the machine, the greedy tokens never do."""
+    target, near, far = pool
+    decoder = ENGINES[engine](target, [near, far, PromptLookupDrafter()], policy="thompson", gammas=(1, 3, 6),
+                              policy_kwargs={"seed": 0})
+    events = []
+    result = decoder.generate(PROMPTS, attention_mask=MASK, max_new_tokens=20, sampling=fs.SamplingParams(0.0),
+                              on_step=events.append)
+    expected = target.generate(PROMPTS, attention_mask=MASK, max_new_tokens=20, do_sample=False, eos_token_id=2,
+                               pad_token_id=2)
+    assert torch.equal(result.sequences, expected)
+    summary = result.stats.summary()
+    assert list(summary["per_arm"]) == [f"{name}@γ={g}" for name in ("draft0", "draft1", "prompt-lookup")
+                                        for g in (1, 3, 6)]
+    assert [arm["gamma"] for arm in summary["per_arm"].values()] == [1, 3, 6] * 3
+    assert [event.gamma for event in events] == result.stats.gamma_trace
+    assert all(step.gamma <= decoder.arms[step.arm][1] for step in result.stats.steps)
+
+
+def test_shared_draft_cache_stays_complete_across_gammas(pool):
+    """A draft's proposals are a function of its cache and the step's key, so runs whose draft caches
+    hold the same tokens emit the same tokens. Arms of one draft at γ = 6, 1, 3 (a long step then a
+    short one) with long steps of another draft in between (a window of the short γ alone would miss
+    tokens): the fast path's lazy catch-ups must give the tokens and per-step counts of its "all"
+    mode (every draft re-reads a Γ+1 window each step, never behind), and at T = 0 the per-step
+    counts of the eager engine (its own cache bookkeeping)."""
+    target, near, far = pool
+    # arms: far@1=0, far@3=1, far@6=2, near@1=3, near@3=4, near@6=5
+    script = [2, 0, 5, 0, 5, 5, 1, 2, 5, 0, 4, 1, 5, 5, 0, 2, 3, 0]
+    runs = {}
+    for name, make, kwargs, params in [
+            ("lazy", FastSpeculativeDecoder, {"draft_sync": "lazy"}, fs.SamplingParams(1.0)),
+            ("all", FastSpeculativeDecoder, {"draft_sync": "all"}, fs.SamplingParams(1.0)),
+            ("lazy-greedy", FastSpeculativeDecoder, {"draft_sync": "lazy"}, fs.SamplingParams(0.0)),
+            ("eager-greedy", SpeculativeDecoder, {}, fs.SamplingParams(0.0))]:
+        decoder = make(target, [far, near], policy=Script(script), gammas=(1, 3, 6), **kwargs)
+        result = decoder.generate(PROMPTS, attention_mask=MASK, max_new_tokens=48, ignore_eos=True,
+                                  sampling=params, seed=5)
+        runs[name] = (result.sequences, [(step.arm, step.gamma, step.num_accepted) for step in result.stats.steps])
+        if name == "lazy":
+            assert max(decoder._session.catch_ups) > 0
+    assert torch.equal(runs["lazy"][0], runs["all"][0]) and runs["lazy"][1] == runs["all"][1]
+    # the eager engine drafts fewer than γ near the budget's end: compare the steps both drafted in full
+    lazy, eager = runs["lazy-greedy"][1], runs["eager-greedy"][1]
+    full = [index for index, (a, b) in enumerate(zip(lazy, eager)) if a[1] == b[1]]
+    assert len(full) >= 10 and [lazy[i] for i in full] == [eager[i] for i in full]
+
+
+def test_catch_up_tokens():
+    assert catch_up_tokens(5, 4, 512) == 0     # ran the step before at the same γ: the window covers it
+    assert catch_up_tokens(9, 2, 512) == 8     # ran the step before at γ = 8, now γ = 2: 6 tokens missed
+    assert catch_up_tokens(3 + 9 + 5, 4, 512) == 16   # away over steps of γ 2, 8, 4: 12 missed
+    assert catch_up_tokens(1000, 4, 64) == 64  # capped at the bucket
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_bad_gammas_name_the_fix(pool, engine):
+    target, near, _ = pool
+    make = ENGINES[engine]
+    for gammas, message in [([], "non-empty"), ("2,4", "list of ints"), ([0, 2], r"ints in \[1, 256\]"),
+                            ([2, 300], r"ints in \[1, 256\]"), ([2, 2.5], r"ints in \[1, 256\]"),
+                            ([2, True], r"ints in \[1, 256\]"), ([4, 2, 4], "drop the duplicates")]:
+        with pytest.raises(ValueError, match=message):
+            make(target, [near], gammas=gammas)
+    with pytest.raises(ValueError, match="pass gammas"):
+        make(target, [near], arm_costs=[1.0])
+    with pytest.raises(ValueError, match="one cost > 0 per arm"):
+        make(target, [near], gammas=[2, 4], arm_costs=[1.0])
+    with pytest.raises(ValueError, match="arm_costs must be finite and > 0"):
+        make(target, [near], gammas=[2, 4], arm_costs=[1.0, 0.0])
+    assert len(make(target, [near, PromptLookupDrafter()], policy="ucb1", gammas=[2, 4, 8]).policy.successes[0]) == 6
+
+
+def test_step_costs_measured_mode():
+    """Moving averages per arm, the fastest step as the scale, rewards in [0, 1] ranking by tokens/s."""
+    costs = StepCosts(n_arms=2, max_gamma=4, smoothing=0.5)
+    assert costs.reward(0, [1], 1) is None                     # no cost yet: no reward
+    for seconds in (2.0, 1.0, 1.0):
+        costs.observe(0, seconds)                              # γ = 1 arm: 2 -> 1.5 -> 1.25
+    for seconds in (1.5, float("nan"), -1.0):
+        costs.observe(1, seconds)                              # γ = 4 arm; bad times are ignored
+    assert costs.costs == [1.25, 1.5] and costs.fastest == 1.0
+    assert costs.reward(0, [1], 1) == pytest.approx(2 / 5 / 1.25)      # 2 tokens in 1.25 s, over 5 tokens/1 s
+    assert costs.reward(1, [4], 4) == pytest.approx(5 / 5 / 1.5)
+    assert costs.reward(1, [0, 4], 4) == pytest.approx((1 + 5) / 2 / 5 / 1.5)
+    fixed = StepCosts(n_arms=2, max_gamma=4, fixed=[1.0, 4.0])
+    fixed.observe(0, 100.0)
+    assert fixed.costs == [1.0, 4.0] and fixed.reward(1, [4], 4) == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_throughput_reward_prefers_the_faster_gamma(pool, engine):
+    """The near-copy draft is accepted almost always at T = 0. When a γ = 6 step costs 8 times a γ = 1
+    step, γ = 1 makes more tokens per second (2 vs 7/8) and the bandit settles there; when it costs
+    1.2 times as much, γ = 6 does (7/1.2 vs 2) and the bandit follows the planted costs."""
+    target, near, _ = pool
+    for costs, best in (([1.0, 8.0], 1), ([1.0, 1.2], 6)):
+        decoder = ENGINES[engine](target, [near], policy="thompson", gammas=(1, 6), arm_costs=costs,
+                                  policy_kwargs={"seed": 0})
+        result = decoder.generate(PROMPTS[2:], max_new_tokens=100, ignore_eos=True,
+                                  sampling=fs.SamplingParams(0.0), seed=0)
+        chosen = Counter(decoder.arms[arm][1] for arm in result.stats.arm_trace[len(result.stats.steps) // 2:])
+        assert chosen.most_common(1)[0][0] == best, (costs, chosen)
