@@ -39,7 +39,7 @@ from flashspec import models, provenance  # noqa: E402
 from flashspec.drafters import PromptLookupDrafter  # noqa: E402
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
 from flashspec.runner import capture  # noqa: E402
-from flashspec.tp import TensorParallel, shard_target, shutdown  # noqa: E402
+from flashspec.tp import TensorParallel, shard_forward_bytes, shard_target, shutdown  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -113,24 +113,6 @@ def time_piece(fn: Callable[[], Any], tp: TensorParallel, graphed: bool) -> floa
         return f"failed: {type(error).__name__}: {error}"[:300]
 
 
-def local_forward_bytes(model: torch.nn.Module, batch: int, filled: int) -> int:
-    """Bytes one forward must read on this rank: its shard of every weight but the embedding table
-    (replicated pieces in full) and its heads' filled K/V."""
-    embedding = model.model.embed_tokens.weight
-    tied = model.lm_head.weight is embedding
-    weights = 0
-    for parameter in model.parameters():
-        if parameter is embedding and not tied:
-            continue
-        local = parameter.to_local() if hasattr(parameter, "to_local") else parameter  # a DTensor's shard
-        weights += local.numel() * local.element_size()
-    config = model.config
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    kv_heads = config.num_key_value_heads // int(getattr(model, "flashspec_tp_size", 1))
-    kv = 2 * config.num_hidden_layers * batch * kv_heads * filled * head_dim * embedding.element_size()
-    return weights + kv
-
-
 def anatomy(decoder: FastSpeculativeDecoder, model: torch.nn.Module, tp: TensorParallel, gamma: int,
             graphed: bool) -> dict[str, Any]:
     """The step's pieces timed alone at the step's shapes (every rank runs them: the target's collectives
@@ -170,7 +152,8 @@ def anatomy(decoder: FastSpeculativeDecoder, model: torch.nn.Module, tp: TensorP
     if bandwidth is not None:  # the HBM floor of this rank's one-token forward: its bytes / copy bandwidth
         filled = int(session.buffers.lengths.max())
         out["copy_bandwidth_GBps"] = bandwidth / 1e9
-        out["forward_bytes_local"] = local_forward_bytes(model, batch, filled)
+        element = target.embed_tokens.weight.element_size()
+        out["forward_bytes_local"] = shard_forward_bytes(model.config, tp.size, batch, filled, element)
         out["hbm_floor_1"] = 1e3 * out["forward_bytes_local"] / bandwidth
     for name, piece in pieces.items():
         out[name] = time_piece(piece, tp, graphed)

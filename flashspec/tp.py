@@ -172,6 +172,21 @@ class TensorParallel:
                                "bitwise identical across ranks")
 
 
+def shard_forward_bytes(config: Any, tp_size: int, batch: int, filled: int, element_size: int = 2) -> int:
+    """Bytes one rank reads in a one-token forward of a Llama-family target sharded over `tp_size` ranks:
+    its 1/N of every decoder layer's projections, the replicated norms, final norm and head (the embedding
+    table too only when tied to the head: otherwise a forward reads a few of its rows), and its heads'
+    K/V of `filled` positions for `batch` rows. Divide by the copy bandwidth for the rank's HBM floor."""
+    hidden, layers = config.hidden_size, config.num_hidden_layers
+    head_dim = getattr(config, "head_dim", None) or hidden // config.num_attention_heads
+    q_width = config.num_attention_heads * head_dim
+    kv_width = config.num_key_value_heads * head_dim
+    sharded = layers * ((q_width + 2 * kv_width) * hidden + q_width * hidden + 3 * hidden * config.intermediate_size)
+    replicated = layers * 2 * hidden + hidden + config.vocab_size * hidden  # norms, final norm, head
+    kv = 2 * layers * batch * filled * kv_width
+    return element_size * (sharded // tp_size + replicated + kv // tp_size)
+
+
 def _hash_bytes(*parts: bytes) -> int:
     digest = hashlib.blake2b(digest_size=8)
     for part in parts:

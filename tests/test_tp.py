@@ -263,3 +263,21 @@ def test_cli_generate_tp_errors_name_the_fix():
     assert three.returncode != 0
     assert "flashspec generate: error: --tp: tensor parallelism over 3 ranks" in three.stderr
     assert "launch with a world size in" in three.stderr
+
+
+@pytest.mark.parametrize("tp_size", [1, 2])
+def test_shard_forward_bytes_counts_each_ranks_parameters(tp_size):
+    """The analytic per-rank bytes equal the parameters a rank holds (sharded ones split by the plan, the
+    embedding table left out as an untied forward reads only a few rows) plus its heads' K/V."""
+    from flashspec.tp import LAYER_PLAN_COLWISE, LAYER_PLAN_ROWWISE, shard_forward_bytes
+
+    model = gqa_target()
+    sharded = tuple(f"{name}.weight" for name in LAYER_PLAN_COLWISE + LAYER_PLAN_ROWWISE)
+    counted = 0
+    for name, parameter in model.named_parameters():
+        if name == "model.embed_tokens.weight":
+            continue
+        counted += parameter.numel() // (tp_size if name.endswith(sharded) else 1)
+    config = model.config
+    kv = 2 * config.num_hidden_layers * 3 * 7 * config.num_key_value_heads * (config.hidden_size // 4)
+    assert shard_forward_bytes(config, tp_size, batch=3, filled=7, element_size=4) == 4 * (counted + kv // tp_size)
