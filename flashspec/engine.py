@@ -119,7 +119,7 @@ def make_step_costs(arms: list[tuple[int, int]], gammas: tuple[int, ...] | None,
         if arm_costs is not None:
             raise ValueError("arm_costs sets the cost of each (draft, γ) arm: pass gammas=[...] with it")
         return None
-    return StepCosts(len(arms), max(gammas), fixed=arm_costs)
+    return StepCosts(len(arms), fixed=arm_costs)
 
 
 def resolve_policy(policy: Any, n_arms: int, **policy_kwargs: Any) -> Any:
@@ -160,7 +160,8 @@ class SpeculativeDecoder:
         gammas: None (one arm per draft, at `gamma`), or distinct γ values: then the arms are every
             (draft, γ) pair, draft-major, named "<draft>@γ=<γ>", and the policy learns from the
             throughput reward (`flashspec.rewards.StepCosts`: each step's tokens over its arm's
-            moving-average wall time), so it learns how far to speculate as well as which draft.
+            moving-average wall time, relative to the best arm's rate), so it learns how far to
+            speculate as well as which draft.
         arm_costs: with `gammas`, fixed per-arm step costs (any unit) instead of measured times,
             e.g. from a benchmark: the choices then depend on the seed only (reproducible runs).
         policy_kwargs: extra arguments for `make_policy` (e.g. window, discount). Its random

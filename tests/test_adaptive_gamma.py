@@ -141,21 +141,27 @@ def test_bad_gammas_name_the_fix(pool, engine):
     assert len(make(target, [near, PromptLookupDrafter()], policy="ucb1", gammas=[2, 4, 8]).policy.successes[0]) == 6
 
 
-def test_step_costs_measured_mode():
-    """Moving averages per arm, the fastest step as the scale, rewards in [0, 1] ranking by tokens/s."""
-    costs = StepCosts(n_arms=2, max_gamma=4, smoothing=0.5)
+def test_step_costs_reward_is_relative_to_the_best_arm():
+    """Moving averages of cost and tokens per arm; a step's tokens per second over twice the best
+    arm's estimated rate, so the best arm's steps score near 0.5 and a slower arm's lower."""
+    costs = StepCosts(n_arms=2, smoothing=0.5)
     assert costs.reward(0, [1], 1) is None                     # no cost yet: no reward
     for seconds in (2.0, 1.0, 1.0):
         costs.observe(0, seconds)                              # γ = 1 arm: 2 -> 1.5 -> 1.25
     for seconds in (1.5, float("nan"), -1.0):
         costs.observe(1, seconds)                              # γ = 4 arm; bad times are ignored
-    assert costs.costs == [1.25, 1.5] and costs.fastest == 1.0
-    assert costs.reward(0, [1], 1) == pytest.approx(2 / 5 / 1.25)      # 2 tokens in 1.25 s, over 5 tokens/1 s
-    assert costs.reward(1, [4], 4) == pytest.approx(5 / 5 / 1.5)
-    assert costs.reward(1, [0, 4], 4) == pytest.approx((1 + 5) / 2 / 5 / 1.5)
-    fixed = StepCosts(n_arms=2, max_gamma=4, fixed=[1.0, 4.0])
+    assert costs.costs == [1.25, 1.5]
+    assert costs.reward(0, [1], 1) == pytest.approx(0.5)       # 2 tokens / 1.25 s: the only rate known
+    assert costs.reward(1, [4], 4) == pytest.approx(0.5)       # 5 tokens / 1.5 s: the new best rate
+    assert costs.reward(0, [0], 1) == pytest.approx((1 / 1.25) / (2 * 5 / 1.5))
+    assert costs.rates() == pytest.approx([1.5 / 1.25, 5 / 1.5])
+    assert costs.reward(1, [0, 4], 4) <= 1.0
+    fixed = StepCosts(n_arms=2, fixed=[1.0, 4.0])
     fixed.observe(0, 100.0)
-    assert fixed.costs == [1.0, 4.0] and fixed.reward(1, [4], 4) == pytest.approx(0.25)
+    assert fixed.costs == [1.0, 4.0]
+    assert fixed.reward(1, [4], 4) == pytest.approx(0.5) and fixed.reward(0, [0], 1) == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="smoothing"):
+        StepCosts(n_arms=2, smoothing=0.0)
 
 
 @pytest.mark.parametrize("engine", ENGINES)
