@@ -398,3 +398,20 @@ def plot_engine_benchmark(record: dict[str, Any], path: str | Path | None = None
 
 
 __all__ += ["plot_engine_benchmark"]
+
+
+def plot_stacked_bars(rows: dict[str, dict[str, float]], colours: dict[str, str], xlabel: str,
+                      path: str | Path | None = None) -> Figure:
+    """One horizontal bar per row (label -> {part: value}), its parts stacked in the order of `colours`
+    (part -> colour); e.g. a step's or a forward's time split into its pieces."""
+    fig = Figure(figsize=(6.5, 0.6 + 0.65 * len(rows)), layout="constrained")
+    axis = fig.subplots()
+    for index, (label, values) in enumerate(rows.items()):
+        left = 0.0
+        for part, colour in colours.items():
+            axis.barh(label, values.get(part, 0.0), left=left, color=colour, label=part if index == 0 else None)
+            left += values.get(part, 0.0)
+    axis.invert_yaxis()
+    axis.set_xlabel(xlabel)
+    axis.legend(fontsize=8, loc="lower right")
+    return _finish(fig, "", path)

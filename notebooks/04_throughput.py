@@ -478,8 +478,6 @@ if fast_records:
 # of the eager step is host work between them):
 
 # %%
-import matplotlib.pyplot as plt
-
 if fast_records and runner_record:
     cells = body(runner_record)["cells"]
 
@@ -508,20 +506,10 @@ if fast_records and runner_record:
 
     def anatomy_bars(rows: dict) -> None:
         """One stacked bar per step variant (label -> {part: ms})."""
-        figure, axis = plt.subplots(figsize=(6.5, 0.6 + 0.7 * len(rows)))
         colours = {"target forward (γ+1)": "#4c72b0", "draft forwards": "#dd8452",
                    "verify + host": "#8c8c8c"}
-        for index, (label, values) in enumerate(rows.items()):
-            left = 0.0
-            for part, colour in colours.items():
-                axis.barh(label, values[part], left=left, color=colour,
-                          label=part if index == 0 else None)
-                left += values[part]
-        axis.invert_yaxis()
-        axis.set_xlabel("ms per speculative step (B = 1, γ = 4, NVIDIA H200)")
-        axis.legend(fontsize=8, loc="lower right")
-        figure.tight_layout()
-        plt.show()
+        display(plots.plot_stacked_bars(
+            rows, colours, "ms per speculative step (B = 1, γ = 4, NVIDIA H200)"))
 
     anatomy_bars({"eager engine": eager_parts, "fast path (graphs)": graph_step_parts(cell)})
     print(f"eager step {eager_step:.1f} ms; "
@@ -1053,18 +1041,9 @@ for mode in ("graphs", "graphs + compile"):
             "HBM floor": floor, "all-reduces": comm or 0.0,
             "the rest": max(parts["target_forward_1"] - floor - (comm or 0.0), 0.0), "comm_timed": comm is not None}
 if anatomy_rows:
-    figure, axis = plt.subplots(figsize=(6.5, 0.6 + 0.6 * len(anatomy_rows)))
-    colours = {"HBM floor": "#4c72b0", "all-reduces": "#c44e52", "the rest": "#8c8c8c"}
-    for index, (label, values) in enumerate(anatomy_rows.items()):
-        left = 0.0
-        for part, colour in colours.items():
-            axis.barh(label, values[part], left=left, color=colour, label=part if index == 0 else None)
-            left += values[part]
-    axis.invert_yaxis()
-    axis.set_xlabel("ms per one-token forward of the 7B-shaped target (B = 1, NVIDIA H200)")
-    axis.legend(fontsize=8, loc="lower right")
-    figure.tight_layout()
-    plt.show()
+    display(plots.plot_stacked_bars(
+        anatomy_rows, {"HBM floor": "#4c72b0", "all-reduces": "#c44e52", "the rest": "#8c8c8c"},
+        "ms per one-token forward of the 7B-shaped target (B = 1, NVIDIA H200)"))
     print("HBM floor from:", "; ".join(sorted(floor_sources)))
     for label, values in anatomy_rows.items():
         rest = "the rest" + ("" if values["comm_timed"] else " (collectives included: not timed alone)")
