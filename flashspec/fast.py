@@ -303,6 +303,7 @@ class _Session:
     def __init__(self, decoder: FastSpeculativeDecoder, key: tuple, batch: int, capacity: int,
                  sampling: SamplingParams, stop_ids: set[int], use_graphs: bool) -> None:
         self.key = key
+        self.gamma = decoder.gamma  # the single-γ mode's γ (benchmarks time the step's pieces at it)
         self.arms = decoder.arms
         self.max_gamma = decoder.max_gamma
         self.sampling = sampling
