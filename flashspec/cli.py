@@ -130,6 +130,9 @@ def generate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--prompt-lookup", action="store_true", help="add the model-free prompt-lookup drafter")
     parser.add_argument("--policy", default="thompson", help="bandit policy name (see flashspec.bandits.POLICIES)")
     parser.add_argument("--gamma", type=int, default=4, help="drafted tokens per step")
+    parser.add_argument("--gammas", type=parse_gammas, default=None,
+                        help="comma-separated γ values, e.g. 2,4,8: the arms become every (draft, γ) pair and the "
+                             "bandit learns how far to speculate from tokens per second (replaces --gamma)")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
     parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
@@ -272,12 +275,27 @@ def check_options(args: argparse.Namespace) -> None:
         check_output_path("--json", args.json)
 
 
+def parse_gammas(text: str) -> tuple[int, ...]:
+    """--gammas "2,4,8" -> (2, 4, 8); `check_numbers` checks the range and repeats."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be comma-separated ints, e.g. 2,4,8, got {text!r}") from None
+
+
 def check_numbers(args: argparse.Namespace) -> None:
     """Range checks on the numeric options (argparse has already checked their types)."""
     if args.max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens must be an int >= 0, got {args.max_new_tokens}")
     if not 1 <= args.gamma <= MAX_GAMMA:
         raise ValueError(f"--gamma must be an int in [1, {MAX_GAMMA}] (drafted tokens per step), got {args.gamma}")
+    if args.gammas is not None:
+        from flashspec.engine import check_gammas
+
+        try:
+            check_gammas(list(args.gammas))
+        except ValueError as error:
+            raise ValueError(f"--{error}") from None
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise ValueError(f"--temperature must be finite and >= 0 (0 = greedy), got {args.temperature}")
     if args.top_k < 0:
@@ -401,7 +419,7 @@ def prepare_run(args: argparse.Namespace, tp: Any = None) -> Run:
         target, drafts, tokenizer = checkpoint_models(args)
     if args.prompt_lookup or not drafts:
         drafts = [*drafts, PromptLookupDrafter()]
-    check_policy(args.policy, len(drafts), args.seed)
+    check_policy(args.policy, len(drafts) * (len(args.gammas) if args.gammas else 1), args.seed)
     if tp is not None:
         from flashspec.tp import shard_target
 
@@ -447,7 +465,7 @@ def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any], tp: 
     from flashspec.engine import SpeculativeDecoder
     from flashspec.fast import FastSpeculativeDecoder, fast_supported
 
-    kwargs = dict(policy=args.policy, gamma=args.gamma, policy_kwargs={"seed": args.seed})
+    kwargs = dict(policy=args.policy, gamma=args.gamma, gammas=args.gammas, policy_kwargs={"seed": args.seed})
     reason = fast_supported(target, drafts)
     on_cuda = next(target.parameters()).device.type == "cuda"
     if args.engine == "fast" and reason is not None:

@@ -27,6 +27,13 @@ def test_generate_default_needs_no_download(capsys, tmp_path):
     assert len(record["arm_names"]) == 3
 
 
+def test_generate_with_gammas_makes_an_arm_per_draft_and_gamma(capsys, tmp_path):
+    path = tmp_path / "stats.json"
+    code = cli.main([*BASE, "--gammas", "1,3", "--json", str(path)])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads(path.read_text())["arm_names"] == ["draft0@γ=1", "draft0@γ=3", "draft1@γ=1", "draft1@γ=3"]
+
+
 def test_generate_with_saved_target_and_draft(capsys, tmp_path):
     tokenizer = models.char_tokenizer()
     common = dict(vocab_size=len(tokenizer), max_positions=64, bos_token_id=1, eos_token_id=2, pad_token_id=2)
@@ -183,7 +190,7 @@ def test_negative_seed_is_a_seed_error(capsys):
 @pytest.mark.parametrize("option, value", [
     ("--max-new-tokens", "-5"), ("--gamma", "0"), ("--gamma", "100000"), ("--temperature", "-1"),
     ("--temperature", "nan"), ("--temperature", "inf"), ("--top-k", "-1"), ("--top-p", "0"),
-    ("--top-p", "1.5"), ("--top-p", "nan"), ("--dtype", "bogus"),
+    ("--top-p", "1.5"), ("--top-p", "nan"), ("--dtype", "bogus"), ("--gammas", "2,2"), ("--gammas", "0,3"),
 ])
 def test_bad_numeric_options_fail_before_any_output(capsys, option, value):
     err = run_failing(capsys, [*BASE, option, value])
