@@ -50,7 +50,7 @@ from flashspec.sampling import SamplingParams, sample_from_logits
 from flashspec.stats import GenerationStats, StepRecord
 from flashspec.verify import verify_reference
 
-DRAFT_STREAM_BASE = rng.STREAM_DRAFT + 16  # arm a samples on stream DRAFT_STREAM_BASE + 16·a
+DRAFT_STREAM_BASE = rng.STREAM_DRAFT + 16  # draft d samples on stream DRAFT_STREAM_BASE + 16·d
 DRAFT_SYNC_MODES = ("lazy", "all")
 
 
@@ -424,13 +424,13 @@ class _Session:
             drafted, draft_logits = self._lookup(chosen, bucket, gamma), None
         else:
             tokens, all_logits = [], []
-            for index in range(gamma):
-                token, _ = self.sample(logits, params, key, position=index,
+            for position in range(gamma):  # the draft's own stream (index: the draft, not the arm)
+                token, _ = self.sample(logits, params, key, position=position,
                                        stream=DRAFT_STREAM_BASE + 16 * index)
                 tokens.append(token)
                 all_logits.append(logits)
-                if index < gamma - 1:
-                    logits = chosen.forward(token[:, None], (b.lengths + index)[:, None], bucket)[:, 0]
+                if position < gamma - 1:
+                    logits = chosen.forward(token[:, None], (b.lengths + position)[:, None], bucket)[:, 0]
             drafted, draft_logits = torch.stack(tokens, 1), torch.stack(all_logits, 1)
         target_tokens = torch.cat([b.seq.gather(1, last[:, None]), drafted], 1)
         target_logits = self.target.forward(target_tokens, last[:, None] + offsets, bucket)
