@@ -132,7 +132,8 @@ def generate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gamma", type=int, default=4, help="drafted tokens per step")
     parser.add_argument("--gammas", type=parse_gammas, default=None,
                         help="comma-separated γ values, e.g. 2,4,8: the arms become every (draft, γ) pair and the "
-                             "bandit learns how far to speculate from tokens per second (replaces --gamma)")
+                             "bandit learns how far to speculate from measured tokens per second (replaces --gamma; "
+                             "the timings steer the choices, so one --seed no longer fixes the output)")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
     parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
