@@ -560,7 +560,7 @@ def plan_choice(points: list[dict]) -> dict:
             "chosen": chosen, "paste": paste}
 
 
-# Done-when bars of the verify step (issue 15): the warm graph replay within 2x the floor everywhere; the eager
+# Targets of the verify step: the warm graph replay within 2x the floor everywhere; the eager
 # step (one call, launch included) 10x faster than the honest PyTorch verify at B <= 8 and 3x at B = 64.
 TARGETS = {"graph_over_floor_max": 2.0, "honest_over_eager_min_for_batch_le_8": 10.0,
            "honest_over_eager_at_batch_64": 3.0}
