@@ -43,6 +43,11 @@ BUDGETS: dict[str, MeasurementBudget] = {
     # Sized for ~5 minutes of measurement on one H200 after a ~2-minute build (one 10-minute device call).
     "gpu": MeasurementBudget(matrix_prompts=32, matrix_new_tokens=64, switching_requests=12, switching_block=3,
                              switching_new_tokens=40, bandits=("thompson", "d-ts")),
+    # SmolLM2 and its distilled pool on one H200 (the pool needs a GPU to build).
+    "smollm2": MeasurementBudget(matrix_prompts=32, matrix_new_tokens=64, switching_requests=12, switching_block=3,
+                                 switching_new_tokens=64, bandits=("thompson", "d-ts")),
+    "micro-distill": MeasurementBudget(matrix_prompts=2, matrix_new_tokens=6, switching_requests=4, switching_block=2,
+                                       switching_new_tokens=6, bandits=("thompson",)),
     "micro": MeasurementBudget(matrix_prompts=2, matrix_new_tokens=6, switching_requests=4, switching_block=2,
                                switching_new_tokens=6, bandits=("thompson",)),
 }

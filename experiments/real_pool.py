@@ -1,0 +1,251 @@
+"""SmolLM2-135M-Instruct and its distilled draft pool (`flashspec zoo --size smollm2`) on one GPU, in one run.
+
+1. Build (or load) the pool: a generalist and three domain specialists distilled from SmolLM2 (bf16 autocast).
+2. Quality on held-out text: perplexity of target and drafts; the exact per-token acceptance of every draft on
+   every domain at T = 1 (Σ min(p, q)) and at T = 0 (argmax agreement); the specialists' margins.
+3. The fast path at B = 1 (static caches + CUDA graphs, optionally compiled regions) on chapter 05's
+   domain-switching workloads (blocks and mixed, `--requests` held-out prompts, `--new-tokens` each): every
+   fixed draft, the per-domain oracle and the shipped bandits, all served by one `FastSpeculativeDecoder`.
+4. Fast speculative (Thompson over the pool) against fast plain decoding of SmolLM2 on the blocks workload,
+   greedy and T = 1, `--repeats` rounds each (the spread is reported), with tokens agreeing with plain greedy.
+5. Adaptive γ: arms (draft, γ) for γ in `--gammas` under Thompson with the throughput reward, against the
+   pool at each fixed γ: the γ chosen per domain and tok/s.
+6. The step anatomy of a one-draft step (target and draft forwards timed alone from their graphs).
+
+Every part is written to the JSON as soon as it is done; a part that fails records its error.
+
+    python experiments/real_pool.py --out results/real_pool_h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import flashspec as fs  # noqa: E402
+from flashspec import provenance, switching, zoo  # noqa: E402
+from flashspec.zoo import distill  # noqa: E402
+from flashspec.bandits import make_policy  # noqa: E402
+from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--size", default="smollm2", choices=[s for s, c in zoo.SIZES.items() if c.distilled])
+    parser.add_argument("--device", default=None)
+    parser.add_argument("--requests", type=int, default=24, help="requests per switching workload")
+    parser.add_argument("--block", type=int, default=4, help="requests per domain block")
+    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4, 6])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--train-budget-s", type=float, default=None,
+                        help="time a few distillation steps first and scale the size's training steps (together, "
+                             "same proportion) to train the pool in about this many seconds; the steps used are "
+                             "recorded (default: the size's own steps)")
+    parser.add_argument("--eval-tokens", type=int, default=None, help="held-out tokens per domain (default: the size's)")
+    parser.add_argument("--bandits", nargs="+", default=["thompson", "d-ts"])
+    parser.add_argument("--compile", nargs="?", const="default", default=False)
+    parser.add_argument("--git-sha", default=None)
+    return parser.parse_args(argv)
+
+
+def stream(decoder: Any, requests: list[switching.Request], sampling: fs.SamplingParams, new_tokens: int,
+           device: torch.device) -> dict[str, Any]:
+    """Serve `requests` one by one (seeds 0, 1, ...): seconds, tokens, tokens/s, and every request's tokens."""
+    seconds, tokens, outputs = 0.0, 0, []
+    for index, request in enumerate(requests):
+        prompt = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)
+        started = time.perf_counter()
+        result = decoder.generate(prompt, max_new_tokens=new_tokens, sampling=sampling, seed=index, ignore_eos=True)
+        seconds += time.perf_counter() - started
+        tokens += int(result.num_generated.sum())
+        outputs.append(result.sequences[0, prompt.shape[1]:].tolist())
+    return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds, "outputs": outputs}
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
+
+
+def chosen_gamma_per_domain(run: dict[str, Any], requests: list[switching.Request], arm_gammas: list[int]
+                            ) -> dict[str, dict[str, float]]:
+    """Share of steps at each γ, per domain, from a served stream's arm trace."""
+    counts: dict[str, dict[int, int]] = {}
+    for arm, request in zip(run["arm_trace"], run["request_of_step"]):
+        per = counts.setdefault(requests[request].domain, {})
+        per[arm_gammas[arm]] = per.get(arm_gammas[arm], 0) + 1
+    return {d: {str(g): n / sum(per.values()) for g, n in sorted(per.items())} for d, per in counts.items()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    device = torch.device(args.device) if args.device else fs.models.default_device()
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    command = "python experiments/real_pool.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    record: dict[str, Any] = {
+        "provenance": provenance.record(command, args.git_sha),
+        "settings": {key: value for key, value in vars(args).items() if key not in ("out", "git_sha")},
+        "results": {},
+    }
+    results = record["results"]
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def write() -> None:
+        out.write_text(json.dumps(record, indent=1, default=str))
+
+    def part(name: str, work: Any) -> Any:
+        started = time.perf_counter()
+        print(f"[real_pool] {name} ...", flush=True)
+        try:
+            value = work()
+        except Exception as error:  # noqa: BLE001  record it, go on with the other parts
+            results[name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-3000:]}
+            print(results[name]["traceback"], flush=True)
+            value = None
+        else:
+            results[name] = value
+        results.setdefault("seconds", {})[name] = time.perf_counter() - started
+        write()
+        return value
+
+    started = time.perf_counter()
+    config = zoo.get_config(args.size)
+    fitted = None
+    if args.train_budget_s is not None:
+        teacher = distill.load_teacher(config.teacher, device)[0]
+        step_s = distill.seconds_per_step(config, teacher, device)
+        del teacher
+        config = distill.steps_for_budget(config, step_s, args.train_budget_s)
+        fitted = {"seconds_per_step": step_s, "budget_s": args.train_budget_s,
+                  "draft_steps": config.draft_steps, "specialist_steps": config.specialist_steps}
+        print(f"[real_pool] {step_s:.3f} s per distillation step: {fitted}", flush=True)
+    zoo.zoo_dir(config, device=str(device))
+    build_s = time.perf_counter() - started
+    pool = zoo.load_zoo(config, device=str(device))
+    manifest = pool.manifest
+    results["build"] = {"seconds_this_run": build_s, "fitted_to_budget": fitted, "timings": manifest["timings"], "models": manifest["models"],
+                        "config": manifest["config"], "tokens": manifest["tokens"], "key": manifest["key"],
+                        "built_on": manifest["environment"]}
+    write()
+    names = list(pool.drafts)
+    budget = args.eval_tokens or manifest["config"]["eval_tokens"]
+
+    def quality() -> dict[str, Any]:
+        t1 = zoo.expected_acceptance_matrix(pool, budget)
+        greedy = {name: {d: zoo.expected_acceptance(pool.target, draft, pool.heldout[d], pool.manifest["config"][
+            "context"], budget, temperature=0.0) for d in pool.domains} for name, draft in pool.drafts.items()}
+        mixed = {name: statistics.mean(t1[name].values()) for name in names}
+        return {"acceptance_t1": t1, "acceptance_greedy": greedy, "mixed_t1": mixed,
+                "mixed_greedy": {name: statistics.mean(greedy[name].values()) for name in names},
+                "margins_t1": zoo.specialisation_margins(t1, pool.domains),
+                "margins_greedy": zoo.specialisation_margins(greedy, pool.domains),
+                "perplexity": zoo.perplexity_table(pool, budget)}
+
+    measured = part("quality", quality)
+    drafts = dict(pool.drafts)
+    prompts = {d: pool.prompts[d] for d in pool.domains}
+    oracle = switching.oracle_arms(measured["acceptance_t1"], names, pool.domains) if measured else {
+        d: names.index(d) for d in pool.domains}
+    options = dict(gamma=args.gamma, compile=args.compile)
+    fast = FastSpeculativeDecoder(pool.target, list(drafts.values()), policy="fixed", **options)
+
+    part("switching", lambda: {
+        "oracle_arms": {d: names[a] for d, a in oracle.items()},
+        **switching.run_switching_experiment(pool.target, drafts, prompts, oracle, args.requests, args.block,
+                                             args.new_tokens, args.gamma, tuple(args.bandits), progress=False,
+                                             decoder=fast)})
+
+    blocks = switching.make_workload(prompts, "blocks", args.requests, args.block)
+    plain = FastPlainDecoder(pool.target, compile=args.compile)
+
+    def speed() -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for label, temperature in (("greedy", 0.0), ("t1", 1.0)):
+            sampling = fs.SamplingParams(temperature=temperature)
+            stream(plain, blocks[:2], sampling, args.new_tokens, device)  # warm-up: graphs of every bucket
+            fast.policy = make_policy("thompson", len(names), seed=0)
+            stream(fast, blocks[:2], sampling, args.new_tokens, device)
+            rounds: dict[str, list[float]] = {"fast_plain": [], "fast_speculative": []}
+            agree = None
+            for _ in range(args.repeats):
+                base = stream(plain, blocks, sampling, args.new_tokens, device)
+                fast.policy = make_policy("thompson", len(names), seed=0)
+                spec = stream(fast, blocks, sampling, args.new_tokens, device)
+                rounds["fast_plain"].append(base["tok_s"])
+                rounds["fast_speculative"].append(spec["tok_s"])
+                if temperature == 0:
+                    same = [a == b for x, y in zip(base["outputs"], spec["outputs"]) for a, b in zip(x, y)]
+                    agree = sum(same) / len(same)
+            ratio = [s / p for s, p in zip(rounds["fast_speculative"], rounds["fast_plain"])]
+            out[label] = {**{k: spread(v) for k, v in rounds.items()}, "ratio_per_round": spread(ratio),
+                          "greedy_token_agreement_with_plain": agree}
+            print(f"[real_pool] {label}: plain {out[label]['fast_plain']['median']:.1f} tok/s, speculative "
+                  f"{out[label]['fast_speculative']['median']:.1f}, ratio {out[label]['ratio_per_round']}", flush=True)
+        return out
+
+    part("speed", speed)
+
+    def adaptive_gamma() -> dict[str, Any]:
+        sampling_t = 1.0
+        out: dict[str, Any] = {"fixed": {}}
+        for gamma in args.gammas:
+            decoder = fast if gamma == args.gamma else FastSpeculativeDecoder(
+                pool.target, list(drafts.values()), policy="fixed", gamma=gamma, compile=args.compile)
+            switching.serve_stream(pool.target, drafts, blocks[:2], make_policy("thompson", len(names), seed=0),
+                                   gamma, args.new_tokens, sampling_t, seed=20_000, decoder=decoder)
+            run = switching.serve_stream(pool.target, drafts, blocks, make_policy("thompson", len(names), seed=0),
+                                         gamma, args.new_tokens, sampling_t, decoder=decoder)
+            out["fixed"][str(gamma)] = {k: run[k] for k in ("tokens_per_s", "tokens_per_step", "mean_acceptance")}
+        decoder = FastSpeculativeDecoder(pool.target, list(drafts.values()), policy="fixed", gamma=max(args.gammas),
+                                         gammas=args.gammas, compile=args.compile)
+        arms = len(decoder.arms)
+        arm_gammas = [g for _, g in decoder.arms]
+        switching.serve_stream(pool.target, drafts, blocks[:2], make_policy("thompson", arms, seed=0), args.gamma,
+                               args.new_tokens, sampling_t, seed=20_000, decoder=decoder)
+        run = switching.serve_stream(pool.target, drafts, blocks, make_policy("thompson", arms, seed=0), args.gamma,
+                                     args.new_tokens, sampling_t, decoder=decoder)
+        out["adaptive"] = {k: run[k] for k in ("tokens_per_s", "tokens_per_step", "mean_acceptance")}
+        out["adaptive"]["gamma_share_per_domain"] = chosen_gamma_per_domain(run, blocks, arm_gammas)
+        best = max(out["fixed"], key=lambda g: out["fixed"][g]["tokens_per_s"])
+        out["best_fixed_gamma"] = int(best)
+        out["adaptive_vs_best_fixed"] = out["adaptive"]["tokens_per_s"] / out["fixed"][best]["tokens_per_s"]
+        return out
+
+    part("adaptive_gamma", adaptive_gamma)
+
+    def anatomy() -> dict[str, Any]:
+        from experiments.bench_fast import anatomy as step_anatomy
+
+        one = FastSpeculativeDecoder(pool.target, [drafts[names[-1]]], policy="fixed", **options)
+        prompt = torch.tensor([blocks[0].prompt_ids], dtype=torch.long, device=device)
+        one.generate(prompt, max_new_tokens=args.new_tokens, ignore_eos=True)
+        steady = one.generate(prompt, max_new_tokens=args.new_tokens, ignore_eos=True).stats.summary()
+        bucket = max(key[2] for key in one._session.graphs if key[0] == "step")
+        parts = step_anatomy(one, device, bucket)
+        return {"draft": names[-1], "bucket": bucket, "parts_ms": parts,
+                "step_ms_p50": 1e3 * steady["p50_step_latency_s"],
+                "step_over_parts": 1e3 * steady["p50_step_latency_s"] / parts["sum_of_parts_ms"]}
+
+    if device.type == "cuda":
+        part("anatomy", anatomy)
+    record["provenance"]["wall_seconds"] = time.perf_counter() - started
+    write()
+    print(f"wrote {out}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

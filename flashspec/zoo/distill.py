@@ -1,0 +1,213 @@
+"""Drafts distilled from a pretrained target: the draft pool of a real model.
+
+A draft for a pretrained target must share its tokenizer and imitate its distribution, and untrained cuts
+of the target do not (the first k of SmolLM2's 30 layers plus its head give Σ min(p, q) of 0.05-0.26).
+The standard remedy is distillation (DistillSpec): train the draft on the target's own distributions.
+Here a draft is the target's architecture cut to a few decoder layers:
+
+- its layers start as copies of chosen target layers (`ZooConfig.draft_init_layers`, e.g. the first and
+  the last), its final norm and embedding are the target's;
+- the embedding (tied to the output head, as in SmolLM2) stays frozen: it is most of a small draft's
+  parameters, the target already learned it, and a server can share one copy between target and drafts;
+- the loss is the forward KL divergence KL(p_target || q_draft) at temperature 1 over every position of
+  windows of the offline corpora, the target's logits computed on the fly (no stored teacher outputs).
+
+The pool follows the zoo's recipe: a generalist distilled on the mixture of all domains, then one
+specialist per domain fine-tuned from it on that domain alone.  `TEACHERS` names the targets a zoo size can
+distil from: ``smollm2`` (flashspec.real's SmolLM2-135M-Instruct) and ``tiny`` (a tiny random Llama with
+a character tokenizer: the same code path in seconds, for tests).
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from flashspec import models
+from flashspec.zoo.cache import say
+from flashspec.zoo.config import GENERALIST, ZooConfig, component_seed
+from flashspec.zoo.training import PlanStep, learning_rate, sample_batch
+
+
+def _smollm2(device: torch.device) -> tuple[torch.nn.Module, Any]:
+    from flashspec import real
+
+    return real.load_real("smollm2", device=device, dtype=torch.float32)
+
+
+def _tiny(device: torch.device) -> tuple[torch.nn.Module, Any]:
+    tokenizer = models.char_tokenizer()
+    config = models.llama_config(vocab_size=len(tokenizer), hidden_size=32, num_layers=3, num_heads=2,
+                                 num_kv_heads=1, intermediate_size=64, max_positions=512, initializer_range=0.2,
+                                 bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    config.tie_word_embeddings = True  # like SmolLM2
+    return models.model_from_config(config, seed=7, device=device), tokenizer
+
+
+TEACHERS: dict[str, Callable[[torch.device], tuple[torch.nn.Module, Any]]] = {"smollm2": _smollm2, "tiny": _tiny}
+
+
+def load_teacher(name: str, device: str | torch.device) -> tuple[torch.nn.Module, Any]:
+    """(model in float32, eval mode, on `device`; tokenizer) of a teacher named in TEACHERS."""
+    if name not in TEACHERS:
+        raise ValueError(f"teacher must be one of {sorted(TEACHERS)}, got {name!r}")
+    model, tokenizer = TEACHERS[name](torch.device(device))
+    return model.eval(), tokenizer
+
+
+def teacher_record(name: str) -> dict[str, Any]:
+    """What identifies a teacher's weights, for the manifest."""
+    if name == "smollm2":
+        from flashspec import real
+
+        spec = real.REAL_MODELS["smollm2"]
+        return {"teacher": name, "weights": spec.weights, "source": spec.requirement, "gguf_sha256": spec.sha256}
+    return {"teacher": name, "weights": "tiny random Llama (flashspec.zoo.distill._tiny, seed 7)"}
+
+
+def init_layers(config: ZooConfig, teacher_layers: int) -> tuple[int, ...]:
+    """The teacher layers the drafts' layers start from: the config's, else spread evenly over depth."""
+    depth = config.draft.num_layers
+    chosen = config.draft_init_layers or tuple(round(i * (teacher_layers - 1) / max(1, depth - 1))
+                                               for i in range(depth))
+    if len(chosen) != depth or not all(0 <= layer < teacher_layers for layer in chosen):
+        raise ValueError(f"draft_init_layers must name {depth} of the teacher's layers 0..{teacher_layers - 1}, "
+                         f"got {chosen}")
+    return tuple(chosen)
+
+
+def draft_from_teacher(teacher: torch.nn.Module, layers: tuple[int, ...]) -> torch.nn.Module:
+    """A float32 CPU copy of `teacher` keeping only the decoder layers `layers` (in that order), with its
+    embedding, final norm and head; the embedding and head are frozen."""
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(teacher.config)
+    config.num_hidden_layers = len(layers)
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = [config.layer_types[i] for i in layers]
+    draft = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    source = teacher.model
+    with torch.no_grad():
+        draft.model.embed_tokens.load_state_dict(source.embed_tokens.state_dict())
+        draft.model.norm.load_state_dict(source.norm.state_dict())
+        for index, layer in enumerate(layers):
+            draft.model.layers[index].load_state_dict(source.layers[layer].state_dict())
+        if not config.tie_word_embeddings:
+            draft.lm_head.load_state_dict(teacher.lm_head.state_dict())
+    draft.tie_weights()
+    for parameter in (draft.model.embed_tokens.weight, draft.lm_head.weight):
+        parameter.requires_grad_(False)
+    return draft.to("cpu", torch.float32).eval()
+
+
+def forward_kl(teacher_logits: torch.Tensor, draft_logits: torch.Tensor) -> torch.Tensor:
+    """Mean over positions of KL(softmax(teacher) || softmax(draft)), in float32 ([..., V] logits)."""
+    vocab = teacher_logits.shape[-1]
+    log_p = torch.log_softmax(teacher_logits.float().reshape(-1, vocab), dim=-1)
+    log_q = torch.log_softmax(draft_logits.float().reshape(-1, vocab), dim=-1)
+    return torch.nn.functional.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
+
+
+def distill_model(draft: torch.nn.Module, teacher: torch.nn.Module, streams: list[torch.Tensor], steps: int,
+                  config: ZooConfig, peak_lr: float, seed: int, device: torch.device, desc: str,
+                  progress: bool = True) -> list[float]:
+    """Train `draft`'s trainable parameters to minimise `forward_kl` against `teacher` on random windows of
+    `streams` (a balanced mixture); AdamW, warm-up then cosine, bf16 autocast on CUDA. Returns the loss per step."""
+    from tqdm.auto import tqdm
+
+    draft.to(device).train()
+    teacher.to(device).eval()
+    trainable = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(
+        [{"params": [p for _, p in trainable if p.ndim >= 2], "weight_decay": config.weight_decay},
+         {"params": [p for _, p in trainable if p.ndim < 2], "weight_decay": 0.0}],
+        lr=peak_lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda",
+    )
+    generator = torch.Generator().manual_seed(seed)
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    losses: list[float] = []
+    bar = tqdm(range(steps), desc=desc, disable=not progress, mininterval=1.0, leave=False)
+    for step in bar:
+        batch = sample_batch(streams, config.draft_batch_size, config.context, generator).to(device)
+        inputs = batch[:, :-1]
+        for group in optimizer.param_groups:
+            group["lr"] = learning_rate(step, steps, peak_lr, config.warmup_fraction)
+        with autocast:
+            with torch.no_grad():
+                teacher_logits = teacher(input_ids=inputs).logits
+            loss = forward_kl(teacher_logits, draft(input_ids=inputs).logits)
+        del teacher_logits
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_([p for _, p in trainable], 1.0)
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        if step % 20 == 0 or step == steps - 1:
+            bar.set_postfix(kl=f"{losses[-1]:.3f}")
+    bar.close()
+    draft.eval()
+    return losses
+
+
+def seconds_per_step(config: ZooConfig, teacher: torch.nn.Module, device: torch.device, steps: int = 8) -> float:
+    """Measured seconds of one distillation step at `config`'s shapes (random token windows, after two
+    warm-up steps), for fitting a build into a time budget (`steps_for_budget`)."""
+    init = init_layers(config, teacher.config.num_hidden_layers)
+    vocab = teacher.config.vocab_size
+    ids = [torch.randint(0, vocab, (config.draft_batch_size * (config.context + 1) * 4,),
+                         generator=torch.Generator().manual_seed(0))]
+    distill_model(draft_from_teacher(teacher, init), teacher, ids, 2, config, config.draft_lr, 0, device, "warm-up",
+                  progress=False)
+    draft = draft_from_teacher(teacher, init)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    started = time.perf_counter()
+    distill_model(draft, teacher, ids, steps, config, config.draft_lr, 0, device, "timing", progress=False)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return (time.perf_counter() - started) / steps
+
+
+def steps_for_budget(config: ZooConfig, step_seconds: float, budget_seconds: float) -> ZooConfig:
+    """`config` with its generalist and specialist steps scaled together (same proportion, multiples of 50)
+    so that the whole pool trains in about `budget_seconds` at `step_seconds` per step."""
+    total = config.draft_steps + len(config.domains) * config.specialist_steps
+    scale = budget_seconds / (step_seconds * total)
+    rounded = {name: max(50, int(getattr(config, name) * scale) // 50 * 50)
+               for name in ("draft_steps", "specialist_steps")}
+    return config.with_overrides(**rounded)
+
+
+def distill_plan(config: ZooConfig) -> list[PlanStep]:
+    """The pool in training order: the generalist on every domain (from the teacher's layers), then one
+    specialist per domain fine-tuned from the generalist."""
+    generalist = f"draft-{GENERALIST}"
+    plan = [PlanStep(generalist, config.draft, tuple(config.domains), config.draft_steps, config.draft_lr,
+                     config.draft_batch_size)]
+    plan += [PlanStep(f"draft-{domain}", config.draft, (domain,), config.specialist_steps, config.specialist_lr,
+                      config.draft_batch_size, generalist) for domain in config.domains]
+    return plan
+
+
+def distill_pool(config: ZooConfig, teacher: torch.nn.Module, train_ids: dict[str, torch.Tensor],
+                 device: torch.device, progress: bool = True) -> Iterator[tuple[PlanStep, torch.nn.Module, list[float]]]:
+    """Distil the plan's drafts in order; yields (step, draft on the CPU, losses) after each one."""
+    if config.teacher is None:
+        raise ValueError("distill_pool needs a config with a teacher (e.g. size 'smollm2')")
+    layers = init_layers(config, teacher.config.num_hidden_layers)
+    trained: dict[str, torch.nn.Module] = {}
+    for step in distill_plan(config):
+        origin = f"fine-tuning {step.start_from}" if step.start_from else f"the teacher's layers {list(layers)}"
+        say(f"flashspec zoo [{config.size}]: distilling {step.name} from {config.teacher} on "
+            f"{'+'.join(step.domains)} ({step.steps} steps, starting from {origin})", progress)
+        draft = copy.deepcopy(trained[step.start_from]) if step.start_from else draft_from_teacher(teacher, layers)
+        losses = distill_model(draft, teacher, [train_ids[d] for d in step.domains], step.steps, config, step.lr,
+                               component_seed(config.seed, "batches:" + step.name), device, step.name, progress)
+        draft.to("cpu")
+        if step.start_from is None:
+            trained[step.name] = draft
+        yield step, draft, losses

@@ -1,0 +1,128 @@
+"""Drafts distilled from a pretrained target (`flashspec.zoo.distill`), through the seconds-long
+"micro-distill" size whose teacher is a tiny random Llama: the loss, the draft's starting point, a
+deterministic build in the zoo cache, loading with the teacher as target, and the GPU experiment's
+driver (`experiments/real_pool.py`) end to end on tiny shapes."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from flashspec import corpora, zoo
+from flashspec.zoo import distill
+
+
+@pytest.fixture()
+def micro_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("FLASHSPEC_CACHE", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def test_forward_kl_matches_its_definition_and_vanishes_on_equal_logits() -> None:
+    generator = torch.Generator().manual_seed(0)
+    teacher, draft = torch.randn(2, 3, 11, generator=generator), torch.randn(2, 3, 11, generator=generator)
+    p, q = teacher.softmax(-1), draft.softmax(-1)
+    expected = (p * (p.log() - q.log())).sum(-1).mean()
+    assert torch.allclose(distill.forward_kl(teacher, draft), expected, atol=1e-6)
+    assert float(distill.forward_kl(teacher, teacher)) == pytest.approx(0.0, abs=1e-6)
+    assert float(distill.forward_kl(teacher, draft)) > 0  # not symmetric by accident: KL(p || q), not KL(q || p)
+    assert not torch.allclose(distill.forward_kl(teacher, draft), distill.forward_kl(draft, teacher))
+
+
+def test_draft_starts_from_the_teachers_layers_with_its_frozen_embedding() -> None:
+    teacher, _ = distill.load_teacher("tiny", "cpu")
+    draft = distill.draft_from_teacher(teacher, (2, 0))
+    assert draft.config.num_hidden_layers == 2 and teacher.config.num_hidden_layers == 3
+    for index, layer in enumerate((2, 0)):
+        for (name, got), (_, want) in zip(draft.model.layers[index].state_dict().items(),
+                                          teacher.model.layers[layer].state_dict().items()):
+            assert torch.equal(got, want), name
+    assert torch.equal(draft.model.embed_tokens.weight, teacher.model.embed_tokens.weight)
+    assert draft.lm_head.weight is draft.model.embed_tokens.weight  # tied, as in the teacher
+    assert not draft.model.embed_tokens.weight.requires_grad
+    assert all(p.requires_grad for p in draft.model.layers.parameters())
+    # a copy, not a view: training the draft leaves the teacher alone
+    draft.model.layers[0].mlp.up_proj.weight.data.add_(1.0)
+    assert not torch.equal(draft.model.layers[0].mlp.up_proj.weight, teacher.model.layers[2].mlp.up_proj.weight)
+
+
+def test_init_layers_checks_and_spreads() -> None:
+    config = zoo.SIZES["micro-distill"]
+    assert distill.init_layers(config, 3) == (2,)
+    assert distill.init_layers(config.with_overrides(draft_init_layers=()), 3) == (0,)
+    two = config.with_overrides(draft=zoo.ModelSpec(32, 2, 2, 64, True), draft_init_layers=())
+    assert distill.init_layers(two, 30) == (0, 29)
+    with pytest.raises(ValueError, match="draft_init_layers"):
+        distill.init_layers(config.with_overrides(draft_init_layers=(5,)), 3)
+    with pytest.raises(ValueError, match="teacher must be one of"):
+        distill.load_teacher("gpt-5", "cpu")
+
+
+def test_steps_for_budget_scales_both_stages_together() -> None:
+    config = zoo.SIZES["smollm2"]
+    total = config.draft_steps + 3 * config.specialist_steps
+    half = distill.steps_for_budget(config, step_seconds=1.0, budget_seconds=total / 2)
+    assert (half.draft_steps, half.specialist_steps) == (config.draft_steps // 2, config.specialist_steps // 2)
+    assert distill.steps_for_budget(config, 1.0, 1.0).draft_steps == 50  # a floor, never zero steps
+    assert half.key("x") != config.key("x")  # the steps are part of the cache key
+
+
+def test_distillation_lowers_the_kl_on_held_out_windows() -> None:
+    config = zoo.SIZES["micro-distill"].with_overrides(draft_batch_size=8, context=32)
+    teacher, tokenizer = distill.load_teacher("tiny", "cpu")
+    texts = corpora.assemble(40_000, ("python",))["python"]
+    train = zoo.encode_text(tokenizer, texts.train_text)
+    held = zoo.sample_batch([zoo.encode_text(tokenizer, texts.heldout_text)], 16, 32,
+                            torch.Generator().manual_seed(1))[:, :-1]
+    draft = distill.draft_from_teacher(teacher, (0,))
+
+    def kl() -> float:
+        with torch.no_grad():
+            return float(distill.forward_kl(teacher(input_ids=held).logits, draft(input_ids=held).logits))
+
+    before = kl()
+    losses = distill.distill_model(draft, teacher, [train], 60, config, 1e-2, 0, torch.device("cpu"), "t",
+                                   progress=False)
+    assert len(losses) == 60 and losses[-1] < losses[0]
+    assert kl() < 0.8 * before
+    assert torch.equal(draft.model.embed_tokens.weight, teacher.model.embed_tokens.weight)  # stayed frozen
+
+
+def test_micro_distill_zoo_builds_deterministically_and_loads_the_teacher_as_target(micro_cache: Path) -> None:
+    loaded = zoo.load_zoo("micro-distill", device="cpu", progress=False)
+    manifest = loaded.manifest
+    assert manifest["config"]["teacher"] == "tiny" and "target" not in {p.split("/")[0] for p in manifest["files"]}
+    assert manifest["models"]["target"]["teacher"] == "tiny"
+    assert manifest["models"]["draft-general"]["initialised_from"] == "tiny layers [2]"
+    assert manifest["models"]["draft-python"]["initialised_from"] == "draft-general"
+    teacher, tokenizer = distill.load_teacher("tiny", "cpu")
+    assert torch.equal(loaded.target.model.embed_tokens.weight, teacher.model.embed_tokens.weight)
+    assert loaded.tokenizer.get_vocab() == tokenizer.get_vocab()
+    assert list(loaded.drafts) == ["python", "prose", "cpp", "general"]
+    again = zoo.build_zoo("micro-distill", micro_cache / "again", device="cpu", progress=False)
+    rebuilt = json.loads((again / zoo.MANIFEST).read_text())
+    assert {n: m["weights_sha256"] for n, m in rebuilt["models"].items() if n != "target"} == {
+        n: m["weights_sha256"] for n, m in manifest["models"].items() if n != "target"}
+    # sizes trained from scratch keep the keys they had before teachers existed
+    assert "teacher" not in json.dumps(zoo.SIZES["cpu"].key("x")) and zoo.SIZES["cpu"].key("x") == \
+        zoo.SIZES["cpu"].with_overrides(teacher=None).key("x")
+
+
+def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, tmp_path: Path) -> None:
+    from experiments import real_pool
+
+    out = tmp_path / "pool.json"
+    assert real_pool.main(["--size", "micro-distill", "--out", str(out), "--requests", "4", "--block", "2",
+                           "--new-tokens", "6", "--repeats", "1", "--device", "cpu", "--gammas", "2", "4",
+                           "--train-budget-s", "0.5"]) == 0
+    results = json.loads(out.read_text())["results"]
+    fitted = results["build"]["fitted_to_budget"]
+    assert fitted["seconds_per_step"] > 0 and results["build"]["config"]["draft_steps"] == fitted["draft_steps"]
+    for name in ("build", "quality", "switching", "speed", "adaptive_gamma"):
+        assert name in results and "error" not in results[name], (name, results.get(name))
+    assert results["speed"]["greedy"]["greedy_token_agreement_with_plain"] == 1.0  # float32 on a CPU: exact
+    assert set(results["quality"]["acceptance_greedy"]) == {"python", "prose", "cpp", "general"}
+    shares = results["adaptive_gamma"]["adaptive"]["gamma_share_per_domain"]
+    assert all(abs(sum(per.values()) - 1) < 1e-9 for per in shares.values())
