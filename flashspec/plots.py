@@ -413,5 +413,6 @@ def plot_stacked_bars(rows: dict[str, dict[str, float]], colours: dict[str, str]
             left += values.get(part, 0.0)
     axis.invert_yaxis()
     axis.set_xlabel(xlabel)
-    axis.legend(fontsize=8, loc="lower right")
+    # beside the axes: inside, it would cover the end of the longest bar
+    axis.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _finish(fig, "", path)
