@@ -395,6 +395,9 @@ if engine_files:
 # context), against the floor set by the bytes a forward must read:
 
 # %%
+import re
+
+
 def body(record: dict) -> dict:
     """A results file's payload."""
     return record["results"]
@@ -504,12 +507,12 @@ if fast_records and runner_record:
                     parts["draft_window_q"] + (gamma - 1) * parts["draft_forward_1"],
                 "verify + host": parts["verify"] + untimed}
 
-    def anatomy_bars(rows: dict) -> None:
+    def anatomy_bars(rows: dict, setting: str = "B = 1") -> None:
         """One stacked bar per step variant (label -> {part: ms})."""
         colours = {"target forward (γ+1)": "#4c72b0", "draft forwards": "#dd8452",
                    "verify + host": "#8c8c8c"}
         display(plots.plot_stacked_bars(
-            rows, colours, "ms per speculative step (B = 1, γ = 4, NVIDIA H200)"))
+            rows, colours, f"ms per speculative step ({setting}, γ = {gamma}, NVIDIA H200)"))
 
     anatomy_bars({"eager engine": eager_parts, "fast path (graphs)": graph_step_parts(cell)})
     print(f"eager step {eager_step:.1f} ms; "
@@ -539,13 +542,21 @@ if fast_records and runner_record:
     ]
     plain_step = 1e3 / b1["methods"]["fast_plain"]["tok_s_median"]
     spec_per_step = b1["methods"]["fast_speculative"]["mean_tokens_per_step"]
+    gpu_log = Path(RESULTS) / "gpu_tests_h200_362430f.log"
+    gpu_log_text = gpu_log.read_text() if gpu_log.exists() else ""
+    gpu_passed = re.search(r"^(\d+) passed.* in [0-9.]+s", gpu_log_text, re.M)
+    sync_test_ran = (gpu_passed and " failed" not in gpu_log_text
+                     and "test_graph_replayed_steps_make_no_host_sync" in gpu_log_text)
     display(Markdown(
         "What this shows, and what it does not:\n\n"
         "* The host is gone from the step: the fast step is "
         f"{b1['step_over_parts']:.2f}× the sum of its own graphed parts, and a GPU "
         "test (`tests/test_fast.py::test_graph_replayed_steps_make_no_host_sync`) "
         "replays 16 steps under `torch.cuda.set_sync_debug_mode(\"error\")` "
-        "without a synchronisation. Graphs alone make each forward "
+        "without a synchronisation"
+        + (f" (it passed on the H200 in the GPU suite, {gpu_passed.group(1)} passed: "
+           f"`results/{gpu_log.name}`)" if sync_test_ran else "")
+        + ". Graphs alone make each forward "
         f"{min(eager_over_graph):.0f}–{max(eager_over_graph):.0f}× faster than "
         "Hugging Face's eager forward.\n"
         f"* Fast plain decoding is {ratio(b1, 'fast_plain', 'hf_plain'):.1f}× "
@@ -588,30 +599,48 @@ if fast_records and runner_record:
 compiled_runs = {"default": result_file("bench_fast_b1_b8_compile_h200.json"),
                  "max-autotune": result_file("bench_fast_b1_autotune_h200.json")}
 compiled_runs = {mode: record for mode, record in compiled_runs.items() if record}
-for mode, record in compiled_runs.items():
+
+
+def print_tok_s(cell: dict) -> None:
+    """Each method's median tok/s with the min-max of the repeats."""
+    line = ", ".join(f"{name}={entry['tok_s_median']:.0f} "
+                     f"[{entry['tok_s_min']:.0f}-{entry['tok_s_max']:.0f}]"
+                     for name, entry in cell["methods"].items())
+    print_wrapped(f"B = {cell['batch']}, tok/s [min-max of 3]: {line}", indent="   ")
+
+
+def print_compiled_cell(cell: dict) -> None:
+    """A compiled run's batch: tok/s with spread, the verdicts, the step anatomy and the switch costs."""
+    print_tok_s(cell)
+    print_verdicts(cell["methods"], (("fast_plain", "hf_plain"),
+                                     ("fast_speculative", "hf_assisted"),
+                                     ("fast_speculative_one_draft", "fast_plain"),
+                                     ("fast_speculative_sync_all", "fast_plain"),
+                                     ("fast_speculative", "fast_plain")))
+    parts = cell["anatomy_ms"]
+    print(f"   one-draft step {cell['step_ms_fixed_draft_p50']:.2f} ms = "
+          f"{cell['step_over_parts']:.2f} x its graphed parts; target forward "
+          f"q=1 {parts['target_forward_1']:.2f} ms, q=γ+1 "
+          f"{parts['target_forward_q']:.2f} ms; verify {1e3 * parts['verify']:.0f} µs")
+    for sync, row in cell["switching_two_drafts"].items():
+        print(f"   draft_sync={sync}: fixed draft {row['step_ms_fixed_draft_p50']:.2f} ms"
+              f"/step, alternating two drafts {row['step_ms_alternating_p50']:.2f} "
+              f"ms/step: {row['switch_cost_ms']:+.3f} ms per switch")
+
+
+def print_run(label: str, record: dict) -> None:
+    """Which commit and machine a results file comes from, and whether its tree was clean."""
     meta = record["provenance"]
-    print(f"compile mode {mode} (git {meta['git_sha'][:7]}, {meta['date_utc'][:10]}, "
-          f"{meta['hardware'].get('gpu')}):")
+    dirty = len(meta.get("uncommitted_files") or [])
+    print(f"{label} (git {meta['git_sha'][:7]}"
+          + (f" + {dirty} uncommitted files" if dirty else "")
+          + f", {meta['date_utc'][:10]}, {meta['hardware'].get('gpu')}):")
+
+
+for mode, record in compiled_runs.items():
+    print_run(f"compile mode {mode}", record)
     for cell in body(record)["cells"]:
-        methods = cell["methods"]
-        line = ", ".join(f"{name}={entry['tok_s_median']:.0f} "
-                         f"[{entry['tok_s_min']:.0f}-{entry['tok_s_max']:.0f}]"
-                         for name, entry in methods.items())
-        print_wrapped(f"B = {cell['batch']}, tok/s [min-max of 3]: {line}", indent="   ")
-        print_verdicts(methods, (("fast_plain", "hf_plain"),
-                                 ("fast_speculative", "hf_assisted"),
-                                 ("fast_speculative_one_draft", "fast_plain"),
-                                 ("fast_speculative_sync_all", "fast_plain"),
-                                 ("fast_speculative", "fast_plain")))
-        parts = cell["anatomy_ms"]
-        print(f"   one-draft step {cell['step_ms_fixed_draft_p50']:.2f} ms = "
-              f"{cell['step_over_parts']:.2f} x its graphed parts; target forward "
-              f"q=1 {parts['target_forward_1']:.2f} ms, q=γ+1 "
-              f"{parts['target_forward_q']:.2f} ms; verify {1e3 * parts['verify']:.0f} µs")
-        for sync, row in cell["switching_two_drafts"].items():
-            print(f"   draft_sync={sync}: fixed draft {row['step_ms_fixed_draft_p50']:.2f} ms"
-                  f"/step, alternating two drafts {row['step_ms_alternating_p50']:.2f} "
-                  f"ms/step: {row['switch_cost_ms']:+.3f} ms per switch")
+        print_compiled_cell(cell)
 
 # %%
 if compiled_runs and fast_records and runner_record:
@@ -622,27 +651,113 @@ if compiled_runs and fast_records and runner_record:
                   "graphs + compiled regions": graph_step_parts(compiled_b1)})
 
 # %% [markdown]
-# **B = 32, and a target in NF4.** Two more runs, with the default compile mode and the same random-weight shapes.
-# The first is B = 32 (`python experiments/bench_fast.py --compile default --batches 32`). It was cut by the device
-# call's time limit after the four methods below, so the one-draft, sync-all and anatomy rows are missing. The
-# second loads the target in bitsandbytes NF4, as the Colab T4 chapter does, with bf16 drafts
-# (`python experiments/bench_fast.py --quantization nf4 --compile default --batches 1 --new-tokens 128`). It made
-# one timed request per method, so it has no spread: read only its large ratios. Both runs started from commit
-# a4cbfe0, with the per-arm γ work on `engine.py`, `fast.py` and `rewards.py` uncommitted in the same tree. That
+# **B = 32.** Two runs with the default compile mode and the same random-weight shapes. The first ran every method
+# (`python experiments/bench_fast.py --compile default --batches 32`) from a tree with uncommitted work on it. The
+# device call's time limit cut it after the four methods below, so it has no one-draft, sync-all or anatomy rows. The
+# second ran only the fast methods from a clean commit (`python experiments/bench_fast.py --compile default --batches
+# 32 --skip hf_plain flashspec_eager hf_assisted`) and has all of them, with the step anatomy and the switch costs.
+# Its speed-ups are against fast plain decoding in the same run. The comparison with Hugging Face comes from the
+# first run, and both runs' fast plain rows show whether the two runs can be set side by side.
+
+# %%
+b32_record = result_file("bench_fast_b32_compile_h200.json")
+b32_fast_record = result_file("bench_fast_b32_fastonly_compile_h200.json")
+if b32_record:
+    print_run("B = 32, every method, cut", b32_record)
+    for cell in body(b32_record)["cells"]:
+        print_tok_s(cell)
+        print_verdicts(cell["methods"], (("fast_plain", "hf_plain"), ("fast_speculative", "fast_plain"),
+                                         ("fast_speculative", "flashspec_eager")))
+if b32_fast_record:
+    print_run("B = 32, fast methods only", b32_fast_record)
+    b32 = body(b32_fast_record)["cells"][0]
+    print_compiled_cell(b32)
+    print_verdicts(b32["methods"], (("fast_speculative", "fast_speculative_sync_all"),))
+
+
+def against_spread(verdict: stats.Comparison, baseline: str) -> str:
+    """A ratio over `baseline` and where it lies against the spread of the repeats, in words."""
+    where = {"reproduced": "above", "not reproduced": "below"}.get(verdict.verdict, "within")
+    return (f"{verdict.ratio:.2f}× {baseline}, {where} the spread of the repeats "
+            f"({verdict.low:.2f}–{verdict.high:.2f}×)")
+
+
+if b32_fast_record:
+    fast_methods = b32["methods"]
+    versus_plain = {name: stats.compare_runs(fast_methods["fast_plain"]["seconds"], fast_methods[name]["seconds"])
+                    for name in ("fast_speculative", "fast_speculative_one_draft", "fast_speculative_sync_all")}
+
+    def spread_percent(name: str) -> str:
+        entry = fast_methods[name]
+        return f"{100 * (entry['tok_s_max'] - entry['tok_s_min']) / entry['tok_s_median']:.0f}%"
+
+    parts = b32["anatomy_ms"]
+    plain_step = 1e3 * fast_methods["fast_plain"]["p50_step_latency_s"]
+    one_draft = fast_methods["fast_speculative_one_draft"]
+    lazy, synced = b32["switching_two_drafts"]["lazy"], b32["switching_two_drafts"]["all"]
+    bullets = [
+        "At B = 32, fast speculative decoding with the bandit over the pool makes "
+        f"{against_spread(versus_plain['fast_speculative'], 'fast plain decoding')}. One draft makes "
+        f"{against_spread(versus_plain['fast_speculative_one_draft'], 'fast plain')}; the pool with every "
+        "draft kept in sync makes "
+        f"{against_spread(versus_plain['fast_speculative_sync_all'], 'fast plain')}. The bandit's repeats "
+        f"spread by {spread_percent('fast_speculative')} of its median. The synced pool, which never "
+        f"catches a draft up, spreads by {spread_percent('fast_speculative_sync_all')}, which points to the "
+        "graphs captured mid-request for new catch-up lengths (above).",
+        f"A one-draft step takes {b32['step_ms_fixed_draft_p50']:.2f} ms, "
+        f"{b32['step_ms_fixed_draft_p50'] / plain_step:.2f} plain steps ({plain_step:.2f} ms), and brings "
+        f"{one_draft['mean_tokens_per_step']:.2f} tokens per row with these random drafts. The target's "
+        f"(γ+1)-token forward reads {b32['batch'] * (gamma + 1)} rows and takes {parts['target_forward_q']:.2f} "
+        f"ms against {parts['target_forward_1']:.2f} ms for one token per row "
+        f"({parts['target_forward_q'] / parts['target_forward_1']:.2f}×); verify takes "
+        f"{1e3 * parts['verify']:.0f} µs, and the step is {b32['step_over_parts']:.2f}× its graphed parts.",
+        f"A draft switch costs {lazy['switch_cost_ms']:.2f} ms with lazy catch-up and "
+        f"{synced['switch_cost_ms']:.3f} ms with every draft in sync, but the synced pool pays on every "
+        f"step: {synced['step_ms_fixed_draft_p50']:.2f} ms against {lazy['step_ms_fixed_draft_p50']:.2f} ms "
+        "with one draft fixed.",
+    ]
+    if b32_record:
+        cut = body(b32_record)["cells"][0]["methods"]
+        same_plain = stats.compare_runs(cut["fast_plain"]["seconds"], fast_methods["fast_plain"]["seconds"])
+        versus_hf = stats.compare_runs(cut["hf_plain"]["seconds"], cut["fast_plain"]["seconds"])
+        hf_label = f"Hugging Face `generate` ({cut['hf_plain']['tok_s_median']:.0f} tok/s) at B = 32"
+        bullets.append(
+            "This run has no Hugging Face rows. Its fast plain decoding makes "
+            f"{against_spread(same_plain, 'that of the cut run')}, so the cut run's Hugging Face row serves "
+            "for both: there fast plain decoding makes "
+            f"{against_spread(versus_hf, hf_label)}.")
+    display(Markdown("\n".join(f"* {bullet}" for bullet in bullets)))
+
+# %%
+if b32_fast_record and "default" in compiled_runs and fast_records and runner_record:
+    by_batch = {f"B = {cell['batch']}": graph_step_parts(cell)
+                for cell in [*body(compiled_runs["default"])["cells"], b32]}
+    anatomy_bars(by_batch, "one draft, compiled regions")
+    for label, cell in zip(by_batch, [*body(compiled_runs["default"])["cells"], b32]):
+        forward_q, forward_1 = cell["anatomy_ms"]["target_forward_q"], cell["anatomy_ms"]["target_forward_1"]
+        print(f"{label:7s} step {cell['step_ms_fixed_draft_p50']:.2f} ms; target forward q=γ+1 / q=1 "
+              f"{forward_q / forward_1:.2f}x; plain step "
+              f"{1e3 * cell['methods']['fast_plain']['p50_step_latency_s']:.2f} ms")
+    below = [label for label, cell in zip(by_batch, [*body(compiled_runs["default"])["cells"], b32])
+             if cell["step_over_parts"] < 1]
+    display(Markdown(
+        "**Figure.** The one-draft speculative step with compiled regions, by batch size: each part timed "
+        "alone from its own CUDA graph, and as *verify + host* the verify kernels plus whatever the step "
+        "takes beyond the sum of its parts"
+        + (f" (nothing at {' and '.join(below)}, where the step is shorter than its parts timed apart)"
+           if below else "")
+        + f". Regenerate: `{compiled_runs['default']['provenance']['command']}` and "
+        f"`{b32_fast_record['provenance']['command']}`."))
+
+# %% [markdown]
+# **A target in NF4.** The target is loaded in bitsandbytes NF4, as the Colab T4 chapter does, with bf16 drafts
+# (`python experiments/bench_fast.py --quantization nf4 --compile default --batches 1 --new-tokens 128`). The run
+# made one timed request per method, so it has no spread: read only its large ratios. It started from the same
+# tree as the cut B = 32 run, with the per-arm γ work on `engine.py`, `fast.py` and `rewards.py` uncommitted. That
 # work was meant to leave the single-γ behaviour unchanged, but it broke the benchmark's step-anatomy piece in
 # this run.
 
 # %%
-b32_record = result_file("bench_fast_b32_compile_h200.json")
-if b32_record:
-    for cell in body(b32_record)["cells"]:
-        methods = cell["methods"]
-        print_wrapped(f"B = {cell['batch']}, tok/s [min-max of 3]: " + ", ".join(
-            f"{name}={entry['tok_s_median']:.0f} [{entry['tok_s_min']:.0f}-{entry['tok_s_max']:.0f}]"
-            for name, entry in methods.items()), indent="   ")
-        print_verdicts(methods, (("fast_plain", "hf_plain"), ("fast_speculative", "fast_plain"),
-                                 ("fast_speculative", "flashspec_eager")))
-
 nf4_record = result_file("bench_fast_nf4_h200.json")
 if nf4_record:
     nf4_cell = body(nf4_record)["cells"][0]
@@ -834,7 +949,7 @@ from datetime import datetime, timezone
 # its warning about that (raised while the models load) says nothing about this run
 warnings.filterwarnings("ignore", message="IProgress not found")
 
-from flashspec import corpora, plots, zoo
+from flashspec import plots, zoo
 from flashspec.drafters import ModelDrafter, PromptLookupDrafter
 
 zoo_config = zoo.get_config("cpu")

@@ -277,6 +277,22 @@ add_claim(
 
 # %%
 fast_b1 = committed("bench_fast_b1_b8_compile_h200.json") or committed("bench_fast_b1_h200.json")
+FAST_SYNC_TEST = "test_graph_replayed_steps_make_no_host_sync"
+gpu_log = RESULTS / "gpu_tests_h200_362430f.log"
+gpu_log_text = gpu_log.read_text() if gpu_log.exists() else ""
+gpu_passed = next((line.split(" passed")[0] for line in gpu_log_text.splitlines()
+                   if line.split(" passed")[0].isdigit()), None)
+fast_sync_ran = bool(gpu_passed) and " failed" not in gpu_log_text and FAST_SYNC_TEST in gpu_log_text
+fast_b32 = committed("bench_fast_b32_fastonly_compile_h200.json")
+b32_text = ""
+if fast_b32:
+    b32_methods = fast_b32["results"]["cells"][0]["methods"]
+    b32_text = "; at B = 32 " + ", ".join(
+        f"{label} makes {verdict.ratio:.2f}× fast plain ({verdict.verdict})"
+        for label, verdict in (
+            (label, stats.compare_runs(b32_methods["fast_plain"]["seconds"], b32_methods[name]["seconds"]))
+            for label, name in (("one draft", "fast_speculative_one_draft"),
+                                ("the bandit over the pool", "fast_speculative"))))
 if fast_b1:
     fast_cell = fast_b1["results"]["cells"][0]
     methods = fast_cell["methods"]
@@ -292,13 +308,17 @@ if fast_b1:
         f"is {plain_vs_hf.ratio:.1f}× Hugging Face `generate` "
         f"({plain_vs_hf.verdict}) and one draft makes {one_vs_plain.ratio:.2f}× "
         f"fast plain ({one_vs_plain.verdict}; random weights, so the acceptance "
-        "is an artefact). On the trained GPU zoo speculation loses to fast plain "
+        "is an artefact)"
+        + b32_text
+        + ". On the trained GPU zoo speculation loses to fast plain "
         "decoding (chapter 4). The eager engine still synchronises once per step",
         "chapter 4; `results/bench_fast_b1_b8_compile_h200.json`, "
         "`results/bench_fast_b1_autotune_h200.json`, "
-        "`results/bench_fast_zoo_gpu_compile_h200.log`; "
-        "`tests/test_fast.py::test_graph_replayed_steps_make_no_host_sync` "
-        "(ran on the H200: `results/fast_gpu_tests_h200_1dd8127.log`)")
+        + ("" if fast_b32 is None else "`results/bench_fast_b32_fastonly_compile_h200.json`, ")
+        + "`results/bench_fast_zoo_gpu_compile_h200.log`; "
+        f"`tests/test_fast.py::{FAST_SYNC_TEST}`"
+        + (f" (passed on the H200 with the GPU suite, {gpu_passed} passed: "
+           f"`results/{gpu_log.name}`)" if fast_sync_ran else " (GPU only; no committed GPU run of it)"))
 
 verify_bench = committed("verify_h200.json")
 engine_files = sorted(path for path in RESULTS.glob("*engine*h200*.json")
