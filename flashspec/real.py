@@ -161,8 +161,27 @@ def load_from_gguf(gguf_path: Path) -> tuple[torch.nn.Module, Any]:
     check_gguf_support()
     folder, name = str(gguf_path.parent), gguf_path.name
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    # Some transformers releases (5.17, for one) name the wrong special tokens when they rebuild a GGUF
+    # tokenizer (SmolLM2: eos "<|im_start|>" while the file says id 2, "<|im_end|>"): the file's ids win.
+    for attribute, token_id in gguf_special_token_ids(gguf_path).items():
+        token = tokenizer.convert_ids_to_tokens(token_id)
+        if token is not None and getattr(tokenizer, attribute) != token:
+            setattr(tokenizer, attribute, token)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
     return plain(model), tokenizer
+
+
+def gguf_special_token_ids(gguf_path: Path) -> dict[str, int]:
+    """The bos/eos token ids a GGUF file declares (`tokenizer.ggml.{bos,eos}_token_id`), by tokenizer attribute."""
+    from gguf import GGUFReader
+
+    fields = GGUFReader(str(gguf_path)).fields
+    ids = {}
+    for attribute, key in (("bos_token", "tokenizer.ggml.bos_token_id"), ("eos_token", "tokenizer.ggml.eos_token_id")):
+        field = fields.get(key)
+        if field is not None and field.data:
+            ids[attribute] = int(field.parts[field.data[0]][0])
+    return ids
 
 
 def plain(model: torch.nn.Module) -> torch.nn.Module:
