@@ -187,16 +187,20 @@ def plot_cost_aware_shares(record: dict[str, Any], path: str | Path | None = Non
 # ---------------------------------------------------------------- model zoo (flashspec.zoo, flashspec.switching)
 
 def plot_acceptance_matrix(record: dict[str, Any], path: str | Path | None = None) -> Figure:
-    """Heatmaps of draft x domain acceptance: engine-measured (accepted / drafted) and exact Σ min(p, q).
+    """Heatmaps of draft x domain acceptance: engine-measured (accepted / drafted), exact Σ min(p, q), and
+    exact greedy agreement, whichever the record holds.
 
-    Takes the record written by `experiments.zoo.report` (zoo_<size>_acceptance.json); each panel's title
-    states the specialist margin (specialist minus best other draft, per domain).
+    Takes the record written by `experiments.zoo.report` (zoo_<size>_acceptance.json), or any record whose
+    results hold "drafts", "domains" and those matrices with their margins; each panel's title states the
+    specialist margin (specialist minus best other draft, per domain).
     """
     data, footer = _unpack(record)
-    panels = [("engine_token_acceptance", "engine_margins", f"engine, γ={data['gamma']}, T=1: per-token α"),
+    panels = [("engine_token_acceptance", "engine_margins", f"engine, γ={data.get('gamma')}, T=1: per-token α"),
               ("engine_accepted_fraction", "engine_fraction_margins",
-               f"engine, γ={data['gamma']}, T=1: accepted / drafted"),
-              ("teacher_forced_expected_acceptance", "teacher_forced_margins", "exact Σ min(p, q), held-out text")]
+               f"engine, γ={data.get('gamma')}, T=1: accepted / drafted"),
+              ("teacher_forced_expected_acceptance", "teacher_forced_margins", "exact Σ min(p, q), held-out text"),
+              ("teacher_forced_greedy_acceptance", "teacher_forced_greedy_margins",
+               "exact argmax agreement (T = 0), held-out text")]
     panels = [panel for panel in panels if panel[0] in data]
     drafts, domains = data["drafts"], data["domains"]
     fig = Figure(figsize=(4.2 * len(panels) + 0.8, 0.55 * len(drafts) + 2.2), layout="constrained")

@@ -200,7 +200,9 @@ def run_switching_experiment(target: torch.nn.Module, drafts: dict[str, torch.nn
         for label, policy, reset in tqdm(entries, desc=f"switching [{kind}]", disable=not progress):
             if isinstance(policy, DomainOracle):
                 policy.set_domain(warm[0].domain)
-            serve_stream(target, drafts, warm, policy, gamma, min(8, max_new_tokens), temperature,
+            # full length: a shorter request would give a fast-path decoder a smaller cache and so a new
+            # session, whose graphs would then be captured inside the timed stream
+            serve_stream(target, drafts, warm, policy, gamma, max_new_tokens, temperature,
                          seed=seed + 10_000, backend=backend, decoder=decoder)
             policy.reset()
             runs[label] = serve_stream(target, drafts, requests, policy, gamma, max_new_tokens, temperature,

@@ -1,7 +1,7 @@
 """Drafts distilled from a pretrained target: the draft pool of a real model.
 
 A draft for a pretrained target must share its tokenizer and imitate its distribution, and untrained cuts
-of the target do not (the first k of SmolLM2's 30 layers plus its head give Σ min(p, q) of 0.05-0.26).
+of the target (its first few layers plus its head) accept poorly.
 The standard remedy is distillation (DistillSpec): train the draft on the target's own distributions.
 Here a draft is the target's architecture cut to a few decoder layers:
 
