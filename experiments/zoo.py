@@ -256,6 +256,9 @@ def main(argv: list[str] | None = None) -> int:
     except zoo.ZooCacheError as error:  # a cache the user must fix: say how, without a traceback
         print(f"flashspec zoo: {error}", file=sys.stderr)
         return 2
+    except ValueError as error:  # bad input or a machine that cannot build this size: one line with the fix
+        print(f"flashspec zoo: error: {error}", file=sys.stderr)
+        return 2
 
 
 def _run(args: argparse.Namespace, command: list[str]) -> int:

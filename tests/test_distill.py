@@ -112,6 +112,20 @@ def test_micro_distill_zoo_builds_deterministically_and_loads_the_teacher_as_tar
         zoo.SIZES["cpu"].with_overrides(teacher=None).key("x")
 
 
+def test_a_gpu_pool_refuses_to_build_on_a_cpu_by_default(micro_cache: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from experiments import zoo as zoo_cli
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    config = zoo.SIZES["smollm2"].with_overrides(train_chars_per_domain=20_000)
+    with pytest.raises(ValueError, match="needs a CUDA GPU.*--device cpu"):
+        zoo.build_zoo(config, micro_cache / "never", progress=False)
+    assert not (micro_cache / "never").exists()
+    monkeypatch.setattr(zoo_cli.zoo, "zoo_dir", lambda *a, **k: zoo.build_zoo(config, micro_cache / "x", progress=False))
+    assert zoo_cli.main(["build", "--size", "smollm2"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
 def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, tmp_path: Path) -> None:
     from experiments import real_pool
 

@@ -42,6 +42,18 @@ def prompt_windows(heldout_ids: torch.Tensor, num_prompts: int, prompt_tokens: i
     return [heldout_ids[o:o + prompt_tokens].tolist() for o in offsets]
 
 
+GPU_TEACHERS = ("smollm2",)  # pools whose distillation takes hours on a CPU (minutes on one H200)
+
+
+def check_build_device(config: ZooConfig, device: str | None) -> None:
+    """ValueError before any work when a zoo that needs a GPU would build on a CPU by default; an explicit
+    `device` (e.g. "cpu") is obeyed."""
+    if device is None and config.teacher in GPU_TEACHERS and not torch.cuda.is_available():
+        raise ValueError(f"building zoo size {config.size!r} distils {config.teacher} and needs a CUDA GPU (minutes on "
+                         "an H200, hours on a CPU); build it where one is available, or pass device='cpu' "
+                         f"(flashspec zoo build --size {config.size} --device cpu) to build here anyway")
+
+
 def build_zoo(size: str | ZooConfig = "cpu", out_dir: str | Path | None = None, device: str | None = None,
               progress: bool = True, domain_corpora: dict[str, corpora.DomainCorpus] | None = None) -> Path:
     """Train the whole zoo from the offline corpora and save it to `out_dir` (default: the cache folder).
@@ -50,6 +62,7 @@ def build_zoo(size: str | ZooConfig = "cpu", out_dir: str | Path | None = None, 
     a temporary name and renamed at the end, so an interrupted build never looks complete.
     """
     config = get_config(size)
+    check_build_device(config, device)
     device_ = torch.device(device) if device is not None else models.default_device()
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     deterministic = (torch.are_deterministic_algorithms_enabled(),
