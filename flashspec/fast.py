@@ -33,6 +33,7 @@ exact and fixed by its seed. Greedy output equals the target's greedy decoding.
 from __future__ import annotations
 
 import collections
+import sys
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -62,6 +63,18 @@ def catch_up_tokens(appended_bound: int, gamma: int, bucket: int) -> int:
     if missed <= 0:
         return 0
     return min(1 << (missed - 1).bit_length(), bucket)
+
+
+def session_capacity(tokens: int, slack: int, max_positions: int | None = None) -> int:
+    """Cache slots of the session that serves a request of `tokens` (prompt + max_new_tokens), `slack`
+    (γ+1) more for the last step's drafts: rounded up onto the attention buckets' grid
+    (`runner.bucket_for`), so requests of similar lengths share one session with its buffers and captured
+    graphs; a function of the request alone, so the buckets and the run a seed gives do not depend on what
+    ran before. Capped at the models' positions plus the slack."""
+    rounded = runner.bucket_for(tokens + slack, sys.maxsize)
+    if max_positions is not None:
+        rounded = min(rounded, max_positions + slack)
+    return max(tokens + slack, rounded)
 
 
 def catch_up_length(steps_away: int, gamma: int, bucket: int) -> int:
@@ -120,6 +133,10 @@ def step_prologue(seed_key: torch.Tensor, step: torch.Tensor, prefixes_of: Calla
 
 class FastSpeculativeDecoder:
     """Exact speculative decoding with static caches and CUDA graphs (see the module docstring).
+
+    Requests share a session (static caches, buffers, captured graphs) when their batch, sampling, stop
+    tokens and cache size match; the cache size is prompt + max_new_tokens rounded up onto the attention
+    buckets' grid (`session_capacity`), so requests of similar lengths reuse one session.
 
     Args:
         target: a Llama-family HF causal LM (`flashspec.runner.supports`).
@@ -240,13 +257,16 @@ class FastSpeculativeDecoder:
         input_ids, mask = check_prompt(input_ids, attention_mask, vocab)
         batch, width = input_ids.shape
         budgets = check_budgets(max_new_tokens, batch)
-        capacity = width + max(budgets) + self.max_gamma + 1
+        limits = []
         for name, model in [("target", self.target)] + [(f"drafts[{i}]", d) for i, d in enumerate(self.drafts)
                                                          if not isinstance(d, PromptLookupDrafter)]:
             limit = models.max_positions_of(model)
             if limit is not None and width + max(budgets) > limit:
                 raise ValueError(f"prompt length {width} + max_new_tokens {max(budgets)} exceeds the {name}'s "
                                  f"{limit} positions; lower max_new_tokens")
+            if limit is not None:
+                limits.append(limit)
+        capacity = session_capacity(width + max(budgets), self.max_gamma + 1, min(limits, default=None))
         stop_ids = set() if ignore_eos else check_token_ids(
             "eos_token_id",
             models.special_token_ids(self.target)["eos_token_id"] if eos_token_id is None else eos_token_id, vocab)

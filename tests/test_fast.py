@@ -84,6 +84,30 @@ def test_same_seed_same_output_on_fresh_and_reused_decoders(pool):
     assert not torch.equal(first.sequences, other.sequences)
 
 
+def test_requests_of_similar_lengths_share_a_session_and_a_seed_still_fixes_the_run(pool):
+    target, near, far = pool
+    make = lambda: FastSpeculativeDecoder(target, [near, far, PromptLookupDrafter()], policy="fixed", gamma=3)  # noqa: E731
+    decoder = make()
+    long_prompt = torch.cat([PROMPT, PROMPT[-3:]])
+    decoder.generate(PROMPT[None], max_new_tokens=12, seed=1, ignore_eos=True)
+    session = decoder._session
+    second = decoder.generate(long_prompt[None], max_new_tokens=10, seed=7, ignore_eos=True)
+    assert decoder._session is session  # another prompt length and budget, the same rounded cache size
+    fresh = make().generate(long_prompt[None], max_new_tokens=10, seed=7, ignore_eos=True)
+    assert torch.equal(second.sequences, fresh.sequences)  # what ran before changes nothing
+    decoder.generate(PROMPT[None], max_new_tokens=40, seed=1, ignore_eos=True)
+    assert decoder._session is not session and decoder._session.capacity >= len(PROMPT) + 40 + 4
+
+
+def test_session_capacity_rounds_onto_the_bucket_grid():
+    from flashspec.fast import session_capacity
+
+    assert session_capacity(10, 5) == 16 and session_capacity(12, 5) == 32 and session_capacity(176, 5) == 256
+    assert session_capacity(300, 5) == 512 and session_capacity(1000, 9) == 1024
+    assert session_capacity(60, 5, max_positions=60) == 65  # capped at the models' positions + slack
+    assert session_capacity(20, 5, max_positions=64) == 32
+
+
 def test_on_step_events_rebuild_the_output(pool):
     target, near, _ = pool
     events = []
