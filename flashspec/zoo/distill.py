@@ -20,7 +20,6 @@ with random weights and the character tokenizer: step times and GPU checks witho
 """
 from __future__ import annotations
 
-import contextlib
 import copy
 import time
 from collections.abc import Callable, Iterator
@@ -31,7 +30,7 @@ import torch
 from flashspec import models
 from flashspec.zoo.cache import say
 from flashspec.zoo.config import GENERALIST, ZooConfig, component_seed
-from flashspec.zoo.training import PlanStep, learning_rate, sample_batch
+from flashspec.zoo.training import PlanStep, train_model
 
 
 def _smollm2(device: torch.device) -> tuple[torch.nn.Module, Any]:
@@ -129,41 +128,17 @@ def distill_model(draft: torch.nn.Module, teacher: torch.nn.Module, streams: lis
                   config: ZooConfig, peak_lr: float, seed: int, device: torch.device, desc: str,
                   progress: bool = True) -> list[float]:
     """Train `draft`'s trainable parameters to minimise `forward_kl` against `teacher` on random windows of
-    `streams` (a balanced mixture); AdamW, warm-up then cosine, bf16 autocast on CUDA. Returns the loss per step."""
-    from tqdm.auto import tqdm
-
-    draft.to(device).train()
+    `streams` (`training.train_model`'s loop and schedule, the draft batch size). Returns the loss per step."""
     teacher.to(device).eval()
-    trainable = [(n, p) for n, p in draft.named_parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        [{"params": [p for _, p in trainable if p.ndim >= 2], "weight_decay": config.weight_decay},
-         {"params": [p for _, p in trainable if p.ndim < 2], "weight_decay": 0.0}],
-        lr=peak_lr, betas=(0.9, 0.95), eps=1e-8, fused=device.type == "cuda",
-    )
-    generator = torch.Generator().manual_seed(seed)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
-    losses: list[float] = []
-    bar = tqdm(range(steps), desc=desc, disable=not progress, mininterval=1.0, leave=False)
-    for step in bar:
-        batch = sample_batch(streams, config.draft_batch_size, config.context, generator).to(device)
+
+    def kl_to_teacher(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
         inputs = batch[:, :-1]
-        for group in optimizer.param_groups:
-            group["lr"] = learning_rate(step, steps, peak_lr, config.warmup_fraction)
-        with autocast:
-            with torch.no_grad():
-                teacher_logits = teacher(input_ids=inputs).logits
-            loss = forward_kl(teacher_logits, draft(input_ids=inputs).logits)
-        del teacher_logits
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([p for _, p in trainable], 1.0)
-        optimizer.step()
-        losses.append(float(loss.detach()))
-        if step % 20 == 0 or step == steps - 1:
-            bar.set_postfix(kl=f"{losses[-1]:.3f}")
-    bar.close()
-    draft.eval()
-    return losses
+        with torch.no_grad():
+            teacher_logits = teacher(input_ids=inputs).logits
+        return forward_kl(teacher_logits, model(input_ids=inputs).logits)
+
+    return train_model(draft, streams, steps, config, peak_lr, seed, device, desc, progress, config.draft_batch_size,
+                       loss=kl_to_teacher)
 
 
 def seconds_per_step(config: ZooConfig, teacher: torch.nn.Module, device: torch.device, steps: int = 8) -> float:

@@ -11,7 +11,7 @@ import copy
 import contextlib
 import hashlib
 import math
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -110,14 +110,23 @@ def learning_rate(step: int, total: int, peak: float, warmup_fraction: float) ->
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+def next_token_loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of the model's next-token predictions on [B, context + 1] windows."""
+    logits = model(input_ids=batch[:, :-1]).logits
+    return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1))
+
+
 def train_model(model: torch.nn.Module, streams: list[torch.Tensor], steps: int, config: ZooConfig,
                 peak_lr: float, seed: int, device: torch.device, desc: str, progress: bool = True,
-                batch_size: int | None = None) -> list[float]:
-    """Next-token training with AdamW; returns the loss every step.  bf16 autocast on CUDA."""
+                batch_size: int | None = None,
+                loss: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = next_token_loss) -> list[float]:
+    """Train the model's trainable parameters on random windows of `streams` (a balanced mixture) to
+    minimise `loss(model, window batch)` (default: next-token cross-entropy) with AdamW, warm-up then
+    cosine; bf16 autocast on CUDA. Returns the loss of every step."""
     from tqdm.auto import tqdm
 
     model.to(device).train()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]  # frozen ones get no gradient: AdamW skips them
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
     optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
@@ -132,14 +141,12 @@ def train_model(model: torch.nn.Module, streams: list[torch.Tensor], steps: int,
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(step, steps, peak_lr, config.warmup_fraction)
         with autocast:
-            logits = model(input_ids=batch[:, :-1]).logits
-        loss = torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                                 batch[:, 1:].reshape(-1))
+            value = loss(model, batch)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        value.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
-        losses.append(float(loss.detach()))
+        losses.append(float(value.detach()))
         if step % 20 == 0 or step == steps - 1:
             bar.set_postfix(loss=f"{losses[-1]:.3f}")
     bar.close()
