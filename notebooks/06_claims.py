@@ -765,9 +765,10 @@ else:
                     for group, (verdict, parts) in judged.items()),
         f"{real_source}, `switching` (fast path, B = 1, T = 1, "
         f"{REAL_POOL['settings']['requests']} requests × {new_tokens} tokens per stream). "
-        "Tokens per step leave out what a switch costs (the drafts have the same shape, so "
-        "a fixed draft's step is the cheapest step), which is why the tokens/s ratios are "
-        "lower; chapter 5")
+        "Only tokens per step are judged: this run's tokens/s include CUDA graph captures "
+        "inside the timed streams (each contestant's shorter warm-up request left its timed "
+        "stream a new session to capture), more of them the more drafts a contestant used, "
+        "so they cannot rank the contestants; chapter 5")
     for group, (verdict, parts) in judged.items():
         print(f"{bars[group]}: {verdict}")
         for part in parts:
