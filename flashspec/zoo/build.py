@@ -42,13 +42,10 @@ def prompt_windows(heldout_ids: torch.Tensor, num_prompts: int, prompt_tokens: i
     return [heldout_ids[o:o + prompt_tokens].tolist() for o in offsets]
 
 
-GPU_TEACHERS = ("smollm2",)  # pools whose distillation takes hours on a CPU (minutes on one H200)
-
-
 def check_build_device(config: ZooConfig, device: str | None) -> None:
     """ValueError before any work when a zoo that needs a GPU would build on a CPU by default; an explicit
     `device` (e.g. "cpu") is obeyed."""
-    if device is None and config.teacher in GPU_TEACHERS and not torch.cuda.is_available():
+    if device is None and config.teacher in distill.GPU_TEACHERS and not torch.cuda.is_available():
         raise ValueError(f"building zoo size {config.size!r} distils {config.teacher} and needs a CUDA GPU (minutes on "
                          "an H200, hours on a CPU); build it where one is available, or pass device='cpu' "
                          f"(flashspec zoo build --size {config.size} --device cpu) to build here anyway")

@@ -28,9 +28,8 @@ from typing import Any
 import torch
 
 from flashspec import models
-from flashspec.zoo.cache import say
-from flashspec.zoo.config import GENERALIST, ZooConfig, component_seed
-from flashspec.zoo.training import PlanStep, train_model
+from flashspec.zoo.config import ZooConfig
+from flashspec.zoo.training import PlanStep, train_model, train_plan, training_plan
 
 
 def _smollm2(device: torch.device) -> tuple[torch.nn.Module, Any]:
@@ -56,6 +55,8 @@ def _smollm2_shape(device: torch.device) -> tuple[torch.nn.Module, Any]:
     config.tie_word_embeddings = True
     return models.model_from_config(config, seed=7, device=device), tokenizer
 
+
+GPU_TEACHERS = ("smollm2",)  # teachers whose pools take hours to distil on a CPU (minutes on one H200)
 
 TEACHERS: dict[str, Callable[[torch.device], tuple[torch.nn.Module, Any]]] = {
     "smollm2": _smollm2, "tiny": _tiny,
@@ -124,21 +125,26 @@ def forward_kl(teacher_logits: torch.Tensor, draft_logits: torch.Tensor) -> torc
     return torch.nn.functional.kl_div(log_q, log_p, log_target=True, reduction="batchmean")
 
 
+def kl_to(teacher: torch.nn.Module) -> Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]:
+    """`training.train_model`'s loss for distilling from `teacher`: `forward_kl` of the model's logits
+    against the teacher's (computed without gradients) on the windows' inputs."""
+    def loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        inputs = batch[:, :-1]
+        with torch.no_grad():
+            teacher_logits = teacher(input_ids=inputs).logits
+        return forward_kl(teacher_logits, model(input_ids=inputs).logits)
+
+    return loss
+
+
 def distill_model(draft: torch.nn.Module, teacher: torch.nn.Module, streams: list[torch.Tensor], steps: int,
                   config: ZooConfig, peak_lr: float, seed: int, device: torch.device, desc: str,
                   progress: bool = True) -> list[float]:
     """Train `draft`'s trainable parameters to minimise `forward_kl` against `teacher` on random windows of
     `streams` (`training.train_model`'s loop and schedule, the draft batch size). Returns the loss per step."""
     teacher.to(device).eval()
-
-    def kl_to_teacher(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
-        inputs = batch[:, :-1]
-        with torch.no_grad():
-            teacher_logits = teacher(input_ids=inputs).logits
-        return forward_kl(teacher_logits, model(input_ids=inputs).logits)
-
     return train_model(draft, streams, steps, config, peak_lr, seed, device, desc, progress, config.draft_batch_size,
-                       loss=kl_to_teacher)
+                       loss=kl_to(teacher))
 
 
 def seconds_per_step(config: ZooConfig, teacher: torch.nn.Module, device: torch.device, steps: int = 8) -> float:
@@ -171,31 +177,18 @@ def steps_for_budget(config: ZooConfig, step_seconds: float, budget_seconds: flo
 
 
 def distill_plan(config: ZooConfig) -> list[PlanStep]:
-    """The pool in training order: the generalist on every domain (from the teacher's layers), then one
-    specialist per domain fine-tuned from the generalist."""
-    generalist = f"draft-{GENERALIST}"
-    plan = [PlanStep(generalist, config.draft, tuple(config.domains), config.draft_steps, config.draft_lr,
-                     config.draft_batch_size)]
-    plan += [PlanStep(f"draft-{domain}", config.draft, (domain,), config.specialist_steps, config.specialist_lr,
-                      config.draft_batch_size, generalist) for domain in config.domains]
-    return plan
+    """The pool in training order: the zoo's plan without its target (the teacher is the target): the
+    generalist on every domain, then one specialist per domain fine-tuned from it."""
+    return [step for step in training_plan(config) if step.name != "target"]
 
 
 def distill_pool(config: ZooConfig, teacher: torch.nn.Module, train_ids: dict[str, torch.Tensor],
                  device: torch.device, progress: bool = True) -> Iterator[tuple[PlanStep, torch.nn.Module, list[float]]]:
-    """Distil the plan's drafts in order; yields (step, draft on the CPU, losses) after each one."""
+    """Distil the plan's drafts in order (`training.train_plan`, the generalist starting from the teacher's
+    `init_layers`); yields (step, draft on the CPU, losses) after each one."""
     if config.teacher is None:
         raise ValueError("distill_pool needs a config with a teacher (e.g. size 'smollm2')")
     layers = init_layers(config, teacher.config.num_hidden_layers)
-    trained: dict[str, torch.nn.Module] = {}
-    for step in distill_plan(config):
-        origin = f"fine-tuning {step.start_from}" if step.start_from else f"the teacher's layers {list(layers)}"
-        say(f"flashspec zoo [{config.size}]: distilling {step.name} from {config.teacher} on "
-            f"{'+'.join(step.domains)} ({step.steps} steps, starting from {origin})", progress)
-        draft = copy.deepcopy(trained[step.start_from]) if step.start_from else draft_from_teacher(teacher, layers)
-        losses = distill_model(draft, teacher, [train_ids[d] for d in step.domains], step.steps, config, step.lr,
-                               component_seed(config.seed, "batches:" + step.name), device, step.name, progress)
-        draft.to("cpu")
-        if step.start_from is None:
-            trained[step.name] = draft
-        yield step, draft, losses
+    teacher.to(device).eval()
+    return train_plan(distill_plan(config), config, None, train_ids, device, progress,
+                      start=lambda step: draft_from_teacher(teacher, layers), loss=kl_to(teacher))

@@ -191,11 +191,16 @@ def training_plan(config: ZooConfig, specialists_from: str | None = f"draft-{GEN
 
 def train_plan(plan: list[PlanStep], config: ZooConfig, tokenizer: Any, train_ids: dict[str, torch.Tensor],
                device: torch.device, progress: bool = True,
-               trained: dict[str, torch.nn.Module] | None = None) -> Iterator[tuple[PlanStep, torch.nn.Module, list[float]]]:
+               trained: dict[str, torch.nn.Module] | None = None,
+               start: Callable[[PlanStep], torch.nn.Module] | None = None,
+               loss: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = next_token_loss,
+               ) -> Iterator[tuple[PlanStep, torch.nn.Module, list[float]]]:
     """Train the plan's models in order; yields (step, model on the CPU, losses) after each one.
 
     A model another step starts from is kept (in `trained`, which may also bring models trained elsewhere);
-    the others are the caller's to keep or drop.  Seeds come from `config.seed` and the model's name.
+    the others are the caller's to keep or drop.  A step with no model to start from starts from
+    `start(step)` (default: a fresh initialisation, `make_model`); `loss` is `train_model`'s.  Seeds come
+    from `config.seed` and the model's name.
     """
     trained = {} if trained is None else trained
     needed = {step.start_from for step in plan if step.start_from}
@@ -203,13 +208,15 @@ def train_plan(plan: list[PlanStep], config: ZooConfig, tokenizer: Any, train_id
         origin = f"fine-tuning {step.start_from}" if step.start_from else "training"
         say(f"flashspec zoo [{config.size}]: {origin} {step.name} on {'+'.join(step.domains)} ({step.steps} steps)",
             progress)
-        if step.start_from is None:
-            model = make_model(step.spec, config, tokenizer, component_seed(config.seed, "init:" + step.name))
-        else:
+        if step.start_from is not None:
             model = copy.deepcopy(trained[step.start_from])
+        elif start is not None:
+            model = start(step)
+        else:
+            model = make_model(step.spec, config, tokenizer, component_seed(config.seed, "init:" + step.name))
         losses = train_model(model, [train_ids[d] for d in step.domains], step.steps, config, step.lr,
                              component_seed(config.seed, "batches:" + step.name), device, step.name, progress,
-                             step.batch_size)
+                             step.batch_size, loss)
         model.to("cpu")
         if step.name in needed:
             trained[step.name] = model
