@@ -157,8 +157,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def quality() -> dict[str, Any]:
         t1 = zoo.expected_acceptance_matrix(pool, budget)
-        greedy = {name: {d: zoo.expected_acceptance(pool.target, draft, pool.heldout[d], pool.manifest["config"][
-            "context"], budget, temperature=0.0) for d in pool.domains} for name, draft in pool.drafts.items()}
+        greedy = zoo.expected_acceptance_matrix(pool, budget, temperature=0.0)
         mixed = {name: statistics.mean(t1[name].values()) for name in names}
         return {"acceptance_t1": t1, "acceptance_greedy": greedy, "mixed_t1": mixed,
                 "mixed_greedy": {name: statistics.mean(greedy[name].values()) for name in names},

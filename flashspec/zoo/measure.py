@@ -86,12 +86,14 @@ def expected_acceptance(target: torch.nn.Module, draft: torch.nn.Module, ids: to
 
 
 def expected_acceptance_matrix(zoo: Zoo, max_tokens: int | None = None,
-                               drafts: dict[str, torch.nn.Module] | None = None) -> dict[str, dict[str, float]]:
-    """Draft name -> domain -> mean Σ min(p, q) at T = 1 on held-out text, of the zoo's drafts (or `drafts`)."""
+                               drafts: dict[str, torch.nn.Module] | None = None,
+                               temperature: float = 1.0) -> dict[str, dict[str, float]]:
+    """Draft name -> domain -> mean Σ min(p, q) at `temperature` (0: argmax agreement) on held-out text, of the
+    zoo's drafts (or `drafts`)."""
     config = zoo.manifest["config"]
     budget = config["eval_tokens"] if max_tokens is None else max_tokens
     drafts = zoo.drafts if drafts is None else drafts
-    return {name: {d: expected_acceptance(zoo.target, draft, zoo.heldout[d], config["context"], budget)
+    return {name: {d: expected_acceptance(zoo.target, draft, zoo.heldout[d], config["context"], budget, temperature)
                    for d in zoo.domains} for name, draft in drafts.items()}
 
 
