@@ -317,6 +317,13 @@ PLAN_VARIANTS: dict[str, dict[str, int]] = {
     "two_launch_sample_bv256": {"sample_block_v": 256, "sample_max_tiles": 4},
     "two_launch_sample_bv128": {"sample_block_v": 128, "sample_max_tiles": 8},  # one element per thread
     "fused": {"fused": 1, "sample_block_v": 2048},  # one program streams the sampled row: a wider tile
+    # per-lane race winners (one cross-warp reduction per chunk, not per tile), so a program can loop longer
+    "lanes": {"lanes": 1},
+    "lanes_tiles8": {"lanes": 1, "sample_max_tiles": 8},
+    # the accept test once per row block, in the stats launch: the sampling programs read its outcome
+    "accept_once": {"accept_once": 1, "lanes": 1},
+    "accept_once_tiles8": {"accept_once": 1, "lanes": 1, "sample_max_tiles": 8},
+    "accept_once_bv256": {"accept_once": 1, "lanes": 1, "sample_block_v": 256, "sample_max_tiles": 4},
     # a diagnostic, never chosen: what approximate log/exp would save (its tokens may differ at near-ties)
     "diagnostic_fast_math": {"precise": 0},
 }
@@ -331,10 +338,10 @@ def _plan_record(prepared) -> dict:
     """The grid and block sizes of a prepared step, for the results file."""
     plan = prepared.plan
     if plan.fused:
-        return {"fused": True, "block_b": plan.block_b, "grid": list(prepared.fused_grid),
+        return {"fused": True, "block_b": plan.block_b, "lanes": plan.lanes, "grid": list(prepared.fused_grid),
                 "stats_block_v": plan.stats_block_v, "sample_block_v": plan.sample_block_v,
                 "warps": plan.stats_warps}
-    return {"fused": False, "block_b": plan.block_b,
+    return {"fused": False, "block_b": plan.block_b, "lanes": plan.lanes, "accept_once": plan.accept_once,
             "stats_grid": list(prepared.stats_grid), "stats_block_v": plan.stats_block_v,
             "stats_warps": plan.stats_warps,
             "sample_grid": list(prepared.sample_grid), "sample_block_v": plan.sample_block_v,
@@ -358,7 +365,7 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
         prepared = prepare_verify(*inputs, params, key, fused=fused, tuning=tuning)
         tokens, accepted = prepared.run()
         _sync()
-        row.update(launches=prepared.plan.launches, plan=_plan_record(prepared))
+        row.update(launches=prepared.plan.launches, plan=_plan_record(prepared), registers=prepared.registers())
         if expected is not None:
             row["tokens_equal_reference"] = bool(torch.equal(tokens, expected[0]) and torch.equal(accepted, expected[1]))
         row["eager_us"] = _do_bench_us(step, rep_ms=100)

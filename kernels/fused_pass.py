@@ -44,6 +44,7 @@ def _fused_kernel(
     SPLIT: tl.constexpr,  # S > 1: the programs of a row block meet through the ticket counter
     PRECISE: tl.constexpr,
     PREFIX_IN_MEMORY: tl.constexpr,
+    LANES: tl.constexpr,  # as for _sample_kernel
     BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr,  # power of two >= γ+1
     BLOCK_S: tl.constexpr,  # power of two >= S
@@ -62,15 +63,15 @@ def _fused_kernel(
         ticket = tl.atomic_add(counter_ptr + pid_b, 1, sem="acq_rel", scope="gpu")
         if ticket == num_splits - 1:  # the last program of this row block: every partial is written
             _sample_program(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr,
-                            part_max_ptr, part_idx_ptr, counter_ptr, out_tokens_ptr, out_accepted_ptr, pid_b, split * 0,
-                            batch, gamma, vocab, num_splits, 1, scale, accept_prefix, sample_prefix,
-                            ROW, SCALE_MODE, HAS_DRAFT, GREEDY, False, PRECISE, PREFIX_IN_MEMORY, True,
+                            part_max_ptr, part_idx_ptr, counter_ptr, part_max_ptr, out_tokens_ptr, out_accepted_ptr,
+                            pid_b, split * 0, batch, gamma, vocab, num_splits, 1, scale, accept_prefix, sample_prefix,
+                            ROW, SCALE_MODE, HAS_DRAFT, GREEDY, False, PRECISE, PREFIX_IN_MEMORY, True, LANES, False,
                             BLOCK_B, BLOCK_P, BLOCK_S, 1, BLOCK_V)
             tl.atomic_xchg(counter_ptr + pid_b, 0)  # ready for the next call
     else:
         tl.debug_barrier()  # the partials of other threads of this program
         _sample_program(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr,
-                        part_max_ptr, part_idx_ptr, counter_ptr, out_tokens_ptr, out_accepted_ptr, pid_b, split * 0,
-                        batch, gamma, vocab, num_splits, 1, scale, accept_prefix, sample_prefix,
-                        ROW, SCALE_MODE, HAS_DRAFT, GREEDY, False, PRECISE, PREFIX_IN_MEMORY, True,
+                        part_max_ptr, part_idx_ptr, counter_ptr, part_max_ptr, out_tokens_ptr, out_accepted_ptr,
+                        pid_b, split * 0, batch, gamma, vocab, num_splits, 1, scale, accept_prefix, sample_prefix,
+                        ROW, SCALE_MODE, HAS_DRAFT, GREEDY, False, PRECISE, PREFIX_IN_MEMORY, True, LANES, False,
                         BLOCK_B, BLOCK_P, BLOCK_S, 1, BLOCK_V)

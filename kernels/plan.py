@@ -33,6 +33,8 @@ class LaunchPlan:
     fused_chunk: int = 0
     block_s3: int = 1  # next power of two >= fused_splits
     precise: bool = True  # libdevice log/exp/log1p on a GPU, rounding as the reference does (False: diagnostic)
+    lanes: bool = False  # the race keeps per-lane winners and reduces across lanes once per chunk
+    accept_once: bool = False  # the stats launch runs the accept test once per row block (T > 0, two launches)
 
     @property
     def launches(self) -> int:
@@ -75,6 +77,12 @@ GPU_PLAN = {
     # 0: approximate log/exp (MUFU) in the sampling pass -- a diagnostic of what the per-element math costs,
     # never a default: the scores then round differently from the reference's, so a near-tie can flip a token
     "precise": 1,
+    # 1: the sampling race keeps a running winner per lane and reduces across the program's lanes once per
+    # chunk instead of once per tile (same tokens)
+    "lanes": 0,
+    # 1: the last stats program of each row block runs the accept test and stores its outcome (six words a
+    # row), instead of every sampling program redoing it from the partials (same tokens; T > 0 only)
+    "accept_once": 0,
 }
 
 # Per-shape overrides of GPU_PLAN on a GPU, keyed by (batch bucket, vocabulary bucket) (`shape_bucket`).
@@ -131,6 +139,8 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         stats_tiles, sample_tiles = config["stats_max_tiles"], config["sample_max_tiles"]
         fused = bool(config["fused"]) if fused is None else fused
         precise = bool(config["precise"])
+        lanes = bool(config["lanes"])
+        accept_once = bool(config["accept_once"])
     else:
         stats_block_v = sample_block_v = block_v or min(4096, triton.next_power_of_2(vocab))
         tile = 1 << 16
@@ -138,6 +148,9 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         stats_tiles = sample_tiles = 1 << 30
         fused = bool(fused)
         precise = True  # the interpreter always uses numpy's math
+        # tests run both races and both places of the accept test in the interpreter
+        lanes = bool(tuning and dict(tuning).get("lanes", 0))
+        accept_once = bool(tuning and dict(tuning).get("accept_once", 0))
     if block_b is None:  # compiled: independent of B, so B does not trigger a recompile
         block_b = max(1, tile // stats_block_v)
         if interpreting() or device.type != "cuda":
@@ -170,4 +183,6 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         fused_chunk=fused_chunk,
         block_s3=triton.next_power_of_2(fused_splits),
         precise=precise,
+        lanes=lanes,
+        accept_once=accept_once and not greedy and not fused,
     )

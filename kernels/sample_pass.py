@@ -32,13 +32,19 @@ def _write_outputs(out_tokens_ptr, out_accepted_ptr, rows64, row_ok, positions, 
 def _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token,
           rejected, row_ok, noise_base, first, vocab, scale,
           CHUNK: tl.constexpr, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, RESIDUAL: tl.constexpr,
-          PRECISE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
+          PRECISE: tl.constexpr, LANES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
     """The exponential race (Gumbel-max) over V-chunk [first, first + CHUNK) of each row's sampled position:
     (best score, first index of it) per row of log w - log(-log u), where w = max(0, p - q) on rejected rows
-    and p on the others (RESIDUAL), or w = p. `first` is the chunk's first column."""
+    and p on the others (RESIDUAL), or w = p. `first` is the chunk's first column.
+
+    LANES: every lane keeps its own running best over the tiles and the lanes meet once at the end (one
+    reduction across warps per chunk instead of one per tile); the same winner: each lane keeps its
+    earliest maximum, and the smallest column among the lanes holding the maximum is the first index."""
     lanes = tl.arange(0, BLOCK_V).to(tl.int64)
     best = tl.full([BLOCK_B], float("-inf"), tl.float32)
     best_idx = tl.zeros([BLOCK_B], tl.int32)
+    lane_best = tl.full([BLOCK_B, BLOCK_V], float("-inf"), tl.float32)
+    lane_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
     for start in range(0, CHUNK, BLOCK_V):
         cols = first + start + lanes
         mask = row_ok[:, None] & (cols < vocab)[None, :]
@@ -61,24 +67,140 @@ def _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_
         u = krng.uniform_from_base(noise_base[:, None], cols[None, :])
         gumbel = _log(-_log(u, PRECISE), PRECISE)  # the race: argmax log w - log(-log u)
         score = tl.where(mask, log_w - gumbel, float("-inf"))
-        tile, tile_arg = _max_index(score, axis=1)
-        better = tile > best  # strict: an earlier tile keeps a tie
-        best = tl.where(better, tile, best)
-        best_idx = tl.where(better, (first + start).to(tl.int32) + tile_arg.to(tl.int32), best_idx)
+        if LANES:
+            lane_better = score > lane_best  # strict: an earlier tile keeps a tie
+            lane_best = tl.where(lane_better, score, lane_best)
+            lane_idx = tl.where(lane_better, cols.to(tl.int32)[None, :], lane_idx)
+        else:
+            tile, tile_arg = _max_index(score, axis=1)
+            better = tile > best  # strict: an earlier tile keeps a tie
+            best = tl.where(better, tile, best)
+            best_idx = tl.where(better, (first + start).to(tl.int32) + tile_arg.to(tl.int32), best_idx)
+    if LANES:
+        best = _max(lane_best, axis=1)
+        best_idx = _min(tl.where(lane_best == best[:, None], lane_idx, INT32_MAX), axis=1)
     return best, best_idx
 
 
 @device_function
+def _drafted(tokens_ptr, rows64, row_ok, positions, gamma):
+    """The drafted tokens [BLOCK_B, BLOCK_P] of the rows (0 past γ), as int64."""
+    return tl.load(tokens_ptr + rows64[:, None] * gamma + positions,
+                   mask=row_ok[:, None] & (positions < gamma), other=0).to(tl.int64)
+
+
+@device_function
+def _accept(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr, rows, row_ok,
+            gamma, vocab, num_stat_splits, scale, accept_prefix,
+            SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, GREEDY: tl.constexpr, PRECISE: tl.constexpr,
+            VOLATILE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr):
+    """The accept test of rows `rows` from the stats partials and two logits per candidate (O(1) in V):
+    (drafted [BLOCK_B, BLOCK_P], num_accepted = the first rejection in [0, γ], the greedy token at it (0 unless
+    GREEDY), and at it the target's (max, log-sum) and the draft's (or, without draft logits, the drafted
+    token that q is one-hot at)). VOLATILE: the partials were written by other programs of this launch."""
+    rows64 = rows.to(tl.int64)
+    positions = tl.arange(0, BLOCK_P)[None, :]  # [1, BLOCK_P]
+    width = 2 * gamma + 1
+    r3 = rows64[:, None, None]
+    p3 = tl.arange(0, BLOCK_P)[None, :, None]
+    s3 = tl.arange(0, BLOCK_S)[None, None, :]
+    target_stats = (r3 * width + p3) * num_stat_splits + s3
+    stats_mask = row_ok[:, None, None] & (p3 <= gamma) & (s3 < num_stat_splits)
+    drafted = _drafted(tokens_ptr, rows64, row_ok, positions, gamma)
+    zero = tl.zeros([BLOCK_B], tl.float32)
+    if GREEDY:
+        chunk_max = tl.load(part_max_ptr + target_stats, mask=stats_mask, other=float("-inf"), volatile=VOLATILE)
+        chunk_arg = tl.load(part_idx_ptr + target_stats, mask=stats_mask, other=INT32_MAX, volatile=VOLATILE)
+        row_max = _max(chunk_max, axis=2)
+        argmax = _min(tl.where(chunk_max == row_max[:, :, None], chunk_arg, INT32_MAX), axis=2)
+        accepted = (drafted == argmax) & (positions < gamma)
+        num_accepted = _min(tl.where(accepted, BLOCK_P, positions), axis=1)  # in [0, γ]
+        emitted = _sum(tl.where(positions == num_accepted[:, None], argmax, 0), axis=1)
+        n_p_max, n_p_log_sum, n_q_max, n_q_log_sum = zero, zero, zero, zero
+        n_token = emitted.to(tl.int64) * 0
+    else:
+        num_accepted, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token = _accept_sampled(
+            target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, drafted, rows, row_ok, positions, target_stats,
+            stats_mask, gamma, vocab, num_stat_splits, scale, accept_prefix,
+            SCALE_MODE, HAS_DRAFT, PRECISE, VOLATILE, BLOCK_B, BLOCK_P, BLOCK_S)
+        emitted = num_accepted * 0
+    return drafted, num_accepted, emitted, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token
+
+
+@device_function
+def _accept_sampled(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, drafted, rows, row_ok, positions, target_stats,
+                    stats_mask, gamma, vocab, num_stat_splits, scale, accept_prefix,
+                    SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, PRECISE: tl.constexpr,
+                    VOLATILE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr):
+    """`_accept` at T > 0: accept x_j when log u_j <= log p(x_j) - log q(x_j), each from its row's partials."""
+    rows64 = rows.to(tl.int64)
+    is_draft = positions < gamma
+    p3 = tl.arange(0, BLOCK_P)[None, :, None]
+    s3 = tl.arange(0, BLOCK_S)[None, None, :]
+    p_max, p_log_sum = _combine_lse(
+        tl.load(part_max_ptr + target_stats, mask=stats_mask, other=float("-inf"), volatile=VOLATILE),
+        tl.load(part_sum_ptr + target_stats, mask=stats_mask, other=0.0, volatile=VOLATILE),
+        PRECISE,
+    )
+    token_ok = row_ok[:, None] & is_draft & (drafted >= 0) & (drafted < vocab)
+    target_at_token = tl.load(target_ptr + (rows64[:, None] * (gamma + 1) + positions) * vocab + drafted,
+                              mask=token_ok, other=float("-inf"))
+    log_p_x = (_scale(target_at_token.to(tl.float32), scale, SCALE_MODE) - p_max) - p_log_sum
+    if HAS_DRAFT:
+        draft_stats = target_stats + (gamma + 1) * num_stat_splits
+        draft_mask = row_ok[:, None, None] & (p3 < gamma) & (s3 < num_stat_splits)
+        q_max, q_log_sum = _combine_lse(
+            tl.load(part_max_ptr + draft_stats, mask=draft_mask, other=float("-inf"), volatile=VOLATILE),
+            tl.load(part_sum_ptr + draft_stats, mask=draft_mask, other=0.0, volatile=VOLATILE),
+            PRECISE,
+        )
+        draft_at_token = tl.load(draft_ptr + (rows64[:, None] * gamma + positions) * vocab + drafted,
+                                 mask=token_ok, other=float("-inf"))
+        log_q_x = (_scale(draft_at_token.to(tl.float32), scale, SCALE_MODE) - q_max) - q_log_sum
+    else:
+        log_q_x = tl.zeros([BLOCK_B, BLOCK_P], tl.float32)
+    index0 = tl.zeros([1, 1], tl.int32)
+    accept_u = krng.uniform_from_base(krng.base_hash(accept_prefix, rows[:, None], positions), index0)
+    accepted = (_log(accept_u, PRECISE) <= log_p_x - log_q_x) & is_draft
+    num_accepted = _min(tl.where(accepted, BLOCK_P, positions), axis=1)  # in [0, γ]
+    at_n = positions == num_accepted[:, None]
+    n_p_max = _sum(tl.where(at_n, p_max, 0.0), axis=1)
+    n_p_log_sum = _sum(tl.where(at_n, p_log_sum, 0.0), axis=1)
+    if HAS_DRAFT:
+        n_q_max = _sum(tl.where(at_n, q_max, 0.0), axis=1)
+        n_q_log_sum = _sum(tl.where(at_n, q_log_sum, 0.0), axis=1)
+        n_token = tl.zeros([BLOCK_B], tl.int64)  # unused: q is the draft's softmax
+    else:
+        n_q_max, n_q_log_sum = n_p_max, n_p_log_sum  # unused: q is one-hot at n_token
+        n_token = _sum(tl.where(at_n & is_draft, drafted, 0), axis=1)
+    return num_accepted, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token
+
+
+@device_function
+def _store_accept(info_ptr, rows64, row_ok, num_accepted, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token):
+    """One row's accept outcome for the sampling pass, six 32-bit words per row in `info_ptr` (a float32
+    buffer): n and the drafted token at n bit-cast from int32, then the target's and draft's (max, log-sum) at n."""
+    base = info_ptr + rows64 * 6
+    tl.store(base, num_accepted.to(tl.int32).to(tl.float32, bitcast=True), mask=row_ok)
+    tl.store(base + 1, n_token.to(tl.int32).to(tl.float32, bitcast=True), mask=row_ok)
+    tl.store(base + 2, n_p_max, mask=row_ok)
+    tl.store(base + 3, n_p_log_sum, mask=row_ok)
+    tl.store(base + 4, n_q_max, mask=row_ok)
+    tl.store(base + 5, n_q_log_sum, mask=row_ok)
+
+
+@device_function
 def _sample_program(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr, race_val_ptr,
-                    race_idx_ptr, counter_ptr, out_tokens_ptr, out_accepted_ptr, pid_b, split,
+                    race_idx_ptr, counter_ptr, info_ptr, out_tokens_ptr, out_accepted_ptr, pid_b, split,
                     batch, gamma, vocab, num_stat_splits, num_splits, scale, accept_prefix, sample_prefix,
                     CHUNK: tl.constexpr, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, GREEDY: tl.constexpr,
                     SPLIT: tl.constexpr, PRECISE: tl.constexpr, PREFIX_IN_MEMORY: tl.constexpr,
-                    VOLATILE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr,
-                    BLOCK_S2: tl.constexpr, BLOCK_V: tl.constexpr):
+                    VOLATILE: tl.constexpr, LANES: tl.constexpr, ACCEPTED: tl.constexpr, BLOCK_B: tl.constexpr,
+                    BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_S2: tl.constexpr, BLOCK_V: tl.constexpr):
     """One program of the sampling pass (arguments as `_sample_kernel`'s): the accept test of row block
-    `pid_b`, then the race over V-chunk `split`. VOLATILE: the stats partials were written by other
-    programs of the same launch (the fused kernel), so they are read past the L1 cache."""
+    `pid_b` -- or, ACCEPTED, its outcome as the stats pass stored it (`_store_accept`) -- then the race over
+    V-chunk `split`. VOLATILE: the stats partials were written by other programs of the same launch (the
+    fused kernel), so they are read past the L1 cache. LANES: `_race`'s."""
     if PREFIX_IN_MEMORY:
         accept_prefix = tl.load(accept_prefix)
         sample_prefix = tl.load(sample_prefix)
@@ -86,71 +208,34 @@ def _sample_program(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_pt
     row_ok = rows < batch
     rows64 = rows.to(tl.int64)
     positions = tl.arange(0, BLOCK_P)[None, :]  # [1, BLOCK_P]
-    width = 2 * gamma + 1
-
-    # ---- accept: n = first rejection, from the partials and two logits per candidate
-    r3 = rows64[:, None, None]
-    p3 = tl.arange(0, BLOCK_P)[None, :, None]
-    s3 = tl.arange(0, BLOCK_S)[None, None, :]
-    target_stats = (r3 * width + p3) * num_stat_splits + s3
-    stats_mask = row_ok[:, None, None] & (p3 <= gamma) & (s3 < num_stat_splits)
-    is_draft = positions < gamma
-    drafted = tl.load(tokens_ptr + rows64[:, None] * gamma + positions,
-                      mask=row_ok[:, None] & is_draft, other=0).to(tl.int64)
-    if GREEDY:
-        chunk_max = tl.load(part_max_ptr + target_stats, mask=stats_mask, other=float("-inf"), volatile=VOLATILE)
-        chunk_arg = tl.load(part_idx_ptr + target_stats, mask=stats_mask, other=INT32_MAX, volatile=VOLATILE)
-        row_max = _max(chunk_max, axis=2)
-        argmax = _min(tl.where(chunk_max == row_max[:, :, None], chunk_arg, INT32_MAX), axis=2)
-        accepted = (drafted == argmax) & is_draft
+    if ACCEPTED:  # read what the stats pass decided; the drafted tokens only where outputs are written
+        base = info_ptr + rows64 * 6
+        num_accepted = tl.load(base, mask=row_ok, other=0.0).to(tl.int32, bitcast=True)
+        n_token = tl.load(base + 1, mask=row_ok, other=0.0).to(tl.int32, bitcast=True).to(tl.int64)
+        n_p_max = tl.load(base + 2, mask=row_ok, other=0.0)
+        n_p_log_sum = tl.load(base + 3, mask=row_ok, other=0.0)
+        n_q_max = tl.load(base + 4, mask=row_ok, other=0.0)
+        n_q_log_sum = tl.load(base + 5, mask=row_ok, other=0.0)
+        drafted = tl.zeros([BLOCK_B, BLOCK_P], tl.int64)
+        emitted = num_accepted * 0
     else:
-        p_max, p_log_sum = _combine_lse(
-            tl.load(part_max_ptr + target_stats, mask=stats_mask, other=float("-inf"), volatile=VOLATILE),
-            tl.load(part_sum_ptr + target_stats, mask=stats_mask, other=0.0, volatile=VOLATILE),
-            PRECISE,
-        )
-        token_ok = row_ok[:, None] & is_draft & (drafted >= 0) & (drafted < vocab)
-        target_at_token = tl.load(target_ptr + (rows64[:, None] * (gamma + 1) + positions) * vocab + drafted,
-                                  mask=token_ok, other=float("-inf"))
-        log_p_x = (_scale(target_at_token.to(tl.float32), scale, SCALE_MODE) - p_max) - p_log_sum
-        if HAS_DRAFT:
-            draft_stats = target_stats + (gamma + 1) * num_stat_splits
-            draft_mask = row_ok[:, None, None] & (p3 < gamma) & (s3 < num_stat_splits)
-            q_max, q_log_sum = _combine_lse(
-                tl.load(part_max_ptr + draft_stats, mask=draft_mask, other=float("-inf"), volatile=VOLATILE),
-                tl.load(part_sum_ptr + draft_stats, mask=draft_mask, other=0.0, volatile=VOLATILE),
-                PRECISE,
-            )
-            draft_at_token = tl.load(draft_ptr + (rows64[:, None] * gamma + positions) * vocab + drafted,
-                                     mask=token_ok, other=float("-inf"))
-            log_q_x = (_scale(draft_at_token.to(tl.float32), scale, SCALE_MODE) - q_max) - q_log_sum
-        else:
-            log_q_x = tl.zeros([BLOCK_B, BLOCK_P], tl.float32)
-        index0 = tl.zeros([1, 1], tl.int32)
-        accept_u = krng.uniform_from_base(krng.base_hash(accept_prefix, rows[:, None], positions), index0)
-        accepted = (_log(accept_u, PRECISE) <= log_p_x - log_q_x) & is_draft
-    num_accepted = _min(tl.where(accepted, BLOCK_P, positions), axis=1)  # in [0, γ]
-    at_n = positions == num_accepted[:, None]
+        drafted, num_accepted, emitted, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token = _accept(
+            target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr, rows, row_ok,
+            gamma, vocab, num_stat_splits, scale, accept_prefix,
+            SCALE_MODE, HAS_DRAFT, GREEDY, PRECISE, VOLATILE, BLOCK_B, BLOCK_P, BLOCK_S)
 
     if GREEDY:
-        emitted = _sum(tl.where(at_n, argmax, 0), axis=1)
         _write_outputs(out_tokens_ptr, out_accepted_ptr, rows64, row_ok, positions, drafted, num_accepted,
                        emitted, gamma, vocab)
     else:
         # ---- residual (n < γ) or bonus (n = γ) race over this program's V-chunk of position n
-        n_p_max = _sum(tl.where(at_n, p_max, 0.0), axis=1)
-        n_p_log_sum = _sum(tl.where(at_n, p_log_sum, 0.0), axis=1)
         rejected = num_accepted < gamma
         n64 = num_accepted.to(tl.int64)
         target_row = (rows64 * (gamma + 1) + n64) * vocab
         if HAS_DRAFT:
-            n_q_max = _sum(tl.where(at_n, q_max, 0.0), axis=1)
-            n_q_log_sum = _sum(tl.where(at_n, q_log_sum, 0.0), axis=1)
             draft_row = (rows64 * gamma + tl.minimum(n64, gamma - 1)) * vocab
-            n_token = tl.zeros([BLOCK_B], tl.int64)  # unused: q is the draft's softmax
         else:
-            n_token = _sum(tl.where(at_n & is_draft, drafted, 0), axis=1)
-            draft_row, n_q_max, n_q_log_sum = target_row, n_p_max, n_p_log_sum  # unused: q is one-hot at n_token
+            draft_row = target_row  # unused: q is one-hot at n_token
         noise_base = krng.base_hash(sample_prefix, rows, num_accepted)
         first = split.to(tl.int64) * CHUNK
         # Only a row that rejected needs the residual; the race over p is needed only as the fallback of a row
@@ -159,18 +244,18 @@ def _sample_program(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_pt
         if _max(tl.where(rejected & row_ok, 1, 0), axis=0) > 0:
             best_w, best_w_idx = _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_q_max,
                                        n_q_log_sum, n_token, rejected, row_ok, noise_base, first, vocab, scale,
-                                       CHUNK, SCALE_MODE, HAS_DRAFT, True, PRECISE, BLOCK_B, BLOCK_V)
+                                       CHUNK, SCALE_MODE, HAS_DRAFT, True, PRECISE, LANES, BLOCK_B, BLOCK_V)
             if _min(tl.where((best_w > float("-inf")) | ~row_ok, 1, 0), axis=0) == 0:
                 best_p, best_p_idx = _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum,
                                            n_q_max, n_q_log_sum, n_token, rejected, row_ok, noise_base, first, vocab,
-                                           scale, CHUNK, SCALE_MODE, HAS_DRAFT, False, PRECISE, BLOCK_B, BLOCK_V)
+                                           scale, CHUNK, SCALE_MODE, HAS_DRAFT, False, PRECISE, LANES, BLOCK_B, BLOCK_V)
             else:  # never read: every row's residual race found a winner
                 best_p = tl.full([BLOCK_B], float("-inf"), tl.float32)
                 best_p_idx = tl.zeros([BLOCK_B], tl.int32)
         else:
             best_w, best_w_idx = _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_q_max,
                                        n_q_log_sum, n_token, rejected, row_ok, noise_base, first, vocab, scale,
-                                       CHUNK, SCALE_MODE, HAS_DRAFT, False, PRECISE, BLOCK_B, BLOCK_V)
+                                       CHUNK, SCALE_MODE, HAS_DRAFT, False, PRECISE, LANES, BLOCK_B, BLOCK_V)
             best_p, best_p_idx = best_w, best_w_idx
 
         if SPLIT:
@@ -198,11 +283,15 @@ def _sample_program(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_pt
                 best_p_idx = _min(tl.where(all_p == best_p[:, None], all_p_idx, INT32_MAX), axis=1)
                 # max(0, p - q) can round to zero everywhere when p == q: fall back to p (the limit)
                 emitted = tl.where(best_w > float("-inf"), best_w_idx, best_p_idx)
+                if ACCEPTED:
+                    drafted = _drafted(tokens_ptr, rows64, row_ok, positions, gamma)
                 _write_outputs(out_tokens_ptr, out_accepted_ptr, rows64, row_ok, positions, drafted,
                                num_accepted, emitted, gamma, vocab)
                 tl.atomic_xchg(counter_ptr + pid_b, 0)  # ready for the next call
         else:
             emitted = tl.where(best_w > float("-inf"), best_w_idx, best_p_idx)
+            if ACCEPTED:
+                drafted = _drafted(tokens_ptr, rows64, row_ok, positions, gamma)
             _write_outputs(out_tokens_ptr, out_accepted_ptr, rows64, row_ok, positions, drafted, num_accepted,
                            emitted, gamma, vocab)
 
@@ -218,6 +307,7 @@ def _sample_kernel(
     race_val_ptr,  # [B, 2, S2] fp32 work: best race score per split (residual race, target race)
     race_idx_ptr,  # [B, 2, S2] int32 work: its index
     counter_ptr,  # [row blocks] int32 tickets, zero between calls (the last program resets its own)
+    info_ptr,  # [B, 6] 32-bit words in (ACCEPTED): the stats pass's accept outcome (`_store_accept`)
     out_tokens_ptr,  # [B, γ+1] int64 out
     out_accepted_ptr,  # [B] int64 out
     batch,  # B
@@ -235,6 +325,8 @@ def _sample_kernel(
     SPLIT: tl.constexpr,  # S2 > 1: chunk winners meet through the ticket counter
     PRECISE: tl.constexpr,  # libdevice log/exp/log1p (GPU); numpy's in the interpreter
     PREFIX_IN_MEMORY: tl.constexpr,  # the prefixes live in device memory (a captured graph's key changes per replay)
+    LANES: tl.constexpr,  # per-lane running winners, reduced once per chunk (`_race`)
+    ACCEPTED: tl.constexpr,  # the stats pass ran the accept test (`_stats_accept_kernel`): read its outcome
     BLOCK_B: tl.constexpr,
     BLOCK_P: tl.constexpr,  # power of two >= γ+1
     BLOCK_S: tl.constexpr,  # power of two >= S1
@@ -242,7 +334,7 @@ def _sample_kernel(
     BLOCK_V: tl.constexpr,
 ):
     _sample_program(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr, race_val_ptr,
-                    race_idx_ptr, counter_ptr, out_tokens_ptr, out_accepted_ptr, tl.program_id(0), tl.program_id(1),
-                    batch, gamma, vocab, num_stat_splits, num_splits, scale, accept_prefix, sample_prefix,
-                    CHUNK, SCALE_MODE, HAS_DRAFT, GREEDY, SPLIT, PRECISE, PREFIX_IN_MEMORY, False,
-                    BLOCK_B, BLOCK_P, BLOCK_S, BLOCK_S2, BLOCK_V)
+                    race_idx_ptr, counter_ptr, info_ptr, out_tokens_ptr, out_accepted_ptr, tl.program_id(0),
+                    tl.program_id(1), batch, gamma, vocab, num_stat_splits, num_splits, scale, accept_prefix,
+                    sample_prefix, CHUNK, SCALE_MODE, HAS_DRAFT, GREEDY, SPLIT, PRECISE, PREFIX_IN_MEMORY, False,
+                    LANES, ACCEPTED, BLOCK_B, BLOCK_P, BLOCK_S, BLOCK_S2, BLOCK_V)

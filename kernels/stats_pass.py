@@ -1,6 +1,7 @@
 """Launch 1 of verification: one streaming pass over every logit row, reduced per V-chunk to an online
 log-sum-exp partial (max, sum of exp(x - max)) -- or, greedy, to a (max, first argmax) partial.
-Grid (row blocks, γ+1 positions, V-splits). See `flashspec.kernels.verify` for the whole step."""
+Grid (row blocks, γ+1 positions, V-splits); `_stats_accept_kernel` also runs the accept test, once per row
+block. See `flashspec.kernels.verify` for the whole step."""
 from __future__ import annotations
 
 import triton
@@ -8,6 +9,7 @@ import triton.language as tl
 from triton.language import core as tlcore  # noqa: F401  (the interpreter patches it through this module's globals)
 
 from flashspec.kernels.rng import device_function
+from flashspec.kernels.sample_pass import _accept, _store_accept
 from flashspec.kernels.shims import _max_index, _online_lse, _scale
 
 
@@ -93,3 +95,51 @@ def _stats_kernel(
     _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr,
                  tl.program_id(0), tl.program_id(1), tl.program_id(2), batch, gamma, vocab, num_splits, scale,
                  CHUNK, SCALE_MODE, HAS_DRAFT, GREEDY, BLOCK_B, BLOCK_V)
+
+
+@triton.jit(do_not_specialize=["accept_prefix"])
+def _stats_accept_kernel(
+    target_ptr,  # as for _stats_kernel
+    draft_ptr,
+    tokens_ptr,  # [B, γ] drafted token ids (any integer dtype), contiguous
+    part_max_ptr,  # [B, 2γ+1, S] fp32 out, as for _stats_kernel
+    part_sum_ptr,
+    counter_ptr,  # [row blocks] int32 tickets, zero between calls (the last program resets its own)
+    info_ptr,  # [B, 6] 32-bit words out: each row's accept outcome (`_store_accept`)
+    batch,  # B
+    gamma,  # γ
+    vocab,  # V
+    num_splits,  # S
+    scale,  # as for _stats_kernel
+    accept_prefix,  # as for _sample_kernel
+    CHUNK: tl.constexpr,
+    SCALE_MODE: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    PRECISE: tl.constexpr,
+    PREFIX_IN_MEMORY: tl.constexpr,
+    BLOCK_B: tl.constexpr,
+    BLOCK_P: tl.constexpr,  # power of two >= γ+1
+    BLOCK_S: tl.constexpr,  # power of two >= S
+    BLOCK_V: tl.constexpr,
+):
+    """`_stats_kernel` at T > 0, and then the last of the (γ+1)·S programs of a row block to finish (an
+    acquire-release ticket: it sees every partial) runs the accept test once for the block and stores its
+    outcome, so the sampling programs read six words per row instead of each redoing the test."""
+    pid_b = tl.program_id(0)
+    _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_sum_ptr,
+                 pid_b, tl.program_id(1), tl.program_id(2), batch, gamma, vocab, num_splits, scale,
+                 CHUNK, SCALE_MODE, HAS_DRAFT, False, BLOCK_B, BLOCK_V)
+    tl.debug_barrier()  # every thread's partials precede the release below
+    ticket = tl.atomic_add(counter_ptr + pid_b, 1, sem="acq_rel", scope="gpu")
+    if ticket == (gamma + 1) * num_splits - 1:
+        if PREFIX_IN_MEMORY:
+            accept_prefix = tl.load(accept_prefix)
+        rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
+        row_ok = rows < batch
+        _, num_accepted, _, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token = _accept(
+            target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_ptr, part_sum_ptr, rows, row_ok,
+            gamma, vocab, num_splits, scale, accept_prefix,
+            SCALE_MODE, HAS_DRAFT, False, PRECISE, True, BLOCK_B, BLOCK_P, BLOCK_S)
+        _store_accept(info_ptr, rows.to(tl.int64), row_ok, num_accepted, n_p_max, n_p_log_sum, n_q_max,
+                      n_q_log_sum, n_token)
+        tl.atomic_xchg(counter_ptr + pid_b, 0)  # ready for the sampling pass and the next call

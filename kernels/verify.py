@@ -41,7 +41,7 @@ from flashspec.kernels.fused_pass import _fused_kernel
 from flashspec.kernels.plan import GPU_PLAN, SHAPE_PLANS, LaunchPlan, make_plan  # noqa: F401  (re-exported: the benchmark tunes them)
 from flashspec.kernels.sample_pass import _sample_kernel
 from flashspec.kernels.shims import SCALE_DIVIDE, SCALE_MULTIPLY, SCALE_NONE, _cdiv, interpreting  # noqa: F401
-from flashspec.kernels.stats_pass import _stats_kernel
+from flashspec.kernels.stats_pass import _stats_accept_kernel, _stats_kernel
 from flashspec.sampling import SamplingParams, truncate_logits
 
 _COMPILE_OPTIONS: dict = {} if interpreting() else {"enable_fp_fusion": False}
@@ -101,6 +101,18 @@ class _Launcher:
             return (arg % 16 == 0, arg == 1, -(2**31) <= arg < 2**31)
         return type(arg)
 
+    def registers(self, args: tuple, meta: dict) -> dict | None:
+        """Registers and spills per thread of the binary cached for these arguments (after a launch), or
+        None (interpreted, Triton's own launch path, or not launched yet): what bounds the programs per SM."""
+        if interpreting() or not FAST_LAUNCH:
+            return None
+        key = (torch.cuda.current_device(), tuple(self._spec(a) for a in args), tuple(meta.items()))
+        binary = self.binaries.get(key)
+        if binary is None:
+            return None
+        return {"registers": int(getattr(binary, "n_regs", -1)), "spills": int(getattr(binary, "n_spills", -1)),
+                "shared_bytes": int(getattr(binary.metadata, "shared", -1))}
+
     def __call__(self, grid: tuple, args: tuple, meta: dict) -> None:
         if interpreting():
             with np.errstate(all="ignore"):  # log(0), inf - inf in masked lanes are intended
@@ -125,6 +137,7 @@ class _Launcher:
 
 FAST_LAUNCH = os.environ.get("FLASHSPEC_TRITON_FAST_LAUNCH", "1") != "0"
 _STATS_LAUNCHER = _Launcher(_stats_kernel)
+_STATS_ACCEPT_LAUNCHER = _Launcher(_stats_accept_kernel)
 _SAMPLE_LAUNCHER = _Launcher(_sample_kernel)
 _FUSED_LAUNCHER = _Launcher(_fused_kernel)
 
@@ -158,13 +171,22 @@ class PreparedVerify:
     fused_meta: dict | None = None
 
     def launch_stats(self) -> None:
-        _STATS_LAUNCHER(self.stats_grid, self.stats_args, self.stats_meta)
+        launcher = _STATS_ACCEPT_LAUNCHER if self.plan.accept_once else _STATS_LAUNCHER
+        launcher(self.stats_grid, self.stats_args, self.stats_meta)
 
     def launch_sample(self) -> None:
         _SAMPLE_LAUNCHER(self.sample_grid, self.sample_args, self.sample_meta)
 
     def launch_fused(self) -> None:
         _FUSED_LAUNCHER(self.fused_grid, self.fused_args, self.fused_meta)
+
+    def registers(self) -> dict:
+        """`_Launcher.registers` of each kernel this step launches (call after a run)."""
+        if self.plan.fused:
+            return {"fused": _FUSED_LAUNCHER.registers(self.fused_args, self.fused_meta)}
+        stats = _STATS_ACCEPT_LAUNCHER if self.plan.accept_once else _STATS_LAUNCHER
+        return {"stats": stats.registers(self.stats_args, self.stats_meta),
+                "sample": _SAMPLE_LAUNCHER.registers(self.sample_args, self.sample_meta)}
 
     def run(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.plan.fused:
@@ -187,6 +209,7 @@ def verify_triton(
     num_splits: int | None = None,
     prefixes: torch.Tensor | None = None,
     fused: bool | None = None,
+    tuning: tuple[tuple[str, int], ...] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton backend of `flashspec.verify` (shapes already checked there): (tokens [B, γ+1], num_accepted [B]).
 
@@ -195,10 +218,11 @@ def verify_triton(
     `num_splits` override the launch plan (tests use them to force several V-chunks).
     `prefixes` is `device_prefixes(key)` when the caller (a device key) computed it already.
     `fused`: True one launch, False two, None the plan's choice for this shape (`plan.SHAPE_PLANS`
-    on a GPU; two launches in the interpreter).
+    on a GPU; two launches in the interpreter). `tuning`: (key, value) pairs of `plan.GPU_PLAN` that replace the
+    shape's `SHAPE_PLANS` entry (benchmark variants; in the interpreter only "lanes" matters).
     """
     return prepare_verify(target_logits, draft_logits, draft_tokens, params, key, block_b=block_b, block_v=block_v,
-                          num_splits=num_splits, prefixes=prefixes, fused=fused).run()
+                          num_splits=num_splits, prefixes=prefixes, fused=fused, tuning=tuning).run()
 
 
 def prepare_verify(
@@ -269,12 +293,12 @@ def prepare_verify(
 
 
 def _stats_buffers(device: torch.device, batch: int, width: int, splits: int, greedy: bool,
-                   race_size: int) -> tuple[torch.Tensor, ...]:
-    """(part_max, part_sum, part_idx, race_val, race_idx, ints): stats partials [B, 2γ+1, splits] and the
-    race's work, in one allocation (one fewer host call per step), its int32 part a view of the same bytes,
-    sliced so chunks start 64-byte aligned."""
+                   race_size: int, info_size: int = 0) -> tuple[torch.Tensor, ...]:
+    """(part_max, part_sum, part_idx, race_val, race_idx, ints, info): stats partials [B, 2γ+1, splits], the
+    race's work and the accept outcomes (`info_size` words), in one allocation (one fewer host call per step),
+    its int32 part a view of the same bytes, sliced so chunks start 64-byte aligned."""
     stats_size = _round16(batch * width * splits)
-    float_size = 2 * stats_size + race_size
+    float_size = 2 * stats_size + race_size + info_size
     int_size = (stats_size if greedy else 0) + race_size + 16
     work = torch.empty(float_size + int_size, dtype=torch.float32, device=device)
     floats = work[:float_size]
@@ -282,9 +306,10 @@ def _stats_buffers(device: torch.device, batch: int, width: int, splits: int, gr
     part_max = floats[:stats_size]
     part_sum = part_max if greedy else floats[stats_size:2 * stats_size]
     part_idx = ints[:stats_size] if greedy else ints
-    race_val = floats[2 * stats_size:] if race_size else floats
+    race_val = floats[2 * stats_size:2 * stats_size + race_size] if race_size else floats
     race_idx = ints[(stats_size if greedy else 0):] if race_size else ints
-    return part_max, part_sum, part_idx, race_val, race_idx, ints
+    info = floats[2 * stats_size + race_size:] if info_size else floats
+    return part_max, part_sum, part_idx, race_val, race_idx, ints, info
 
 
 def _bind_two_launches(plan: LaunchPlan, inputs: tuple, outputs: tuple, shape: tuple[int, int, int], scale: float,
@@ -298,20 +323,32 @@ def _bind_two_launches(plan: LaunchPlan, inputs: tuple, outputs: tuple, shape: t
     row_blocks = _cdiv(batch, plan.block_b)
     split = plan.sample_splits > 1
     race_size = _round16(batch * 2 * plan.sample_splits) if split else 0
-    part_max, part_sum, part_idx, race_val, race_idx, ints = _stats_buffers(
-        device, batch, 2 * gamma + 1, plan.stats_splits, flags["GREEDY"], race_size)
-    counter = _ticket_counter(device, row_blocks) if split else ints
-    stats_args = (target, draft, part_max, part_sum, part_idx,
-                  batch, gamma, vocab, plan.stats_splits, scale)
-    stats_meta = dict(CHUNK=plan.stats_chunk, **flags,
-                      BLOCK_B=plan.block_b, BLOCK_V=plan.stats_block_v, num_warps=plan.stats_warps,
-                      **_COMPILE_OPTIONS)
-    sample_args = (target, draft, tokens_in, part_max, part_sum, part_idx, race_val, race_idx, counter,
+    part_max, part_sum, part_idx, race_val, race_idx, ints, info = _stats_buffers(
+        device, batch, 2 * gamma + 1, plan.stats_splits, flags["GREEDY"], race_size,
+        _round16(6 * batch) if plan.accept_once else 0)
+    counter = _ticket_counter(device, row_blocks) if split or plan.accept_once else ints
+    precise = plan.precise and not interpreting()
+    if plan.accept_once:  # the stats launch's last program per row block runs the accept test (same tickets:
+        # it resets them before the sampling launch starts)
+        stats_args = (target, draft, tokens_in, part_max, part_sum, counter, info,
+                      batch, gamma, vocab, plan.stats_splits, scale, accept_prefix)
+        stats_meta = dict(CHUNK=plan.stats_chunk, SCALE_MODE=flags["SCALE_MODE"], HAS_DRAFT=flags["HAS_DRAFT"],
+                          PRECISE=precise, PREFIX_IN_MEMORY=prefix_in_memory, BLOCK_B=plan.block_b,
+                          BLOCK_P=plan.block_p, BLOCK_S=plan.block_s, BLOCK_V=plan.stats_block_v,
+                          num_warps=plan.stats_warps, **_COMPILE_OPTIONS)
+    else:
+        stats_args = (target, draft, part_max, part_sum, part_idx,
+                      batch, gamma, vocab, plan.stats_splits, scale)
+        stats_meta = dict(CHUNK=plan.stats_chunk, **flags,
+                          BLOCK_B=plan.block_b, BLOCK_V=plan.stats_block_v, num_warps=plan.stats_warps,
+                          **_COMPILE_OPTIONS)
+    sample_args = (target, draft, tokens_in, part_max, part_sum, part_idx, race_val, race_idx, counter, info,
                    out_tokens, out_accepted,
                    batch, gamma, vocab, plan.stats_splits, plan.sample_splits, scale,
                    accept_prefix, sample_prefix)
     sample_meta = dict(CHUNK=plan.sample_chunk, **flags,
-                       SPLIT=split, PRECISE=plan.precise and not interpreting(), PREFIX_IN_MEMORY=prefix_in_memory,
+                       SPLIT=split, PRECISE=precise, PREFIX_IN_MEMORY=prefix_in_memory,
+                       LANES=plan.lanes, ACCEPTED=plan.accept_once,
                        BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_S=plan.block_s, BLOCK_S2=plan.block_s2,
                        BLOCK_V=plan.sample_block_v, num_warps=plan.sample_warps, **_COMPILE_OPTIONS)
     return PreparedVerify(
@@ -337,13 +374,14 @@ def _bind_fused(plan: LaunchPlan, inputs: tuple, outputs: tuple, shape: tuple[in
     device = target.device
     row_blocks = _cdiv(batch, plan.block_b)
     split = plan.fused_splits > 1
-    part_max, part_sum, part_idx, _, _, ints = _stats_buffers(
+    part_max, part_sum, part_idx, _, _, ints, _ = _stats_buffers(
         device, batch, 2 * gamma + 1, plan.fused_splits, flags["GREEDY"], 0)
     counter = _ticket_counter(device, row_blocks) if split else ints
     args = (target, draft, tokens_in, part_max, part_sum, part_idx, counter, out_tokens, out_accepted,
             batch, gamma, vocab, plan.fused_splits, scale, accept_prefix, sample_prefix)
     meta = dict(CHUNK=plan.fused_chunk, ROW=_cdiv(vocab, plan.sample_block_v) * plan.sample_block_v, **flags,
                 SPLIT=split, PRECISE=plan.precise and not interpreting(), PREFIX_IN_MEMORY=prefix_in_memory,
+                LANES=plan.lanes,
                 BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_S=plan.block_s3,
                 STATS_BLOCK_V=plan.stats_block_v, BLOCK_V=plan.sample_block_v, num_warps=plan.stats_warps,
                 **_COMPILE_OPTIONS)

@@ -123,6 +123,10 @@ def test_triton_equals_torch_reference(batch, gamma, vocab, temperature, truncat
 
 
 PLANS = {"default": {}, "fused": {"fused": True}}  # the launch plans every kernel test runs
+# and, where programs loop over several tiles or the accept test's place matters, the race that keeps per-lane
+# winners (GPU_PLAN["lanes"]) and the accept test run once per row block by the stats launch ("accept_once")
+TILED_PLANS = {**PLANS, "lanes": {"tuning": (("lanes", 1),)},
+               "accept_once": {"tuning": (("accept_once", 1), ("lanes", 1))}}
 
 
 @pytest.mark.parametrize("plan", PLANS)
@@ -134,19 +138,19 @@ def test_every_temperature_and_proposal_kind(temperature: float, with_draft: boo
     assert_backends_agree(target, draft, tokens, params, seed=11, **PLANS[plan])
 
 
-@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("plan", TILED_PLANS)
 def test_draft_equal_to_target_accepts_everything(plan: str) -> None:
     params = SamplingParams(1.0)
     target, _, tokens = make_case(8, 4, 33, params, False, torch.float32, seed=3)
     tokens = torch.multinomial(warp_logits(target[:, :4].cpu(), params).exp().reshape(-1, 33), 1).view(8, 4).to(DEVICE)
-    out = assert_backends_agree(target, target[:, :4].clone(), tokens, params, seed=5, **PLANS[plan])
+    out = assert_backends_agree(target, target[:, :4].clone(), tokens, params, seed=5, **TILED_PLANS[plan])
     assert bool((out.num_accepted == 4).all())
 
 
 SPLIT_PARAMS = [SamplingParams(0.0), SamplingParams(1.0), SamplingParams(0.7), SamplingParams(0.8, 4, 0.9)]
 
 
-@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("plan", TILED_PLANS)
 @pytest.mark.parametrize("params", SPLIT_PARAMS, ids=str)
 @pytest.mark.parametrize("with_draft", [True, False])
 def test_long_rows_split_into_several_chunks(params: SamplingParams, with_draft: bool, plan: str) -> None:
@@ -155,16 +159,18 @@ def test_long_rows_split_into_several_chunks(params: SamplingParams, with_draft:
     ticket counter; called twice to check the counter resets itself. Two rows per program in
     the fused launch: three row blocks, each with its own ticket."""
     target, draft, tokens = make_case(5, 3, 100, params, with_draft, torch.float32, seed=21)
-    shape = dict(block_b=2, block_v=16, num_splits=3) if PLANS[plan] else dict(block_b=8, block_v=16, num_splits=3)
-    chosen = make_plan(5, 3, 100, DEVICE, params.greedy, **shape, **PLANS[plan])
-    assert chosen.launches == (1 if PLANS[plan] else 2)
+    shape = dict(block_b=2, block_v=16, num_splits=3) if plan == "fused" else dict(block_b=8, block_v=16, num_splits=3)
+    chosen = make_plan(5, 3, 100, DEVICE, params.greedy, **shape, **TILED_PLANS[plan])
+    assert chosen.launches == (1 if plan == "fused" else 2)
+    assert chosen.lanes == (plan in ("lanes", "accept_once"))
+    assert chosen.accept_once == (plan == "accept_once" and not params.greedy)
     assert chosen.stats_splits == chosen.fused_splits == 3 and chosen.stats_chunk == chosen.fused_chunk == 48
     assert params.greedy or chosen.sample_splits == 3
     for seed in (1, 2):
-        assert_backends_agree(target, draft, tokens, params, seed, **shape, **PLANS[plan])
+        assert_backends_agree(target, draft, tokens, params, seed, **shape, **TILED_PLANS[plan])
 
 
-@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("plan", TILED_PLANS)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_a_chunk_with_an_empty_residual(plan: str, temperature: float) -> None:
     """The draft puts more mass than the target on every token of the first V-chunk, so a rejected row's
@@ -178,7 +184,7 @@ def test_a_chunk_with_an_empty_residual(plan: str, temperature: float) -> None:
                                generator=torch.Generator().manual_seed(1)).view(6, 3).to(DEVICE)
     for seed in (1, 2, 3):
         out = assert_backends_agree(target, draft, tokens, params, seed, block_b=2, block_v=16, num_splits=3,
-                                    **PLANS[plan])
+                                    **TILED_PLANS[plan])
     assert bool((out.num_accepted < 3).any())  # some row rejected: the residual races ran
 
 
@@ -259,7 +265,7 @@ def test_rows_past_two_to_the_31_elements(temperature: float) -> None:
     torch.cuda.empty_cache()
 
 
-@pytest.mark.parametrize("plan", PLANS)
+@pytest.mark.parametrize("plan", TILED_PLANS)
 @pytest.mark.parametrize("with_draft", [True, False])
 def test_device_key_gives_the_same_tokens_as_the_host_key(with_draft, plan):
     """A key held in a device tensor (what a captured CUDA graph advances between replays) draws the
@@ -280,7 +286,7 @@ def test_device_key_gives_the_same_tokens_as_the_host_key(with_draft, plan):
         device_key = rng.step_key(rng.key_tensor(rng.Key.from_seed(99), device), torch.tensor([step], device=device))
         expected = verify_reference(target, draft, tokens, params, key)
         by_device = verify_reference(target, draft, tokens, params, device_key)
-        tokens_t, accepted_t = verify_triton(target, draft, tokens, params, device_key, **PLANS[plan])
+        tokens_t, accepted_t = verify_triton(target, draft, tokens, params, device_key, **TILED_PLANS[plan])
         assert torch.equal(expected.tokens, by_device.tokens)
         assert torch.equal(expected.tokens, tokens_t) and torch.equal(expected.num_accepted, accepted_t)
         # the fast path computes the stream prefixes in its own (compiled) step prologue
@@ -291,7 +297,7 @@ def test_device_key_gives_the_same_tokens_as_the_host_key(with_draft, plan):
         assert prefixes.tolist() == [krng.as_int32(krng.stream_prefix(key, stream))
                                      for stream in (rng.STREAM_ACCEPT, rng.STREAM_SAMPLE)]
         tokens_p, accepted_p = verify_triton(target, draft, tokens, params, device_key, prefixes=prefixes,
-                                             **PLANS[plan])
+                                             **TILED_PLANS[plan])
         assert torch.equal(tokens_p, tokens_t) and torch.equal(accepted_p, accepted_t)
 
 
