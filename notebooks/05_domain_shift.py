@@ -236,12 +236,15 @@ def print_switching(name: str, blocks: dict, new_tokens: int) -> list:
         print("  paired over requests:")
         print(f"    {'':<15}{'gap closed':>14}  per-request difference")
         for label in [label for label in runs if label not in fixed]:
-            closed = (runs[label]["tokens_per_step"] - best_step_tokens) / full_gap
+            # no gap (the oracle no better than the best single draft): nothing to close
+            closed = ((runs[label]["tokens_per_step"] - best_step_tokens) / full_gap
+                      if full_gap > 0 else float("nan"))
             difference = stats.paired_difference(per_request[label],
                                                  per_request[best_step])
             rows.append((name, kind, label, closed, difference,
                          len(block["requests"])))
-            share = "the gap itself" if label == "oracle" else f"{closed:.0%}"
+            share = ("the gap itself" if label == "oracle" else f"{closed:.0%}" if full_gap > 0
+                     else "no gap")
             print(f"    {label:<15}{share:>14}  {difference.mean:+.3f} ± "
                   f"{difference.standard_error:.3f}  {CALL[difference.verdict]}")
     return rows
@@ -393,21 +396,45 @@ if earlier.exists() and "gpu" in switching_records:
 # $\mathrm{KL}(p_\text{target} \,\|\, q_\text{draft})$ at $T = 1$ on windows of the offline corpora, the target's
 # logits computed on the fly. As in the zoo, a generalist learns on all three domains and each specialist is the
 # generalist fine-tuned on its own. `flashspec zoo build --size smollm2` builds and caches the pool; it needs a
-# GPU (minutes on an H200, far too slow for a CPU), so this section shows the committed H200 run of
+# GPU (minutes on an H200, far too slow for a CPU), so this section shows committed H200 runs of
 # `experiments/real_pool.py`.
+#
+# Two runs at one commit measured one pool. `results/real_pool_compiled_h200.json` built it and timed the fast path
+# with compiled regions: speed against fast plain decoding, the step's anatomy and adaptive γ.
+# `results/real_pool_switching_h200.json` loaded the same pool from the cache for the acceptance matrices and the
+# switching workload. An earlier build of the pool, whose weights differ (below), is kept for the one measurement
+# the current pool lacks, the fast path with CUDA graphs alone (`results/real_pool_h200.json`), and for the
+# rebuild check. No ratio below divides a number of one pool by a number of the other.
 
 # %%
-POOL = (provenance.load_result("real_pool_h200")
-        if (RESULTS / "real_pool_h200.json").exists() else None)
-REBUILD = (provenance.load_result("real_pool_rebuild_h200")
-           if (RESULTS / "real_pool_rebuild_h200.json").exists() else None)
-if POOL is None:
-    print("results/real_pool_h200.json is not committed yet: run "
-          "`python experiments/real_pool.py --out results/real_pool_h200.json` on a GPU")
+def committed_result(name: str) -> dict | None:
+    """A committed results file, or None when it is not there."""
+    return provenance.load_result(name) if (RESULTS / f"{name}.json").exists() else None
+
+
+def draft_hashes(record: dict) -> dict:
+    """Each draft's weight SHA-256 in a real-pool record's build."""
+    return {name: info["weights_sha256"] for name, info in record["results"]["build"]["models"].items()
+            if name != "target"}
+
+
+def short_sha(record: dict) -> str:
+    """The first seven hex digits of the commit a record was measured at."""
+    return record["provenance"]["git_sha"][:7]
+
+
+COMPILED = committed_result("real_pool_compiled_h200")  # current pool: build, speed, anatomy, adaptive γ
+POOL = committed_result("real_pool_switching_h200")  # current pool: quality, switching
+EARLIER = committed_result("real_pool_h200")  # earlier pool: the graphs-only speed run
+REBUILD = committed_result("real_pool_rebuild_h200")  # the earlier pool built again on a fresh machine
+CURRENT = COMPILED or POOL
+if CURRENT is None:
+    print_wrapped("results/real_pool_compiled_h200.json and results/real_pool_switching_h200.json are not "
+                  "committed yet: run `bash experiments/gpu_real.sh` on a GPU (README, results table)")
 else:
-    built = POOL["results"]["build"]
+    built = CURRENT["results"]["build"]
     config = built["config"]
-    print_wrapped(f"SmolLM2 pool built on {provenance.caption(POOL)}, cache key "
+    print_wrapped(f"SmolLM2 pool built on {provenance.caption(CURRENT)}, cache key "
                   f"{built['key']}, in {built['timings']['total_s']:.0f} s "
                   f"({built['timings']['process_cpu_s']:.0f} s of CPU time):")
     print(f"  target: {built['models']['target']['weights']}")
@@ -420,14 +447,61 @@ else:
               f"{info['initialised_from']:<24}"
               f"{info['trainable_parameters'] / 1e6:>9.1f}M / {info['parameters'] / 1e6:.1f}M"
               f"{info['final_loss']:>9.3f}")
+    if COMPILED is not None and POOL is not None:
+        same = draft_hashes(POOL) == draft_hashes(COMPILED)
+        print_wrapped("the quality and switching run (real_pool_switching_h200.json) used "
+                      + ("the same pool: same key, every draft's SHA-256 the same" if same
+                         else "a DIFFERENT pool: its numbers cannot be set against the speed run's"))
+
+# %% [markdown]
+# **Does the build reproduce?** The pool is cached under a key computed from its config and its corpora. Each
+# build below ran from scratch on a fresh H200; the table gives the key, the generalist's weight hash and final KL
+# divergence, and whether every draft's weights equal the first build's.
+
+# %%
+if CURRENT is not None and EARLIER is not None:
+    first = EARLIER["results"]["build"]
+    builds = [("earlier build", EARLIER), ("rebuilt, fresh machine", REBUILD), ("current build", CURRENT)]
+    print(f"  {'build':<24}{'commit':<9}{'key':<18}{'draft-general SHA-256':<24}{'final KL':>9}"
+          "  all drafts as the first")
+    for label, record in builds:
+        if record is None:
+            continue
+        general = record["results"]["build"]["models"]["draft-general"]
+        print(f"  {label:<24}{short_sha(record):<9}{record['results']['build']['key']:<18}"
+              f"{general['weights_sha256'][:16] + '…':<24}{general['final_loss']:>9.5f}  "
+              f"{'yes' if draft_hashes(record) == draft_hashes(EARLIER) else 'NO'}")
+    reproduced = REBUILD is not None and draft_hashes(REBUILD) == draft_hashes(EARLIER)
+    same_key = CURRENT["results"]["build"]["key"] == first["key"]
+    current_same = draft_hashes(CURRENT) == draft_hashes(EARLIER)
+    matrices = {}
+    for record, part in ((EARLIER, "quality"), (POOL, "quality")):
+        if record is not None and part in record["results"]:
+            matrices[short_sha(record)] = record["results"][part]["acceptance_t1"]
+    cell_gap = (max(abs(a - b) for name, row in next(iter(matrices.values())).items()
+                    for (_, a), (_, b) in zip(row.items(), list(matrices.values())[-1][name].items()))
+                if len(matrices) == 2 else None)
+    text = []
     if REBUILD is not None:
-        again = REBUILD["results"]["build"]
-        same = all(again["models"][name]["weights_sha256"] == info["weights_sha256"]
-                   for name, info in built["models"].items() if name != "target")
-        print_wrapped(f"rebuilt from scratch on a fresh machine ({provenance.caption(REBUILD)}): "
-                      f"key {again['key']}, every draft's weights "
-                      + ("identical (SHA-256): the build is deterministic"
-                         if same else "DIFFERENT: the build is not deterministic"))
+        text.append(f"The builds at {short_sha(EARLIER)} and {short_sha(REBUILD)} "
+                    + ("are identical bit for bit: every draft's SHA-256 is the same, so two builds of one "
+                       "recipe gave one pool. " if reproduced else "DIFFER: the build is not deterministic. "))
+    if not current_same:
+        text.append(
+            f"The current build ({short_sha(CURRENT)}) has {'the same' if same_key else 'a different'} cache key "
+            f"and different weights. Between {short_sha(REBUILD or EARLIER)} and {short_sha(CURRENT)} the code that "
+            "trains the drafts changed (the distillation now runs through the zoo's shared training loop), and the "
+            "key covers the config and the corpora, not the training code, so a key alone does not name one pool. "
+            "That change is the likely cause, since two builds of the earlier code agreed; a second build of the "
+            "current code would settle it. Bit-for-bit equality is observed, not guaranteed: the builds run "
+            "torch's deterministic algorithms in warn-only mode, and the committed build logs "
+            "(`results/real_pool_h200.log`, `results/real_pool_compiled_h200.log`) warn that cuDNN's attention "
+            "backward has no deterministic algorithm. The two pools are trained alike and imitate the target "
+            "alike (the final KL divergences above"
+            + (f"; their T = 1 acceptance matrices differ by at most {cell_gap:.4f} in any cell"
+               if cell_gap is not None else "")
+            + "), but they are two pools, and their measurements are kept apart.")
+    display(Markdown("".join(text)))
 
 # %% [markdown]
 # **How well the drafts imitate the target.** The exact per-token acceptance on held-out text of each domain, at
@@ -436,7 +510,7 @@ else:
 # mixed text (the mean over the three domains) is at least 0.5.
 
 # %%
-if POOL is not None:
+if POOL is not None and "quality" in POOL["results"]:
     quality = POOL["results"]["quality"]
     names = list(quality["acceptance_t1"])
     domains = list(quality["acceptance_t1"][names[0]])
@@ -466,7 +540,7 @@ if POOL is not None:
         for name, row in perplexity.items()))
 
 # %%
-if POOL is not None:
+if POOL is not None and "quality" in POOL["results"]:
     ratio = {d: min(perplexity[n][d] for n in names) / perplexity["target"][d] for d in domains}
     spread_t1 = {d: max(quality["acceptance_t1"][n][d] for n in names)
                  - min(quality["acceptance_t1"][n][d] for n in names) for d in domains}
@@ -476,61 +550,105 @@ if POOL is not None:
         + " in acceptance, while every draft stays far from the target: the best draft's perplexity is "
         + ", ".join(f"{ratio[d]:.1f}×" for d in domains)
         + " the target's. Two layers are the limit here, not the domain: the generalist already learns what "
-        "two layers can hold, and 500 steps on one domain move little. A pool whose specialists differ would need "
-        "more capacity per draft (more layers, at more cost per drafted token) or domains that differ more than "
-        "Python, C++ and technical English do."))
+        f"two layers can hold, and {config['specialist_steps']} steps on one domain move little. A pool whose "
+        "specialists differ would need more capacity per draft (more layers, at more cost per drafted token) or "
+        "domains that differ more than Python, C++ and technical English do."))
 
 # %% [markdown]
 # **What the target writes.** The first held-out prompt of each domain, and the greedy continuation the
 # speculative fast path produced (128 tokens). Greedy speculative decoding emits the target's own greedy tokens;
-# in bf16 on a GPU a near-tie can break differently between a one-token and a five-token forward, so the run
+# in bf16 on a GPU a near-tie can break differently between a one-token and a multi-token forward, so the run
 # reports how many positions agree with plain greedy decoding of the same prompts. A 135M model's greedy text
 # loops quickly, on code especially.
 
 # %%
-if POOL is not None:
-    speed = POOL["results"].get("speed", {})
-    for domain, sample in speed.get("greedy_samples", {}).items():
-        print(f"--- {domain}: prompt (last 160 characters)\n{sample['prompt'][-160:]}")
-        print(f"--- continuation (first 400 characters)\n{sample['continuation'][:400]}\n")
-    agreement = speed.get("greedy", {}).get("greedy_token_agreement_with_plain")
-    if agreement is not None:
-        print(f"greedy tokens equal to plain greedy decoding at {agreement:.0%} of positions (bf16, H200)")
+speed = COMPILED["results"].get("speed", {}) if COMPILED is not None else {}
+for domain, sample in speed.get("greedy_samples", {}).items():
+    print(f"--- {domain}: prompt (last 160 characters)\n{sample['prompt'][-160:]}")
+    print(f"--- continuation (first 400 characters)\n{sample['continuation'][:400]}\n")
+agreement = speed.get("greedy", {}).get("greedy_token_agreement_by_gamma") or {}
+if agreement:
+    print_wrapped("greedy tokens equal to plain greedy decoding (bf16, H200, compiled regions): "
+                  + ", ".join(f"γ = {g}: {share:.0%} of positions" for g, share in agreement.items()), indent="")
 
 # %% [markdown]
 # **Speed on the fast path.** Fast plain decoding of SmolLM2 against fast speculative decoding with the pool
-# (Thompson sampling over the four drafts, $\gamma = 4$), both on the same static-cache runner with CUDA graphs
-# (no compiled regions), B = 1, over the blocks workload's requests, three rounds. The target: speculative ≥ 1.5×
-# plain. A verdict needs the whole spread of the per-round ratios on one side of the bar.
+# (Thompson sampling over the four drafts), both on the same static-cache runner with CUDA graphs, B = 1, over the
+# blocks workload's requests, in rounds that each run every method once. The current pool ran with compiled
+# regions (`--compile default`) at two values of γ; the earlier pool ran with graphs alone. The target:
+# speculative ≥ 1.5× plain. A verdict needs the whole spread of the per-round ratios on one side of the
+# bar. Fast plain decoding runs the target alone, which is the same GGUF file in both runs.
 
 # %%
-if POOL is not None and speed:
+def speed_verdict(ratios: dict) -> str:
+    return ("met" if ratios["min"] >= 1.5 else "NOT met" if ratios["max"] < 1.5
+            else "inconclusive (the spread straddles 1.5)")
+
+
+def print_speed(record: dict, what: str) -> None:
+    """One real-pool run's speed part: per sampling setting and γ, plain and speculative tok/s
+    (median [min, max] over rounds) and the per-round ratio."""
+    entries = record["results"].get("speed", {})
+    print_wrapped(f"{what} ({provenance.caption(record)}):", indent="")
     for label in ("greedy", "t1"):
-        entry = speed.get(label)
-        if entry is None:
+        if label not in entries:
             continue
-        plain, spec = entry["fast_plain"], entry["fast_speculative"]
-        ratios = entry["ratio_per_round"]
-        verdict = ("met" if ratios["min"] >= 1.5 else "NOT met" if ratios["max"] < 1.5
-                   else "inconclusive (the spread straddles 1.5)")
-        print(f"{'greedy' if label == 'greedy' else 'T = 1':<7} fast plain {plain['median']:6.1f} tok/s "
-              f"[{plain['min']:.1f}, {plain['max']:.1f}], speculative {spec['median']:6.1f} "
-              f"[{spec['min']:.1f}, {spec['max']:.1f}]: {ratios['median']:.2f}x "
-              f"(rounds {ratios['min']:.2f}-{ratios['max']:.2f}) -> >= 1.5x: {verdict}")
+        entry = entries[label]
+        plain = entry["fast_plain"]
+        by_gamma = entry.get("by_gamma") or {str(record["settings"]["gamma"]): entry}
+        for gamma, run in by_gamma.items():
+            spec, ratios = run["fast_speculative"], run["ratio_per_round"]
+            print(f"  {'greedy' if label == 'greedy' else 'T = 1':<7}γ = {gamma}: fast plain "
+                  f"{plain['median']:5.0f} tok/s [{plain['min']:.0f}, {plain['max']:.0f}], speculative "
+                  f"{spec['median']:5.0f} [{spec['min']:.0f}, {spec['max']:.0f}]: {ratios['median']:.2f}x "
+                  f"(rounds {ratios['min']:.2f}-{ratios['max']:.2f}) -> >= 1.5x: {speed_verdict(ratios)}")
+
+
+if speed:
+    print_speed(COMPILED, "current pool, compiled regions, results/real_pool_compiled_h200.json")
+if EARLIER is not None and "speed" in EARLIER["results"]:
+    print_speed(EARLIER, "earlier pool, CUDA graphs only, results/real_pool_h200.json")
+
+# %%
+if speed and EARLIER is not None and "speed" in EARLIER["results"]:
+    same_target = (EARLIER["results"]["build"]["models"]["target"]["gguf_sha256"]
+                   == COMPILED["results"]["build"]["models"]["target"]["gguf_sha256"])
+    rounds = {(label, gamma): run["ratio_per_round"]["runs"]
+              for label in ("greedy", "t1") for gamma, run in speed[label]["by_gamma"].items()}
+    first_lowest = all(runs[0] == min(runs) for runs in rounds.values())
+    greedy_best = max(run["ratio_per_round"]["max"] for run in speed["greedy"]["by_gamma"].values())
+    ratios_all = [run["ratio_per_round"] for record in (COMPILED, EARLIER) for label in ("greedy", "t1")
+                  for run in (record["results"]["speed"][label].get("by_gamma")
+                              or {"": record["results"]["speed"][label]}).values()]
+    missed = all(ratios["max"] < 1.5 for ratios in ratios_all)
+    t1_median = max(run["ratio_per_round"]["median"] for run in speed["t1"]["by_gamma"].values())
+    plain_gain = (speed["greedy"]["fast_plain"]["median"]
+                  / EARLIER["results"]["speed"]["greedy"]["fast_plain"]["median"])
+    display(Markdown(
+        f"Compiled regions make fast plain decoding of the target {plain_gain:.2f}× "
+        "faster (greedy"
+        + (", the same GGUF in both runs" if same_target else "; NOT the same target file")
+        + "); each speculative ratio is taken against its own run's plain decoding. "
+        + ("Neither run reaches 1.5× in any round: " if missed else "Against 1.5×: ")
+        + f"the best single round of the compiled run is {greedy_best:.2f}× greedy, and at T = 1 its medians "
+        f"reach {t1_median:.2f}×. "
+        + ("In every setting of the compiled run the first round is the slowest of the three "
+           f"(per-round ratios {', '.join(f'{runs[0]:.2f}' for runs in rounds.values())} against medians of "
+           f"{', '.join(f'{sorted(runs)[1]:.2f}' for runs in rounds.values())}): the warm-up did not show the "
+           "speculative decoders every graph the timed stream needed, which fits graphs captured inside the "
+           "first timed round. The run does not count its captures, so that is the likely reading, not a "
+           "measured one; the medians are the later rounds' level." if first_lowest else "")))
 
 # %% [markdown]
-# Where the time goes: the anatomy of one step with one draft, each piece replayed alone from its own graph, on
-# SmolLM2's shapes with random weights (`results/real_pool_shape_h200.json`; the weights do not change the time,
-# and the full run's own anatomy was cut by the device's time limit). The part of the step outside the timed
-# pieces is the step's sampling, commit and prologue, here uncompiled.
+# Where the time goes: the anatomy of one step with one draft (the generalist), each piece replayed alone from its
+# own graph, on the current pool's real weights with compiled regions, at $T = 1$. The part of the step
+# outside the timed pieces is the step's sampling, commit and prologue.
 
 # %%
-SHAPE = (provenance.load_result("real_pool_shape_h200")
-         if (RESULTS / "real_pool_shape_h200.json").exists() else None)
-if SHAPE is not None and "anatomy" in SHAPE["results"] and POOL is not None and speed:
-    anatomy = SHAPE["results"]["anatomy"]
+anatomy = COMPILED["results"].get("anatomy") if COMPILED is not None else None
+if anatomy is not None and speed:
     parts = anatomy["parts_ms"]
-    gamma = POOL["settings"]["gamma"]
+    gamma = COMPILED["settings"]["gamma"]
     drafts_ms = parts["draft_window_q"] + (gamma - 1) * parts["draft_forward_1"]
     rest = anatomy["step_ms_p50"] - parts["sum_of_parts_ms"]
     bars = {
@@ -540,29 +658,99 @@ if SHAPE is not None and "anatomy" in SHAPE["results"] and POOL is not None and 
     }
     display(plots.plot_stacked_bars(bars, {"target forward": "C0", "drafts": "C1", "verify": "C2",
                                            "sampling, commit, prologue": "C7"}, "ms per step"))
-    display(figure_caption(SHAPE, "One step's anatomy, SmolLM2-135M shapes (random weights), B = 1, graphs."))
-    plain_tok_s = speed["greedy"]["fast_plain"]["median"]
-    step_ratio = anatomy["step_ms_p50"] / (1e3 / plain_tok_s)
+    display(figure_caption(COMPILED, f"One step's anatomy, SmolLM2-135M-Instruct and draft-{anatomy['draft']}, "
+                                     "B = 1, graphs and compiled regions."))
+    print(f"  target forward on {gamma + 1} tokens {parts['target_forward_q']:.2f} ms, on 1 token "
+          f"{parts['target_forward_1']:.2f} ms")
+    print(f"  draft forward on the {gamma + 1}-token window {parts['draft_window_q']:.2f} ms, on 1 token "
+          f"{parts['draft_forward_1']:.2f} ms, catch-up over 16 tokens {parts['draft_catch_up_16']:.2f} ms")
+    print(f"  verify {parts['verify']:.3f} ms; step p50 {anatomy['step_ms_p50']:.2f} ms = "
+          f"{anatomy['step_over_parts']:.2f}x the sum of its parts ({parts['sum_of_parts_ms']:.2f} ms)")
+
+# %%
+adaptive = COMPILED["results"].get("adaptive_gamma") if COMPILED is not None else None
+if anatomy is not None and speed and POOL is not None and "quality" in POOL["results"]:
+    plain_step = 1e3 / speed["t1"]["fast_plain"]["median"]  # the anatomy's step samples at T = 1
+    step_ratio = anatomy["step_ms_p50"] / plain_step
     needed = 1.5 * step_ratio
-    # expected tokens per step at per-token acceptance a: (1 - a^(γ+1)) / (1 - a); solve for a by bisection
-    low, high = 0.0, 0.999
-    for _ in range(60):
-        middle = (low + high) / 2
-        low, high = ((middle, high) if (1 - middle ** (gamma + 1)) / (1 - middle) < needed else (low, middle))
-    display(Markdown(
-        f"A speculative step costs {anatomy['step_ms_p50']:.2f} ms against {1e3 / plain_tok_s:.2f} ms for a plain "
-        f"step (the measured plain rate), {step_ratio:.2f}× as much: 1.5× plain needs "
-        f"{needed:.2f} tokens per step, a per-token acceptance of {low:.2f} at γ = {gamma}, where the pool's is "
-        f"about 0.5 (the matrices above). {rest:.2f} ms of the step ({rest / anatomy['step_ms_p50']:.0%}) is "
-        "outside the forwards and the verify: the step's glue run as single small kernels, which the compiled "
-        "regions of chapter 4 fuse (there, a compiled step was within a few per cent of its parts). The run that "
-        "would measure this pool compiled was cut by the device's time limit: this is the next measurement, "
-        "not a result."))
+    needed_alpha = stats.token_acceptance_from_tokens_per_step(needed, gamma)
+    best_mixed = {label: max(quality[key].values()) for label, key in (("T = 1", "mixed_t1"),
+                                                                       ("greedy", "mixed_greedy"))}
+    text = (
+        f"A one-draft speculative step costs {anatomy['step_ms_p50']:.2f} ms against {plain_step:.2f} ms for a "
+        f"plain step (the measured plain rate at T = 1), {step_ratio:.2f}× as much: 1.5× plain needs "
+        f"{needed:.2f} tokens per step, a per-token acceptance of {needed_alpha:.2f} at γ = {gamma} in the "
+        "geometric model, where the best draft's exact acceptance on mixed text is "
+        + " and ".join(f"{value:.2f} ({label})" for label, value in best_mixed.items()) + ". ")
+    fixed = (adaptive or {}).get("fixed", {}).get(str(gamma))
+    if fixed is not None:
+        stream_step = 1e3 * fixed["tokens_per_step"] / fixed["tokens_per_s"]
+        t1 = speed["t1"]["by_gamma"][str(gamma)]["ratio_per_round"]["median"]
+        text += (
+            f"The stream makes fewer, and pays more for each: the fixed-γ = {gamma} run of the adaptive part below "
+            f"(T = 1, Thompson sampling over the four drafts, the decoder the speed runs had already warmed) made "
+            f"{fixed['tokens_per_step']:.2f} tokens per step, {fixed['tokens_per_step'] / step_ratio:.2f}× plain "
+            f"if its steps cost what the anatomy's do; its own steps cost {stream_step:.2f} ms (tokens per step "
+            f"over tokens/s), {stream_step / anatomy['step_ms_p50']:.2f}× the anatomy's, and the speed runs "
+            f"measured {t1:.2f}× at T = 1. The stream's time also holds what the anatomy leaves out: each "
+            "request's prefill, the policy's draws and updates, and a catch-up forward of a draft over the tokens "
+            f"it missed whenever Thompson sampling moves to it ({parts['draft_catch_up_16']:.2f} ms for 16 "
+            "tokens). ")
+    text += (f"The compiled step itself is within {anatomy['step_over_parts'] - 1:.0%} of the sum of its parts: "
+             "the step's glue costs little once compiled, and the target's forward on the verified window "
+             f"({parts['target_forward_q']:.2f} ms) is most of it.")
+    display(Markdown(text))
 
 # %% [markdown]
-# **The switching workload on the real target.** Chapter 5's two streams (blocks and mixed; 128 new tokens per
-# request, $T = 1$), every contestant served by one fast-path decoder, so all of them replay the same captured
-# graphs.
+# **Adaptive γ.** The same stream ($T = 1$) served with γ fixed at each of several values, Thompson sampling
+# choosing among the four drafts, against one Thompson sampler over (draft, γ) arms, each arm a draft at one γ.
+# The chosen γ per domain shows whether the policy adapts γ to the domain. The adaptive run's tokens/s is not its
+# cost: its short warm-up did not visit every (arm, cache size, catch-up length) its timed stream used, so the
+# timed stream included the capture of new CUDA graphs, more of them than a fixed-γ run with its four arms needs,
+# and this run does not count them. Tokens per step do not depend on timing, and they are the comparison that holds.
+
+# %%
+if adaptive is not None:
+    print(f"  {'contestant':<22}{'tokens/s':>9}{'tokens/step':>12}{'accepted/drafted':>17}")
+    for g, run in adaptive["fixed"].items():
+        print(f"  {'fixed γ = ' + g:<22}{run['tokens_per_s']:>9.1f}{run['tokens_per_step']:>12.3f}"
+              f"{run['mean_acceptance']:>17.3f}")
+    run = adaptive["adaptive"]
+    print(f"  {'adaptive (draft, γ)':<22}{run['tokens_per_s']:>9.1f}{run['tokens_per_step']:>12.3f}"
+          f"{run['mean_acceptance']:>17.3f}")
+    shares = run["gamma_share_per_domain"]
+    print("  share of steps at each γ, adaptive:")
+    for domain, share in shares.items():
+        print(f"    {domain:<8}" + "  ".join(f"γ = {g}: {s:.0%}" for g, s in share.items()))
+    best = str(adaptive["best_fixed_gamma"])
+    step_vs_best = run["tokens_per_step"] / adaptive["fixed"][best]["tokens_per_step"]
+    below = [g for g in adaptive["fixed"] if adaptive["fixed"][g]["tokens_per_step"] < run["tokens_per_step"]]
+    above = [g for g in adaptive["fixed"] if g not in below]
+    favourite = {domain: max(share, key=share.get) for domain, share in shares.items()}
+    everywhere = all(min(share.values()) > 0 and len(share) == len(adaptive["fixed"]) for share in shares.values())
+    arms = len(draft_hashes(COMPILED)) * len(adaptive["fixed"])
+    print_wrapped(f"adaptive vs the best fixed γ ({best}): {adaptive['adaptive_vs_best_fixed']:.2f}x in tokens/s "
+                  f"(captures inside the timed stream: not its cost), {step_vs_best:.2f}x in tokens per step",
+                  indent="    ")
+    display(Markdown(
+        "In tokens per step the adaptive policy sits "
+        + " and ".join(part for part in (
+            f"below γ = {' and '.join(above)}" if above else "", f"above γ = {' and '.join(below)}" if below else "")
+            if part)
+        + f": {step_vs_best:.2f}× the best fixed γ's. Its most chosen γ is "
+        + ", ".join(f"{g} on {d}" for d, g in favourite.items())
+        + (f", with every γ taking a share on every domain: over {COMPILED['settings']['requests']} requests its "
+           f"{arms} arms have not settled on one γ per domain, which on a pool this uniform (the matrices above) is "
+           "no surprise." if everywhere else ".")
+        + " Fewer tokens per step could still pay if its steps were cheaper (a step at "
+        f"γ = {min(adaptive['fixed'], key=int)} drafts less than one at γ = {best}), but this run cannot show it: "
+        "its tokens/s includes the captures. The verdict waits for a run whose warm-up replays the stream and "
+        "which counts its captures."))
+
+# %% [markdown]
+# **The switching workload on the real target.** This chapter's two streams (blocks and mixed; 128 new tokens per
+# request, $T = 1$), every contestant served by one fast-path decoder with CUDA graphs (no compiled regions), its
+# requests sharing one decode session and that session's graphs.
 
 # %%
 if POOL is not None and "switching" in POOL["results"]:
@@ -584,19 +772,54 @@ if POOL is not None and "switching" in POOL["results"]:
     groups = {"fixed drafts": lambda label: label.startswith("fixed:"),
               "oracle": lambda label: label == "oracle",
               "bandits": lambda label: label != "oracle" and not label.startswith("fixed:")}
-    per_kind = "; ".join(f"{kind}: " + ", ".join(f"{name} {mean_ms_per_step(kind, which):.1f}"
+    per_kind = "; ".join(f"{kind}: " + ", ".join(f"{name} {mean_ms_per_step(kind, which):.2f}"
                                                  for name, which in groups.items()) for kind in blocks)
     oracle_lead = [d for name, kind, label, closed, d, n in pool_gaps if label == "oracle"]
+
+    def ratios_of(label: str) -> dict:
+        """tokens/s of one contestant against the oracle and the best single draft in tokens/s, per stream."""
+        return {kind: (block["runs"][label]["tokens_per_s"] / block["runs"]["oracle"]["tokens_per_s"],
+                       block["runs"][label]["tokens_per_s"]
+                       / block["runs"][block["summary"]["best_fixed"]]["tokens_per_s"])
+                for kind, block in blocks.items()}
+
+    def against_targets(label_of: dict) -> str:
+        parts = []
+        for kind, block in blocks.items():
+            label = label_of[kind]
+            oracle_ratio, fixed_ratio = ratios_of(label)[kind]
+            targets = block["summary"]["targets"]
+            named = f"{kind} ({label})" if len(set(label_of.values())) > 1 else kind
+            parts.append(f"{named}: {oracle_ratio:.2f}× the oracle, "
+                         f"{'met' if oracle_ratio >= targets['bandit_vs_oracle_min'] else 'NOT met'}; "
+                         f"{fixed_ratio:.2f}× the best single draft ({block['summary']['best_fixed']}), "
+                         f"{'met' if fixed_ratio >= targets['bandit_vs_best_fixed_min'] else 'NOT met'}")
+        return "; ".join(parts)
+
+    oracle_vs_fixed = {kind: ratios_of("oracle")[kind][1] for kind in blocks}
+    shipped_ratios = ratios_of(SHIPPED)
+    oracle_met = all(shipped_ratios[kind][0] >= block["summary"]["targets"]["bandit_vs_oracle_min"]
+                     for kind, block in blocks.items())
+    fixed_met = any(shipped_ratios[kind][1] >= block["summary"]["targets"]["bandit_vs_best_fixed_min"]
+                    for kind, block in blocks.items())
     display(Markdown(
-        "**The tokens-per-second comparison of this run is not sound**, and its own tables show why. Each "
-        "contestant's warm-up request was shorter than its timed requests, so on the fast path its timed stream "
-        "opened a new decode session (the KV cache is sized for the request) and captured every CUDA graph it used "
-        "inside the timed stream: one draft's step graphs for a fixed draft, three drafts' for the oracle, four "
-        "drafts' and every catch-up length for a bandit. Mean ms per step rises in that order, "
-        f"{per_kind}, even for the oracle, which never switches within a request. The experiment now warms every "
-        "contestant with a full-length request; that rerun is the next GPU measurement. Tokens per step do not "
-        "depend on timing. There the bandits come within a few per cent of the oracle, and the oracle's own lead "
-        "over the best single draft is "
+        "**In tokens/s**, against the targets (≥ 0.95× the oracle, ≥ 1.15× the best single draft), one run per "
+        f"contestant. The shipped policy, {SHIPPED}: " + against_targets({kind: SHIPPED for kind in blocks})
+        + ". The best bandit picked after the fact: "
+        + against_targets({kind: block["summary"]["best_bandit"] for kind, block in blocks.items()})
+        + ". The requests of a stream share one session, so the fixed drafts and the oracle replay graphs "
+        "captured once, and their mean ms per step agree (" + per_kind + "). The bandits' steps cost a little "
+        "more: they switch drafts within a request, and each switch runs a catch-up forward; a bandit may also "
+        "have met a catch-up length its warm-up had not captured, and this run does not count captures, so its "
+        "tokens/s is if anything pessimistic. "
+        + ("The shipped policy meets the 0.95× bar on both streams. " if oracle_met
+           else "The shipped policy misses the 0.95× bar on at least one stream. ")
+        + ("The 1.15× bar is out of this pool's reach whatever the timing: " if not fixed_met
+           else "Against the 1.15× bar: ")
+        + "the oracle itself makes "
+        + ", ".join(f"{ratio:.2f}× ({kind})" for kind, ratio in oracle_vs_fixed.items())
+        + " the best single draft's tokens/s, and in tokens per step, which timing does not touch, its "
+        "difference from the best single draft, per request, is "
         + "; ".join(f"{d.mean:+.3f} ± {d.standard_error:.3f} ({CALL[d.verdict]})" for d in oracle_lead)
-        + " tokens per step: with specialists this close, no policy could gain 15% over one draft, so the "
-        "≥ 1.15× target is out of this pool's reach whatever the timing."))
+        + ". With specialists this close (margins of a few hundredths), no policy can gain 15% by choosing "
+        "among them."))
