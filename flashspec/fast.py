@@ -161,6 +161,9 @@ class FastSpeculativeDecoder:
             (`flashspec.tp.shard_target`); every rank then runs the same `generate`, and the ranks
             check on the host that they got the same request and emit the same tokens (`tp.guard_*`).
             None (default): one process, nothing changes.
+
+    `graphs_captured` counts the CUDA graphs captured so far, in every session: the difference over a
+    timed run says how many captures that timing includes (0 without graphs).
     """
 
     def __init__(self, target: torch.nn.Module, drafts: Sequence[Any], policy: Any = "thompson", gamma: int = 4,
@@ -214,6 +217,7 @@ class FastSpeculativeDecoder:
         self.step_costs = make_step_costs(self.arms, self.gammas, arm_costs)
         self.policy = resolve_policy(policy, len(self.arms), **(policy_kwargs or {}))
         self._session: _Session | None = None
+        self.graphs_captured = 0  # over every session: a new session captures its graphs again
 
     def close(self) -> None:
         """Free the session: its CUDA graphs, static KV caches and host buffers (the next `generate`
@@ -474,14 +478,14 @@ class _Session:
         tokens = b.seq.gather(1, index.clamp(min=0, max=self.capacity - 1))
         return drafter.propose_tokens(tokens, valid, gamma)
 
-    def launch(self, arm: int, bucket: int, catch_up: int = 0) -> bool:
+    def launch(self, arm: int, bucket: int, catch_up: int = 0) -> int:
         """Run one step (after the catch-up of `arm`'s draft over `catch_up` tokens, when > 0):
-        replay their graphs (each captured on first use) or run them eagerly. True when a graph was
-        captured (the step's time is then mostly capture)."""
+        replay their graphs (each captured on first use) or run them eagerly. Returns how many graphs
+        were captured (0, 1 or 2; when any, the step's time is mostly capture)."""
         work = [(("step", arm, bucket), lambda: self.step(arm, bucket))]
         if catch_up:
             work.insert(0, (("catch_up", arm, bucket, catch_up), lambda: self.catch_up(arm, bucket, catch_up)))
-        captured = False
+        captured = 0
         for key, run in work:
             if not self.use_graphs:
                 run()
@@ -489,7 +493,7 @@ class _Session:
             graph = self.graphs.get(key)
             if graph is None:
                 graph = self.graphs[key] = self._capture(run)
-                captured = True
+                captured += 1
             graph.replay()
         return captured
 
@@ -598,12 +602,13 @@ class _Session:
             launched = time.perf_counter()
             captured = self.launch(arm, bucket, catch_up)
             host_s = time.perf_counter() - launched
+            decoder.graphs_captured += captured
             slot = step % slots
             pinned[slot].copy_(b.outcome, non_blocking=True)
             done_host[slot].copy_(b.done, non_blocking=True)
             if cuda:
                 events[slot].record()
-            issued.append(_Launch(step, arm, gamma, launched, host_s, captured))
+            issued.append(_Launch(step, arm, gamma, launched, host_s, captured > 0))
             step += 1
         while read < len(issued):  # drain: steps launched after the last row finished append nothing
             consume()

@@ -15,6 +15,7 @@ the same seeds; reported are tokens/s, mean acceptance, tokens per step, and the
 """
 from __future__ import annotations
 
+import copy
 import random
 import time
 from dataclasses import dataclass
@@ -100,29 +101,63 @@ class DomainOracle:
         self.domain = None
 
 
+WARM_UPS = (None, "replay")
+
+
 def serve_stream(target: torch.nn.Module, drafts: dict[str, torch.nn.Module], requests: list[Request], policy: Any,
                  gamma: int = 4, max_new_tokens: int = 48, temperature: float = 1.0, seed: int = 0,
-                 reset_per_request: bool = False, backend: str = "auto", decoder: Any = None) -> dict[str, Any]:
+                 reset_per_request: bool = False, backend: str = "auto", decoder: Any = None,
+                 warm_up: str | None = None) -> dict[str, Any]:
     """Serve `requests` one by one with one decoder (policy state carried across requests).
 
     `reset_per_request` calls the policy's request-boundary hook (`on_request_start`) before each request.
     `decoder`: serve with this decoder over the same drafts in the same order (e.g. a
     `FastSpeculativeDecoder`, whose captured graphs then serve every contestant), its policy replaced by
     `policy`; default a new eager `SpeculativeDecoder` (`gamma`, `backend`).
-    Returns totals, tokens/s (generation wall time only), acceptance, and the per-step arm trace with the
-    request index of each step.
+    `warm_up="replay"`: before timing, serve the same requests with the same seeds under an untouched copy
+    of `policy` (and the decoder's measured step costs put back afterwards), so a policy whose choices do
+    not depend on timing makes the same choices again and the timed stream captures no new graph; a
+    throughput (timing) reward may still choose differently, which `graph_captures` shows.
+    Returns totals, tokens/s (generation wall time only), acceptance, the per-step arm trace with the
+    request index of each step, and `graph_captures`: CUDA graphs captured inside the timed stream
+    (`FastSpeculativeDecoder.graphs_captured`: 0 when it runs without graphs; None for the eager engine).
     """
     from flashspec.drafters import ModelDrafter
     from flashspec.engine import SpeculativeDecoder
 
+    if warm_up not in WARM_UPS:
+        raise ValueError(f"warm_up must be one of {WARM_UPS}, got {warm_up!r}")
     extra: dict[str, Any] = {}
     if decoder is None:
         decoder = SpeculativeDecoder(target, drafts=[ModelDrafter(model, name=name) for name, model in drafts.items()],
                                      policy=policy, gamma=gamma, backend=backend)
         extra["timing"] = True
-    else:
-        decoder.policy = policy
     sampling = SamplingParams(temperature=temperature)
+    if warm_up == "replay":
+        costs = copy.deepcopy(getattr(decoder, "step_costs", None))
+        decoder.policy = copy.deepcopy(policy)  # before `policy` serves anything: a fresh, identical copy
+        _serve(decoder, requests, sampling, max_new_tokens, seed, reset_per_request, extra)
+        if costs is not None:
+            decoder.step_costs = costs
+    decoder.policy = policy
+    captured_before = getattr(decoder, "graphs_captured", None)
+    run = _serve(decoder, requests, sampling, max_new_tokens, seed, reset_per_request, extra)
+    generated, steps, arms = run["generated_tokens"], run["steps"], np.asarray(run["arm_trace"])
+    return {
+        "generated_tokens": generated, "seconds": run["seconds"], "tokens_per_s": generated / run["seconds"],
+        "steps": steps, "tokens_per_step": generated / steps,
+        "mean_acceptance": stats.acceptance_rate(run["accepted"], run["drafted"]),
+        "token_acceptance": stats.token_acceptance_from_counts(run["accepted"], run["rejections"]),
+        "arm_share": {name: float(np.mean(arms == a)) for a, name in enumerate(drafts)},
+        **{key: run[key] for key in ("arm_trace", "accepted_trace", "request_of_step")},
+        "graph_captures": None if captured_before is None else decoder.graphs_captured - captured_before,
+    }
+
+
+def _serve(decoder: Any, requests: list[Request], sampling: SamplingParams, max_new_tokens: int, seed: int,
+           reset_per_request: bool, extra: dict[str, Any]) -> dict[str, Any]:
+    """One pass over `requests` (request i with seed `seed` + i) under the decoder's policy: generation wall
+    time, token and step counts, and the per-step traces."""
     device = decoder.device
     arms, accepted_trace, request_of_step = [], [], []
     total_s = 0.0
@@ -146,15 +181,9 @@ def serve_stream(target: torch.nn.Module, drafts: dict[str, torch.nn.Module], re
             drafted += record.gamma * len(record.num_accepted)
             rejections += sum(1 for n in record.num_accepted if n < record.gamma)
             steps += 1
-    names = list(drafts)
-    return {
-        "generated_tokens": generated, "seconds": total_s, "tokens_per_s": generated / total_s,
-        "steps": steps, "tokens_per_step": generated / steps,
-        "mean_acceptance": stats.acceptance_rate(accepted, drafted),
-        "token_acceptance": stats.token_acceptance_from_counts(accepted, rejections),
-        "arm_share": {names[a]: float(np.mean(np.asarray(arms) == a)) for a in range(len(names))},
-        "arm_trace": arms, "accepted_trace": accepted_trace, "request_of_step": request_of_step,
-    }
+    return {"generated_tokens": generated, "seconds": total_s, "steps": steps, "accepted": accepted,
+            "drafted": drafted, "rejections": rejections, "arm_trace": arms, "accepted_trace": accepted_trace,
+            "request_of_step": request_of_step}
 
 
 def contestants(n_arms: int, draft_names: list[str], best_arm: dict[str, int],
@@ -180,33 +209,31 @@ def run_switching_experiment(target: torch.nn.Module, drafts: dict[str, torch.nn
                              decoder: Any = None) -> dict[str, Any]:
     """Every contestant on both workloads; adds the targets' ratios (best bandit vs oracle and vs best fixed).
 
-    `decoder` (optional, see `serve_stream`) serves every contestant, e.g. one `FastSpeculativeDecoder`."""
+    `decoder` (optional, see `serve_stream`) serves every contestant, e.g. one `FastSpeculativeDecoder`;
+    each contestant's timed stream is then preceded by its replay (`warm_up="replay"`), which captures the
+    graphs that stream uses."""
     from tqdm.auto import tqdm
 
     from flashspec.bandits import make_policy
 
     draft_names = list(drafts)
     results: dict[str, Any] = {}
-    warm = make_workload(prompts, "blocks", 1, 1, seed)
-    # One full-length request per draft before any timing: the first contestant measured would otherwise
-    # pay for kernel compilation and allocator growth (seen on the H200: ~50% slower steps).
-    for arm in range(len(draft_names)):
-        serve_stream(target, drafts, warm, make_policy("fixed", len(draft_names), arm=arm), gamma, max_new_tokens,
-                     temperature, seed=seed + 20_000, backend=backend, decoder=decoder)
+    if decoder is None:
+        # Every contestant gets a new eager decoder: one full-length request per draft before any timing warms
+        # the process, whose first contestant would otherwise pay for kernel compilation and allocator growth
+        # (seen on the H200: ~50% slower steps).
+        warm = make_workload(prompts, "blocks", 1, 1, seed)
+        for arm in range(len(draft_names)):
+            serve_stream(target, drafts, warm, make_policy("fixed", len(draft_names), arm=arm), gamma,
+                         max_new_tokens, temperature, seed=seed + 20_000, backend=backend)
     for kind in WORKLOADS:
         requests = make_workload(prompts, kind, num_requests, block_size, seed)
         entries = contestants(len(draft_names), draft_names, best_arm, bandits, seed)
         runs: dict[str, Any] = {}
         for label, policy, reset in tqdm(entries, desc=f"switching [{kind}]", disable=not progress):
-            if isinstance(policy, DomainOracle):
-                policy.set_domain(warm[0].domain)
-            # full length: a shorter request would give a fast-path decoder a smaller cache and so a new
-            # session, whose graphs would then be captured inside the timed stream
-            serve_stream(target, drafts, warm, policy, gamma, max_new_tokens, temperature,
-                         seed=seed + 10_000, backend=backend, decoder=decoder)
-            policy.reset()
             runs[label] = serve_stream(target, drafts, requests, policy, gamma, max_new_tokens, temperature,
-                                       seed=seed, reset_per_request=reset, backend=backend, decoder=decoder)
+                                       seed=seed, reset_per_request=reset, backend=backend, decoder=decoder,
+                                       warm_up=None if decoder is None else "replay")
         results[kind] = {"requests": [r.domain for r in requests], "runs": runs, "summary": summarise(runs)}
     return results
 

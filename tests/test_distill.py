@@ -138,6 +138,10 @@ def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, 
     assert fitted["seconds_per_step"] > 0 and results["build"]["config"]["draft_steps"] == fitted["draft_steps"]
     for name in ("build", "quality", "switching", "speed", "adaptive_gamma"):
         assert name in results and "error" not in results[name], (name, results.get(name))
+    # every timed stream records the graphs captured inside it (none on a CPU, which runs without graphs)
+    assert results["speed"]["t1"]["by_gamma"]["4"]["graph_captures"] == [0]
+    assert results["adaptive_gamma"]["adaptive"]["graph_captures"] == 0
+    assert {run["graph_captures"] for run in results["switching"]["blocks"]["runs"].values()} == {0}
     assert results["speed"]["greedy"]["greedy_token_agreement_with_plain"] == 1.0  # float32 on a CPU: exact
     assert set(results["quality"]["acceptance_greedy"]) == {"python", "prose", "cpp", "general"}
     shares = results["adaptive_gamma"]["adaptive"]["gamma_share_per_domain"]

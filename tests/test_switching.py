@@ -1,9 +1,14 @@
 """The domain-switching workload, the oracle, and the switch-cost fit (flashspec.switching)."""
 from __future__ import annotations
 
-import pytest
+from types import SimpleNamespace
 
-from flashspec import switching
+import pytest
+import torch
+
+from flashspec import models, switching
+from flashspec.bandits import make_policy
+from flashspec.fast import FastSpeculativeDecoder
 
 
 def test_workloads_and_the_oracle() -> None:
@@ -39,3 +44,87 @@ def test_switch_rate_and_cost_fit() -> None:
     with pytest.raises(ValueError, match="different switching rates"):
         switching.switching_cost({"results": {"blocks": {"runs": {"a": runs["fixed"], "b": runs["fixed"],
                                                                   "c": runs["fixed"]}}}})
+
+
+class Alternate:
+    """Arm 0 for two steps, then arm 1 for two, and so on: switches make lazy drafts catch up."""
+
+    def __init__(self) -> None:
+        self.t = -1
+
+    def select(self) -> int:
+        self.t += 1
+        return (self.t // 2) % 2
+
+    def update(self, arm: int, reward: float) -> None:
+        return None
+
+
+@pytest.fixture()
+def fake_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fast-path sessions "capture" on a CPU: every session uses graphs, and a capture keeps the work to run
+    again on each replay (the eager step), so captures happen where they would on a GPU."""
+    from flashspec import fast
+
+    original = fast._Session.__init__
+
+    def init(self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        self.use_graphs = True
+
+    monkeypatch.setattr(fast._Session, "__init__", init)
+    monkeypatch.setattr(fast._Session, "_capture", lambda self, run: SimpleNamespace(replay=run))
+
+
+@pytest.fixture()
+def drafts(draft) -> dict:
+    return {"near": draft, "far": models.tiny_llama(vocab_size=16, hidden_size=8, num_layers=1, initializer_range=0.3,
+                                                    seed=3, max_positions=64)}
+
+
+REQUESTS = switching.make_workload({"a": [[1, 2, 3], [3, 1]], "b": [[4, 5, 6, 7]]}, "blocks", 4, block_size=2)
+
+
+def test_fast_decoder_counts_each_graph_it_captures_in_every_session(fake_graphs, target, drafts) -> None:
+    decoder = FastSpeculativeDecoder(target, list(drafts.values()), policy=Alternate(), gamma=3, graphs=False)
+    prompt = torch.tensor([[1, 2, 3]])
+    decoder.generate(prompt, max_new_tokens=12, ignore_eos=True)
+    first = decoder._session
+    assert any(key[0] == "catch_up" for key in first.graphs)  # steps that capture two graphs count both
+    assert decoder.graphs_captured == len(first.graphs) > 0
+    decoder.generate(prompt, max_new_tokens=12, ignore_eos=True)  # same session, same arms and buckets: replays
+    assert decoder._session is first and decoder.graphs_captured == len(first.graphs)
+    decoder.generate(prompt, max_new_tokens=40, ignore_eos=True)  # a larger cache: a new session captures again
+    assert decoder._session is not first
+    assert decoder.graphs_captured == len(first.graphs) + len(decoder._session.graphs)
+
+
+def test_replay_warm_up_captures_every_graph_of_the_timed_stream(fake_graphs, target, drafts) -> None:
+    def serve(warm_up: str | None) -> tuple[dict, FastSpeculativeDecoder]:
+        decoder = FastSpeculativeDecoder(target, list(drafts.values()), policy="fixed", gamma=3, graphs=False)
+        run = switching.serve_stream(target, drafts, REQUESTS, make_policy("thompson", 2, seed=0), max_new_tokens=12,
+                                     decoder=decoder, warm_up=warm_up)
+        return run, decoder
+
+    cold, cold_decoder = serve(None)
+    assert len(set(cold["arm_trace"])) == 2  # the policy switches, so the stream needs several arms' graphs
+    assert cold["graph_captures"] == cold_decoder.graphs_captured > 0
+    warm, warm_decoder = serve("replay")
+    assert warm["graph_captures"] == 0 and warm_decoder.graphs_captured == cold_decoder.graphs_captured
+    # the timed policy starts untouched by the replay, so it makes the cold run's choices and draws its tokens
+    assert warm["arm_trace"] == cold["arm_trace"] and warm["accepted_trace"] == cold["accepted_trace"]
+    with pytest.raises(ValueError, match="warm_up"):
+        switching.serve_stream(target, drafts, REQUESTS, make_policy("thompson", 2), decoder=warm_decoder,
+                               warm_up="short")
+
+
+def test_switching_experiment_times_no_capture_on_a_fast_decoder(fake_graphs, target, drafts) -> None:
+    prompts = {"a": [[1, 2, 3], [3, 1]], "b": [[4, 5, 6, 7]]}
+    decoder = FastSpeculativeDecoder(target, list(drafts.values()), policy="fixed", gamma=3, graphs=False)
+    results = switching.run_switching_experiment(target, drafts, prompts, {"a": 0, "b": 1}, num_requests=4,
+                                                 block_size=2, max_new_tokens=8, gamma=3, bandits=("thompson",),
+                                                 progress=False, decoder=decoder)
+    runs = [run for kind in switching.WORKLOADS for run in results[kind]["runs"].values()]
+    assert decoder.graphs_captured > 0 and [run["graph_captures"] for run in runs] == [0] * len(runs)
+    eager = switching.serve_stream(target, drafts, REQUESTS[:1], make_policy("fixed", 2), gamma=3, max_new_tokens=4)
+    assert eager["graph_captures"] is None
