@@ -107,9 +107,30 @@ def test_micro_distill_zoo_builds_deterministically_and_loads_the_teacher_as_tar
     rebuilt = json.loads((again / zoo.MANIFEST).read_text())
     assert {n: m["weights_sha256"] for n, m in rebuilt["models"].items() if n != "target"} == {
         n: m["weights_sha256"] for n, m in manifest["models"].items() if n != "target"}
-    # sizes trained from scratch keep the keys they had before teachers existed
-    assert "teacher" not in json.dumps(zoo.SIZES["cpu"].key("x")) and zoo.SIZES["cpu"].key("x") == \
-        zoo.SIZES["cpu"].with_overrides(teacher=None).key("x")
+
+
+def test_cache_keys_keep_from_scratch_sizes_and_version_distillation(monkeypatch: pytest.MonkeyPatch) -> None:
+    from flashspec.zoo import config as zoo_config
+
+    scratch = {"cpu": "83f6a7091edc8e59", "gpu": "69cc6f497e355e32", "micro": "caf3c2a284771c1e"}
+
+    def keys() -> dict[str, str]:
+        return {size: config.key("x") for size, config in zoo.SIZES.items()}
+
+    # sizes trained from scratch keep their keys, so their cached zoos stay valid (the cpu zoo built on the
+    # H200 as in results/zoo_cpu_build.json included)
+    assert {size: key for size, key in keys().items() if not zoo.SIZES[size].distilled} == scratch
+    assert zoo.SIZES["cpu"].key("680c0c5cad9b29f4d8ff85e09f69324b9a848cac88c4882af486487445b92d33") == \
+        "84fe308e96791685"
+    # the smollm2 pool on the H200's corpus no longer has the key of the pool distilled by the first recipe
+    assert zoo.SIZES["smollm2"].key("21aa20ee0c78b707b3643c8317822c4c5c3ae19abb91f2fdb45f4a15fe894fe4") != \
+        "842eb7c0cf8e58fd"
+    # the recipe's version is in every distilled key and in no from-scratch key
+    before = keys()
+    monkeypatch.setattr(zoo_config, "DISTILL_RECIPE", zoo_config.DISTILL_RECIPE + 1)
+    after = keys()
+    assert {size for size in before if before[size] != after[size]} == {
+        size for size, config in zoo.SIZES.items() if config.distilled} == {"smollm2", "micro-distill"}
 
 
 def test_a_gpu_pool_refuses_to_build_on_a_cpu_by_default(micro_cache: Path, monkeypatch: pytest.MonkeyPatch,

@@ -10,6 +10,9 @@ from typing import Any
 from flashspec import corpora
 
 ZOO_FORMAT = 2  # 2: specialists fine-tuned from the generalist
+# How drafts are distilled from a teacher, in the cache key of distilled configs only (`ZooConfig.key`).
+# 2: the KL is computed by `training.train_model`'s `loss`, inside its bf16 autocast region.
+DISTILL_RECIPE = 2
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>")
 GENERALIST = "general"
 
@@ -63,11 +66,17 @@ class ZooConfig:
     def key(self, corpus_sha256: str) -> str:
         """Cache key: SHA-256 of the zoo format, this config and the corpus hash (16 hex digits).
 
-        The teacher fields enter only when set, so zoos trained from scratch keep the keys they always had."""
+        The teacher fields enter only when set, so zoos trained from scratch keep the keys they always had.
+        A distilled config's key also holds `DISTILL_RECIPE`: a change to how drafts are distilled that gives
+        other weights for the same config on some device (a GPU's bf16 numerics) bumps it, so a pool cached
+        by the earlier recipe is not served as this one. Keys without the entry are the first recipe's."""
         config = dataclasses.asdict(self)
-        if self.teacher is None:
+        content: dict[str, Any] = {"format": ZOO_FORMAT, "config": config, "corpus": corpus_sha256}
+        if self.distilled:
+            content["distill_recipe"] = DISTILL_RECIPE
+        else:
             del config["teacher"], config["draft_init_layers"]
-        blob = json.dumps({"format": ZOO_FORMAT, "config": config, "corpus": corpus_sha256}, sort_keys=True)
+        blob = json.dumps(content, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
     def with_overrides(self, **changes: Any) -> "ZooConfig":
