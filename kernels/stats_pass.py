@@ -132,13 +132,16 @@ def _stats_accept_kernel(
     tl.debug_barrier()  # every thread's partials precede the release below
     ticket = tl.atomic_add(counter_ptr + pid_b, 1, sem="acq_rel", scope="gpu")
     if ticket == (gamma + 1) * num_splits - 1:
+        # a new name: a compiled branch may not change the type of a value defined before it (pointer -> int32)
         if PREFIX_IN_MEMORY:
-            accept_prefix = tl.load(accept_prefix)
+            prefix = tl.load(accept_prefix)
+        else:
+            prefix = accept_prefix
         rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
         row_ok = rows < batch
         _, num_accepted, _, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token = _accept(
             target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_ptr, part_sum_ptr, rows, row_ok,
-            gamma, vocab, num_splits, scale, accept_prefix,
+            gamma, vocab, num_splits, scale, prefix,
             SCALE_MODE, HAS_DRAFT, False, PRECISE, True, BLOCK_B, BLOCK_P, BLOCK_S)
         _store_accept(info_ptr, rows.to(tl.int64), row_ok, num_accepted, n_p_max, n_p_log_sum, n_q_max,
                       n_q_log_sum, n_token)

@@ -735,6 +735,39 @@ else:  # a record from before the honest baseline: only its own targets can be j
           "(its speed-ups are against the bit-exact reference, which is not a speed baseline)")
 
 # %% [markdown]
+# The launch-plan variants, from the same file: every variant returns the reference's tokens bit for bit (the
+# benchmark checks it), so they differ only in time. Two change the sampling pass itself. **lanes**: the race
+# keeps a running winner per lane and reduces across the program's warps once per V-chunk instead of once per
+# tile. **accept_once**: the last stats program of each row block (an acquire-release ticket, as in the fused
+# launch) runs the accept test and stores six words per row, so the sampling programs read them instead of each
+# redoing the test from the partials. The register count per thread of the sampling kernel (from the compiled
+# binary) is what bounds how many of its programs an SM holds: an H200 SM has 65,536 registers, so a 4-warp program
+# at 168 registers fits 3 at a time, at 32 registers 16.
+
+# %%
+def variant_table(record: dict) -> None:
+    """Warm graph replay (µs) of every timed variant per point, and the sampling kernel's registers per thread."""
+    rows = record["results"]["points"]
+    names = [name for name in rows[0].get("variants", {}) if not bench.is_diagnostic(rows[0]["variants"][name]["overrides"])]
+    if not names:
+        print("this record timed no launch-plan variants")
+        return
+    print(f"{"variant":>24} " + " ".join(f"{'B=%d V=%dk' % (p['batch'], p['vocab'] // 1000):>14}" for p in rows))
+    for name in names:
+        cells = []
+        for point in rows:
+            row = point["variants"].get(name, {})
+            graph = row.get("graph_warm_us")
+            regs = ((row.get("registers") or {}).get("sample") or (row.get("registers") or {}).get("fused") or {})
+            shown = NOT_MEASURED if graph is None else f"{graph:.1f}"
+            cells.append(f"{shown + (' r%d' % regs['registers'] if regs.get('registers') else ''):>14}")
+        print(f"{name:>24} " + " ".join(cells))
+    print("(µs, warm CUDA-graph replay; rN: registers per thread of the sampling kernel, or of the fused one)")
+
+
+variant_table(verify_record)
+
+# %% [markdown]
 # Where the time goes, from the same file. The gap between the eager step and the CUDA-graph replay of the *same
 # launches* is host-side launch overhead from Python; what remains in the replay is the kernels' device time. The
 # cell computes, for each point, which of these dominates:

@@ -162,8 +162,9 @@ def test_long_rows_split_into_several_chunks(params: SamplingParams, with_draft:
     shape = dict(block_b=2, block_v=16, num_splits=3) if plan == "fused" else dict(block_b=8, block_v=16, num_splits=3)
     chosen = make_plan(5, 3, 100, DEVICE, params.greedy, **shape, **TILED_PLANS[plan])
     assert chosen.launches == (1 if plan == "fused" else 2)
-    assert chosen.lanes == (plan in ("lanes", "accept_once"))
-    assert chosen.accept_once == (plan == "accept_once" and not params.greedy)
+    if plan in ("lanes", "accept_once"):  # elsewhere the shape's SHAPE_PLANS entry decides (on a GPU)
+        assert chosen.lanes
+        assert chosen.accept_once == (plan == "accept_once" and not params.greedy)
     assert chosen.stats_splits == chosen.fused_splits == 3 and chosen.stats_chunk == chosen.fused_chunk == 48
     assert params.greedy or chosen.sample_splits == 3
     for seed in (1, 2):
