@@ -752,7 +752,7 @@ def variant_table(record: dict) -> None:
     if not names:
         print("this record timed no launch-plan variants")
         return
-    print(f"{"variant":>24} " + " ".join(f"{'B=%d V=%dk' % (p['batch'], p['vocab'] // 1000):>14}" for p in rows))
+    print(f"{'variant':>24} " + " ".join(f"{'B=%d V=%dk' % (p['batch'], p['vocab'] // 1000):>14}" for p in rows))
     for name in names:
         cells = []
         for point in rows:
