@@ -101,19 +101,29 @@ class _Launcher:
             return (arg % 16 == 0, arg == 1, -(2**31) <= arg < 2**31)
         return type(arg)
 
-    def registers(self, args: tuple, meta: dict) -> dict | None:
+    @classmethod
+    def spec_key(cls, args: tuple, meta: dict) -> tuple:
+        """The specialisation of a launch, from every argument (one `_spec` each) and every constexpr."""
+        return tuple(cls._spec(a) for a in args), tuple(meta.items())
+
+    def _entry(self, args: tuple, meta: dict, key: tuple | None) -> tuple:
+        return (torch.cuda.current_device(), self.spec_key(args, meta) if key is None else key)
+
+    def registers(self, args: tuple, meta: dict, key: tuple | None = None) -> dict | None:
         """Registers and spills per thread of the binary cached for these arguments (after a launch), or
         None (interpreted, Triton's own launch path, or not launched yet): what bounds the programs per SM."""
         if interpreting() or not FAST_LAUNCH:
             return None
-        key = (torch.cuda.current_device(), tuple(self._spec(a) for a in args), tuple(meta.items()))
-        binary = self.binaries.get(key)
-        if binary is None:
+        cached = self.binaries.get(self._entry(args, meta, key))
+        if cached is None:
             return None
+        binary = cached[0]
         return {"registers": int(getattr(binary, "n_regs", -1)), "spills": int(getattr(binary, "n_spills", -1)),
                 "shared_bytes": int(getattr(binary.metadata, "shared", -1))}
 
-    def __call__(self, grid: tuple, args: tuple, meta: dict) -> None:
+    def __call__(self, grid: tuple, args: tuple, meta: dict, key: tuple | None = None) -> None:
+        """Launch. `key`, when given, stands for `spec_key(args, meta)` (computing that costs about a µs per
+        argument): it must determine it, as `launch_key` does for the verify launches."""
         if interpreting():
             with np.errstate(all="ignore"):  # log(0), inf - inf in masked lanes are intended
                 self.kernel[grid](*args, **meta)
@@ -121,18 +131,32 @@ class _Launcher:
         if not FAST_LAUNCH:
             self.kernel[grid](*args, **meta)
             return
-        device = torch.cuda.current_device()
-        key = (device, tuple(self._spec(a) for a in args), tuple(meta.items()))
-        binary = self.binaries.get(key)
-        if binary is None:
-            self.binaries[key] = self.kernel[grid](*args, **meta)
+        entry = self._entry(args, meta, key)
+        cached = self.binaries.get(entry)
+        if cached is None:
+            binary = self.kernel[grid](*args, **meta)
+            self.binaries[entry] = (binary, tuple(meta[name] for name in self.kernel.arg_names[len(args):]))
             return
-        constexprs = tuple(meta[name] for name in self.kernel.arg_names[len(args):])
-        stream = _current_stream(device)
+        binary, constexprs = cached
+        stream = _current_stream(entry[0])
         binary.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
                    binary.function, binary.packed_metadata, binary.launch_metadata(grid, stream, *args, *constexprs),
                    triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook,
                    *args, *constexprs)
+
+
+def launch_key(plan: LaunchPlan, inputs: tuple, shape: tuple[int, int, int], flags: dict, prefix: tuple) -> tuple:
+    """What decides the compiled binaries of one verify step, in a few cheap fields: the plan (every block
+    size, split count and option), the flags, the caller's three tensors' dtypes and 16-byte alignment, the
+    exact B, γ, V, and where the key's prefixes live. Everything else a launch passes is fixed by these: the
+    work buffers are this module's own allocations (fp32/int32, 64-byte aligned slices), `scale` is always a
+    float, and the prefixes as ints are int32 and unspecialised (`do_not_specialize`)."""
+    target, draft, tokens_in = inputs
+    accept_prefix, sample_prefix, in_memory = prefix
+    where = (accept_prefix.data_ptr() % 16, sample_prefix.data_ptr() % 16) if in_memory else None
+    return (plan, flags["SCALE_MODE"], flags["HAS_DRAFT"], flags["GREEDY"], shape, where,
+            target.dtype, draft.dtype, tokens_in.dtype,
+            target.data_ptr() % 16 == 0, draft.data_ptr() % 16 == 0, tokens_in.data_ptr() % 16 == 0)
 
 
 FAST_LAUNCH = os.environ.get("FLASHSPEC_TRITON_FAST_LAUNCH", "1") != "0"
@@ -169,24 +193,25 @@ class PreparedVerify:
     fused_grid: tuple[int, int] | None = None
     fused_args: tuple | None = None
     fused_meta: dict | None = None
+    key: tuple | None = None  # `launch_key`: stands for each launch's specialisation (None: computed per launch)
 
     def launch_stats(self) -> None:
         launcher = _STATS_ACCEPT_LAUNCHER if self.plan.accept_once else _STATS_LAUNCHER
-        launcher(self.stats_grid, self.stats_args, self.stats_meta)
+        launcher(self.stats_grid, self.stats_args, self.stats_meta, self.key)
 
     def launch_sample(self) -> None:
-        _SAMPLE_LAUNCHER(self.sample_grid, self.sample_args, self.sample_meta)
+        _SAMPLE_LAUNCHER(self.sample_grid, self.sample_args, self.sample_meta, self.key)
 
     def launch_fused(self) -> None:
-        _FUSED_LAUNCHER(self.fused_grid, self.fused_args, self.fused_meta)
+        _FUSED_LAUNCHER(self.fused_grid, self.fused_args, self.fused_meta, self.key)
 
     def registers(self) -> dict:
         """`_Launcher.registers` of each kernel this step launches (call after a run)."""
         if self.plan.fused:
-            return {"fused": _FUSED_LAUNCHER.registers(self.fused_args, self.fused_meta)}
+            return {"fused": _FUSED_LAUNCHER.registers(self.fused_args, self.fused_meta, self.key)}
         stats = _STATS_ACCEPT_LAUNCHER if self.plan.accept_once else _STATS_LAUNCHER
-        return {"stats": stats.registers(self.stats_args, self.stats_meta),
-                "sample": _SAMPLE_LAUNCHER.registers(self.sample_args, self.sample_meta)}
+        return {"stats": stats.registers(self.stats_args, self.stats_meta, self.key),
+                "sample": _SAMPLE_LAUNCHER.registers(self.sample_args, self.sample_meta, self.key)}
 
     def run(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.plan.fused:
@@ -361,6 +386,7 @@ def _bind_two_launches(plan: LaunchPlan, inputs: tuple, outputs: tuple, shape: t
         sample_meta=sample_meta,
         tokens=out_tokens,
         num_accepted=out_accepted,
+        key=launch_key(plan, inputs, shape, flags, prefix),
     )
 
 
@@ -390,4 +416,5 @@ def _bind_fused(plan: LaunchPlan, inputs: tuple, outputs: tuple, shape: tuple[in
         sample_grid=None, sample_args=None, sample_meta=None,
         tokens=out_tokens, num_accepted=out_accepted,
         fused_grid=(row_blocks, plan.fused_splits), fused_args=args, fused_meta=meta,
+        key=launch_key(plan, inputs, shape, flags, prefix),
     )

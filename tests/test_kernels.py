@@ -435,3 +435,50 @@ def test_plan_choice_skips_diagnostic_and_wrong_variants() -> None:
     assert point["best_variant"] == "two_launch_sample_bv256" and point["best_variant_eager"] == "two_launch"
     assert point["best_graph_warm_over_floor"] == 2.5 and point["honest_over_best_eager"] == 400.0 / 45.0
     assert "(8, 32768): {'sample_block_v': 256}" in plan_choice([point])["paste"]
+
+
+def test_launch_key_determines_every_launch_specialisation() -> None:
+    """The compiled launch path caches binaries under `launch_key` instead of one spec per argument; that is
+    sound only if equal launch keys always mean equal specialisations (every argument's spec and every
+    constexpr), arguments Triton does not specialise (`do_not_specialize`) aside. Checked over shapes, dtypes,
+    misaligned inputs, temperatures, truncation, draft or none, host or device keys and every plan option."""
+    import inspect
+    import itertools
+
+    from flashspec.kernels import prepare_verify
+    from flashspec.kernels import verify as kernels
+
+    def launches(prepared):
+        if prepared.plan.fused:
+            yield kernels._FUSED_LAUNCHER, prepared.fused_args, prepared.fused_meta
+        else:
+            stats = kernels._STATS_ACCEPT_LAUNCHER if prepared.plan.accept_once else kernels._STATS_LAUNCHER
+            yield stats, prepared.stats_args, prepared.stats_meta
+            yield kernels._SAMPLE_LAUNCHER, prepared.sample_args, prepared.sample_meta
+
+    free = {"accept_prefix", "sample_prefix"}  # the kernels' do_not_specialize arguments (ints, int32 always)
+
+    def specialisation(launcher, args, meta):
+        names = list(inspect.signature(launcher.kernel.fn).parameters)
+        kept = tuple(a for name, a in zip(names, args) if name not in free or isinstance(a, torch.Tensor))
+        return launcher.kernel.fn.__name__, kernels._Launcher.spec_key(kept, meta)
+
+    seen: dict = {}
+    plans = [{}, {"fused": True}, {"tuning": (("lanes", 1),)}, {"tuning": (("accept_once", 1), ("lanes", 1))}]
+    cases = itertools.product([1, 3, 16], [1, 4], [16, 33], [torch.float32, torch.float16],
+                              [0.0, 0.7, 1.0, "top_k"], [True, False], [False, True], [False, True], plans)
+    for index, (batch, gamma, vocab, dtype, temperature, with_draft, misaligned, device_key, plan) in enumerate(cases):
+        if index % 3:  # a deterministic third of the grid keeps the test quick; every value still occurs
+            continue
+        params = SamplingParams(0.8, 3, 1.0) if temperature == "top_k" else SamplingParams(temperature)
+        target, draft, tokens = make_case(batch, gamma, vocab, params, with_draft, dtype, seed=index)
+        if misaligned:  # one element in: the data pointer is no longer 16-byte aligned
+            target = torch.cat([target.reshape(-1), target.reshape(-1)[:1]])[1:].view(target.shape)
+        for seed in (1, 2, 3):  # host keys whose prefixes differ in their divisibility by 16
+            key = (rng.key_tensor(rng.Key.from_seed(seed), DEVICE) if device_key else rng.Key.from_seed(seed))
+            prepared = prepare_verify(target, draft, tokens, params, key, **plan)
+            for launcher, args, meta in launches(prepared):
+                spec = specialisation(launcher, args, meta)
+                entry = (launcher.kernel.fn.__name__, prepared.key)
+                assert seen.setdefault(entry, spec) == spec, (entry, spec, seen[entry])
+    assert len(seen) > 50
