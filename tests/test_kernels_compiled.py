@@ -1,0 +1,141 @@
+"""The verify kernels through Triton's compiler front end, on any machine.
+
+Triton's CPU interpreter runs the kernels as Python, so it accepts code the compiler rejects -- a branch
+that changes a value's type, say (a pointer argument reloaded as an int32 inside a runtime `if` passed
+every interpreted test and failed to compile on the H200). This test binds every launch the GPU launch
+plans make (the benchmark's shapes and plan variants, greedy, sampled, with and without draft logits, host
+and device keys), then, in a subprocess with the interpreter off, lowers each distinct kernel
+specialisation to Triton IR for an sm_90 target. No GPU is needed: the front end stops before PTX.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from flashspec import rng
+from flashspec.sampling import SamplingParams
+
+TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64", torch.int32: "i32"}
+COMPILER_OPTIONS = ("num_warps", "enable_fp_fusion")
+
+FRONT_END = r"""
+import json, sys
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.compiler.compiler import make_backend
+from triton._C.libtriton import ir
+from flashspec.kernels import fused_pass, sample_pass, stats_pass
+
+kernels = {name: getattr(module, name) for module in (fused_pass, sample_pass, stats_pass)
+           for name in dir(module) if name.endswith("_kernel")}
+target = GPUTarget("cuda", 90, 32)
+backend = make_backend(target)
+failures = []
+for launch in json.load(sys.stdin):
+    kernel = kernels[launch["kernel"]]
+    signature = dict(launch["signature"], **{name: "constexpr" for name in launch["constexprs"]})
+    source = ASTSource(kernel, signature, launch["constexprs"])
+    options = backend.parse_options({"num_warps": launch["num_warps"], **source.parse_options()})
+    context = ir.context()
+    ir.load_dialects(context)
+    backend.load_dialects(context)
+    try:
+        source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+    except Exception as error:  # noqa: BLE001 -- every failure is reported, not only the first
+        failures.append({"launch": launch, "error": f"{type(error).__name__}: {error}"[-1500:]})
+print(json.dumps(failures))
+"""
+
+
+def _type(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
+    if isinstance(value, float):
+        return "fp32"
+    raise TypeError(f"no Triton type for {type(value).__name__}")
+
+
+def _launches(prepared, kernels) -> list[tuple]:
+    if prepared.plan.fused:
+        return [(kernels._fused_kernel, prepared.fused_args, prepared.fused_meta)]
+    stats = kernels._stats_accept_kernel if prepared.plan.accept_once else kernels._stats_kernel
+    return [(stats, prepared.stats_args, prepared.stats_meta),
+            (kernels._sample_kernel, prepared.sample_args, prepared.sample_meta)]
+
+
+def _describe(kernel, args: tuple, meta: dict, precise: bool) -> dict:
+    """A launch as the front end needs it: the kernel's name, each runtime argument's Triton type, the
+    constexprs (PRECISE as the GPU runs it: the interpreter always turns it off) and the warp count."""
+    import inspect
+
+    names = list(inspect.signature(kernel.fn).parameters)
+    constexprs = {name: value for name, value in meta.items() if name not in COMPILER_OPTIONS}
+    if "PRECISE" in constexprs:
+        constexprs["PRECISE"] = precise
+    return {"kernel": kernel.fn.__name__, "signature": {name: _type(value) for name, value in zip(names, args)},
+            "constexprs": constexprs, "num_warps": meta.get("num_warps", 4)}
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="Triton's compiler front end needs Linux")
+def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
+    from flashspec.bench import PLAN_VARIANTS
+    from flashspec.kernels import plan as plan_module
+    from flashspec.kernels import verify as kernels
+
+    # make_plan's GPU branch (132 SMs, compiled Triton), as tests/test_kernels.py's gpu_planner fixture does
+    monkeypatch.setattr(plan_module, "interpreting", lambda: False)
+    monkeypatch.setattr(plan_module, "_num_sms", lambda index: 132)
+    plan_module.make_plan.cache_clear()
+    gpu = torch.device("cuda", 0)
+    gamma = 4
+    launches: dict[str, dict] = {}
+    try:
+        for batch in (1, 8, 64):
+            for vocab in (32000, 128256):
+                for name, overrides in PLAN_VARIANTS.items():
+                    for params, with_draft in ((SamplingParams(1.0), True), (SamplingParams(0.7), False),
+                                               (SamplingParams(0.0), False)):
+                        plan = plan_module.make_plan(batch, gamma, vocab, gpu, params.greedy,
+                                                     tuning=tuple(sorted(overrides.items())))
+                        for device_key in (False, True):
+                            # tiny CPU tensors of the GPU dtypes: a launch's types and constexprs do not depend
+                            # on the sizes, which the plan and `shape` carry
+                            target = torch.zeros(1, gamma + 1, 8, dtype=torch.bfloat16)
+                            draft = torch.zeros(1, gamma, 8, dtype=torch.bfloat16) if with_draft else target
+                            tokens = torch.zeros(1, gamma, dtype=torch.int64)
+                            outputs = (torch.empty(batch, gamma + 1, dtype=torch.int64),
+                                       torch.empty(batch, dtype=torch.int64))
+                            key = rng.Key.from_seed(1)
+                            if device_key:
+                                prefixes = kernels.device_prefixes(rng.key_tensor(key, "cpu"))
+                                prefix = (prefixes[0:1], prefixes[1:2], True)
+                            else:
+                                prefix = (*kernels._prefixes(key), False)
+                            flags = dict(SCALE_MODE=kernels.SCALE_NONE if params.temperature in (0.0, 1.0)
+                                         else kernels.SCALE_MULTIPLY, HAS_DRAFT=with_draft and not params.greedy,
+                                         GREEDY=params.greedy)
+                            bind = kernels._bind_fused if plan.fused else kernels._bind_two_launches
+                            prepared = bind(plan, (target, draft, tokens), outputs, (batch, gamma, vocab),
+                                            1.0 / 0.7, flags, prefix)
+                            for kernel, args, meta in _launches(prepared, kernels):
+                                described = _describe(kernel, args, meta, plan.precise)
+                                launches.setdefault(json.dumps(described, sort_keys=True), described)
+    finally:
+        plan_module.make_plan.cache_clear()
+    assert {d["kernel"] for d in launches.values()} == {"_stats_kernel", "_stats_accept_kernel", "_sample_kernel",
+                                                        "_fused_kernel"}
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="0")
+    done = subprocess.run([sys.executable, "-c", FRONT_END], input=json.dumps(list(launches.values())), env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    failures = json.loads(done.stdout.strip().splitlines()[-1])
+    assert not failures, json.dumps(failures[:3], indent=1)
