@@ -85,6 +85,16 @@ def _describe(kernel, args: tuple, meta: dict, precise: bool) -> dict:
             "constexprs": constexprs, "num_warps": meta.get("num_warps", 4)}
 
 
+SIZES = {"CHUNK", "ROW", "BLOCK_V", "STATS_BLOCK_V", "BLOCK_P", "BLOCK_S", "BLOCK_S2"}  # tile and loop sizes
+
+
+def _structure(launch: dict) -> str:
+    """A launch up to its tile and loop sizes: the kernel, its argument types and every constexpr that picks
+    code (flags, modes, rows per program). One launch per structure is lowered: 35 of the 263 distinct launches."""
+    flags = {name: value for name, value in launch["constexprs"].items() if name not in SIZES}
+    return json.dumps([launch["kernel"], launch["signature"], flags], sort_keys=True)
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="Triton's compiler front end needs Linux")
 def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
     from flashspec.bench import PLAN_VARIANTS
@@ -128,7 +138,7 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
                                             1.0 / 0.7, flags, prefix)
                             for kernel, args, meta in _launches(prepared, kernels):
                                 described = _describe(kernel, args, meta, plan.precise)
-                                launches.setdefault(json.dumps(described, sort_keys=True), described)
+                                launches.setdefault(_structure(described), described)
     finally:
         plan_module.make_plan.cache_clear()
     assert {d["kernel"] for d in launches.values()} == {"_stats_kernel", "_stats_accept_kernel", "_sample_kernel",
