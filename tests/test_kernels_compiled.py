@@ -24,7 +24,7 @@ TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", t
 COMPILER_OPTIONS = ("num_warps", "enable_fp_fusion")
 
 FRONT_END = r"""
-import json, sys
+import inspect, json, sys
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
@@ -35,6 +35,7 @@ kernels = {name: getattr(module, name) for module in (fused_pass, sample_pass, s
            for name in dir(module) if name.endswith("_kernel")}
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
+takes_target = "target" in inspect.signature(ASTSource.make_ir).parameters  # Triton versions differ here
 failures = []
 for launch in json.load(sys.stdin):
     kernel = kernels[launch["kernel"]]
@@ -45,7 +46,8 @@ for launch in json.load(sys.stdin):
     ir.load_dialects(context)
     backend.load_dialects(context)
     try:
-        source.make_ir(target, options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+        lowering = (options, backend.get_codegen_implementation(options), backend.get_module_map(), context)
+        source.make_ir(*((target,) if takes_target else ()), *lowering)
     except Exception as error:  # noqa: BLE001 -- every failure is reported, not only the first
         failures.append({"launch": launch, "error": f"{type(error).__name__}: {error}"[-1500:]})
 print(json.dumps(failures))
