@@ -95,6 +95,28 @@ def _do_bench_us(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float 
     return 1e3 * float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
 
 
+SPREAD_QUANTILES = (0.2, 0.8)
+
+
+def _do_bench_spread_us(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 200) -> tuple[float, list[float]]:
+    """(median, [20th, 80th percentile]) of fn's device time in µs, as `_do_bench_us` measures it; the spread
+    is what a ratio of two such times may be claimed within. Without a GPU: five host-timed calls."""
+    if not _on_gpu():
+        fn()
+        samples = []
+        for _ in range(5):
+            start = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - start) * 1e6)
+        samples.sort()
+        return statistics.median(samples), [samples[1], samples[3]]
+    import triton.testing
+
+    low, median, high = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
+                                                quantiles=[SPREAD_QUANTILES[0], 0.5, SPREAD_QUANTILES[1]])
+    return 1e3 * float(median), [1e3 * float(low), 1e3 * float(high)]
+
+
 def _wall_us(fn: Callable[[], object], calls: int) -> float:
     """Host wall-clock per call over `calls` back-to-back calls (no L2 flush), synchronised at the end:
     the rate a Python loop sustains, CPU launch overhead included."""
@@ -368,7 +390,7 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
         row.update(launches=prepared.plan.launches, plan=_plan_record(prepared), registers=prepared.registers())
         if expected is not None:
             row["tokens_equal_reference"] = bool(torch.equal(tokens, expected[0]) and torch.equal(accepted, expected[1]))
-        row["eager_us"] = _do_bench_us(step, rep_ms=100)
+        row["eager_us"], row["eager_us_spread"] = _do_bench_spread_us(step, rep_ms=100)
     except Exception as error:  # noqa: BLE001 -- recorded; the other variants still run
         _sync_quietly()
         row["error"] = f"{type(error).__name__}: {error}"
@@ -445,10 +467,10 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
         "floor_bytes_us": bytes_us,
         "floor_set_by": "bytes" if bytes_us > floors["empty_launch_us"] else "one launch",
         "graph_floor_us": max(graph_launch_us, bytes_us) if graph_launch_us is not None else None,
-        "honest_torch_us": _do_bench_us(honest_step),
+        **dict(zip(("honest_torch_us", "honest_torch_us_spread"), _do_bench_spread_us(honest_step))),
         "honest_torch_wall_us_per_call": _wall_us(honest_step, calls=50),
         "honest_race_torch_us": _do_bench_us(honest_race_step),
-        "triton_us": _do_bench_us(triton_step),
+        **dict(zip(("triton_us", "triton_us_spread"), _do_bench_spread_us(triton_step))),
         "triton_api_us": _do_bench_us(triton_api),
         "triton_stats_kernel_us": _do_bench_us(two.launch_stats),
         "triton_sample_kernel_us": _do_bench_us(two.launch_sample),
@@ -489,6 +511,13 @@ def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     return None if numerator is None or not denominator else numerator / denominator
 
 
+def _ratio_range(numerator: list[float] | None, denominator: list[float] | None) -> list[float] | None:
+    """[least, most] a ratio of two timings can be within their spreads ([low, high] each)."""
+    if not numerator or not denominator or min(denominator) <= 0:
+        return None
+    return [numerator[0] / denominator[1], numerator[1] / denominator[0]]
+
+
 def point_ratios(point: dict) -> dict:
     """The ratios of one point: against the floor, the honest baseline over the Triton step, and the same for
     the best recorded variant (what the step costs once `SHAPE_PLANS` holds this point's choice)."""
@@ -512,6 +541,10 @@ def point_ratios(point: dict) -> dict:
         "best_eager_us": best_row.get("eager_us"),
         "best_graph_warm_over_floor": _ratio(best_row.get("graph_warm_us"), floor),
         "honest_over_best_eager": _ratio(point["honest_torch_us"], best_row.get("eager_us")),
+        # within the timings' spreads (20th-80th percentile), where the record has them
+        "honest_over_triton_range": _ratio_range(point.get("honest_torch_us_spread"), point.get("triton_us_spread")),
+        "honest_over_best_eager_range": _ratio_range(point.get("honest_torch_us_spread"),
+                                                     best_row.get("eager_us_spread")),
     }
     if "host_loop_us" in point:
         ratios["host_loop_over_triton"] = _ratio(point["host_loop_us"], point["triton_us"])
@@ -576,16 +609,25 @@ TARGETS = {"graph_over_floor_max": 2.0, "honest_over_eager_min_for_batch_le_8": 
 def verdicts(points: list[dict], targets: dict[str, float] = TARGETS) -> dict:
     """PASS / MISS per target from the measurements: 'as_run' with the plan each point ran by default,
     'with_plan_choice' with the fastest recorded variant (what the default gives once SHAPE_PLANS is
-    filled from this run). A target whose points were not measured is 'NOT MEASURED'."""
+    filled from this run). A target whose points were not measured is 'NOT MEASURED'. Where every point
+    records its timings' spread (20th-80th percentile), the bar is judged at both ends too: 'WITHIN SPREAD'
+    when the ends disagree, so no verdict rests on a difference smaller than the noise."""
     def bar(name: str, chosen: list[dict], as_run: str, with_choice: str, worst, passes) -> dict:
         row = {"target": targets[name], "points": [f"B={p['batch']} V={p['vocab']}" for p in chosen]}
         for label, key in (("as_run", as_run), ("with_plan_choice", with_choice)):
             values = [p.get(key) for p in chosen]
             if not chosen or any(v is None for v in values):
                 row[label] = {"measured": None, "verdict": "NOT MEASURED"}
-            else:
-                measured = worst(values)
-                row[label] = {"measured": measured, "verdict": "PASS" if passes(measured, targets[name]) else "MISS"}
+                continue
+            measured = worst(values)
+            row[label] = {"measured": measured, "verdict": "PASS" if passes(measured, targets[name]) else "MISS"}
+            ranges = [p.get(key + "_range") for p in chosen]
+            if all(ranges):  # the bar judged at both ends of the spreads: a verdict the noise could flip is none
+                ends = [worst([r[0] for r in ranges]), worst([r[1] for r in ranges])]
+                row[label]["range"] = sorted(ends)
+                outcomes = {passes(end, targets[name]) for end in ends}
+                if len(outcomes) == 2:
+                    row[label]["verdict"] = "WITHIN SPREAD"
         return row
 
     return {

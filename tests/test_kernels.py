@@ -482,3 +482,28 @@ def test_launch_key_determines_every_launch_specialisation() -> None:
                 entry = (launcher.kernel.fn.__name__, prepared.key)
                 assert seen.setdefault(entry, spec) == spec, (entry, spec, seen[entry])
     assert len(seen) > 50
+
+
+def test_verdicts_judge_the_eager_bars_at_both_ends_of_the_spread() -> None:
+    """A bar met by the medians but not by the pessimistic end of the timings' spreads is 'WITHIN SPREAD',
+    one met at both ends 'PASS', one missed at both 'MISS'; records without spreads keep the median verdict."""
+    from flashspec import bench
+
+    def point(batch: int, honest: list[float], eager: list[float]) -> dict:
+        row = {"batch": batch, "vocab": 32000, "floor_us": 3.0, "triton_us": sum(eager) / 2,
+               "honest_torch_us": sum(honest) / 2, "torch_us": 1.0, "floor_bytes_us": 1.0,
+               "honest_torch_us_spread": honest, "triton_us_spread": eager}
+        row.update(bench.point_ratios(row))
+        return row
+
+    bars = bench.verdicts([point(1, [900, 1100], [80, 95]),     # 9.5-13.8x: straddles 10x
+                           point(64, [900, 1100], [100, 120])])  # 7.5-11x: above 3x at both ends
+    assert bars["honest_over_eager_min_for_batch_le_8"]["as_run"]["verdict"] == "WITHIN SPREAD"
+    assert bars["honest_over_eager_at_batch_64"]["as_run"]["verdict"] == "PASS"
+    missed = bench.verdicts([point(8, [500, 600], [90, 100])])  # 5-6.7x: below 10x at both ends
+    assert missed["honest_over_eager_min_for_batch_le_8"]["as_run"]["verdict"] == "MISS"
+    assert missed["honest_over_eager_min_for_batch_le_8"]["as_run"]["range"] == pytest.approx([5.0, 600 / 90])
+    old = point(1, [900, 1100], [80, 95])
+    del old["honest_torch_us_spread"]
+    old.update(bench.point_ratios(old))
+    assert bench.verdicts([old])["honest_over_eager_min_for_batch_le_8"]["as_run"]["verdict"] == "PASS"  # 1000/87.5
