@@ -81,26 +81,17 @@ def _sync() -> None:
 
 def _do_bench_us(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 200) -> float:
     """Median device time of fn in µs (triton.testing.do_bench: CUDA events, L2 flushed between runs).
-    Without a GPU (the CPU smoke run): the median host time of three calls."""
-    if not _on_gpu():
-        fn()
-        samples = []
-        for _ in range(3):
-            start = time.perf_counter()
-            fn()
-            samples.append((time.perf_counter() - start) * 1e6)
-        return statistics.median(samples)
-    import triton.testing
-
-    return 1e3 * float(triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms, return_mode="median"))
+    Without a GPU (the CPU smoke run): the median host time of five calls."""
+    return _do_bench_spread_us(fn, warmup_ms, rep_ms)[0]
 
 
 SPREAD_QUANTILES = (0.2, 0.8)
 
 
 def _do_bench_spread_us(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 200) -> tuple[float, list[float]]:
-    """(median, [20th, 80th percentile]) of fn's device time in µs, as `_do_bench_us` measures it; the spread
-    is what a ratio of two such times may be claimed within. Without a GPU: five host-timed calls."""
+    """(median, [20th, 80th percentile]) of fn's device time in µs (triton.testing.do_bench: CUDA events, L2
+    flushed between runs); the spread is what a ratio of two such times may be claimed within. Without a GPU
+    (the CPU smoke run): five host-timed calls."""
     if not _on_gpu():
         fn()
         samples = []

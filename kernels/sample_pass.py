@@ -41,10 +41,12 @@ def _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_
     reduction across warps per chunk instead of one per tile); the same winner: each lane keeps its
     earliest maximum, and the smallest column among the lanes holding the maximum is the first index."""
     lanes = tl.arange(0, BLOCK_V).to(tl.int64)
-    best = tl.full([BLOCK_B], float("-inf"), tl.float32)
-    best_idx = tl.zeros([BLOCK_B], tl.int32)
-    lane_best = tl.full([BLOCK_B, BLOCK_V], float("-inf"), tl.float32)
-    lane_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
+    if LANES:  # a running winner per lane
+        lane_best = tl.full([BLOCK_B, BLOCK_V], float("-inf"), tl.float32)
+        lane_idx = tl.zeros([BLOCK_B, BLOCK_V], tl.int32)
+    else:  # a running winner per row
+        best = tl.full([BLOCK_B], float("-inf"), tl.float32)
+        best_idx = tl.zeros([BLOCK_B], tl.int32)
     for start in range(0, CHUNK, BLOCK_V):
         cols = first + start + lanes
         mask = row_ok[:, None] & (cols < vocab)[None, :]
@@ -216,8 +218,7 @@ def _sample_program(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_pt
         n_p_log_sum = tl.load(base + 3, mask=row_ok, other=0.0)
         n_q_max = tl.load(base + 4, mask=row_ok, other=0.0)
         n_q_log_sum = tl.load(base + 5, mask=row_ok, other=0.0)
-        drafted = tl.zeros([BLOCK_B, BLOCK_P], tl.int64)
-        emitted = num_accepted * 0
+        drafted = tl.zeros([BLOCK_B, BLOCK_P], tl.int64)  # loaded where the outputs are written
     else:
         drafted, num_accepted, emitted, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token = _accept(
             target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr, rows, row_ok,
