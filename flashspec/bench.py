@@ -337,6 +337,12 @@ PLAN_VARIANTS: dict[str, dict[str, int]] = {
     "accept_once": {"accept_once": 1, "lanes": 1},
     "accept_once_tiles8": {"accept_once": 1, "lanes": 1, "sample_max_tiles": 8},
     "accept_once_bv256": {"accept_once": 1, "lanes": 1, "sample_block_v": 256, "sample_max_tiles": 4},
+    # the stats pass at one tile per program (the most programs, no serial loop to hide latency in) or in
+    # narrower tiles of 4 warps, with the sampling plan of accept_once_bv256
+    "stats_tiles1": {"accept_once": 1, "lanes": 1, "sample_block_v": 256, "sample_max_tiles": 4,
+                     "stats_max_tiles": 1},
+    "stats_bv2048": {"accept_once": 1, "lanes": 1, "sample_block_v": 256, "sample_max_tiles": 4,
+                     "stats_block_v": 2048, "stats_max_tiles": 2},
     # a diagnostic, never chosen: what approximate log/exp would save (its tokens may differ at near-ties)
     "diagnostic_fast_math": {"precise": 0},
 }

@@ -46,18 +46,21 @@ from flashspec.sampling import SamplingParams, truncate_logits
 
 _COMPILE_OPTIONS: dict = {} if interpreting() else {"enable_fp_fusion": False}
 
-_COUNTERS: dict[tuple[str, int | None], torch.Tensor] = {}
+_COUNTERS: dict[tuple[str, int | None], tuple[torch.Tensor, int]] = {}
+_RETIRED: list[torch.Tensor] = []  # outgrown ticket buffers: a captured graph may still hold their address
 
 
-def _ticket_counter(device: torch.device, size: int) -> torch.Tensor:
-    """Zeroed int32 tickets, kept between calls (each call's last program resets its entry).
-    One buffer per device: calls on one device must not run concurrently on several streams."""
+def _ticket_counter(device: torch.device, size: int, address: bool = False) -> torch.Tensor | int:
+    """Zeroed int32 tickets, kept between calls (each call's last program resets its entry), or their
+    address. One buffer per device: calls on one device must not run concurrently on several streams."""
     key = (device.type, device.index)
-    counter = _COUNTERS.get(key)
-    if counter is None or counter.numel() < size:
+    cached = _COUNTERS.get(key)
+    if cached is None or cached[0].numel() < size:
+        if cached is not None:
+            _RETIRED.append(cached[0])
         counter = torch.zeros(max(size, 1024), dtype=torch.int32, device=device)
-        _COUNTERS[key] = counter
-    return counter
+        cached = _COUNTERS[key] = (counter, counter.data_ptr())
+    return cached[1] if address else cached[0]
 
 
 def _round16(count: int) -> int:
@@ -106,10 +109,12 @@ class _Launcher:
         """The specialisation of a launch, from every argument (one `_spec` each) and every constexpr."""
         return tuple(cls._spec(a) for a in args), tuple(meta.items())
 
-    def _entry(self, args: tuple, meta: dict, key: tuple | None) -> tuple:
-        return (torch.cuda.current_device(), self.spec_key(args, meta) if key is None else key)
+    def _entry(self, args: tuple, meta: dict, key: int | None) -> object:
+        """What a binary is cached under: `key` when given (`_entry_id` of the caller's device and `launch_key`),
+        else (device, specialisation) computed from the arguments."""
+        return (torch.cuda.current_device(), self.spec_key(args, meta)) if key is None else key
 
-    def registers(self, args: tuple, meta: dict, key: tuple | None = None) -> dict | None:
+    def registers(self, args: tuple, meta: dict, key: int | None = None) -> dict | None:
         """Registers and spills per thread of the binary cached for these arguments (after a launch), or
         None (interpreted, Triton's own launch path, or not launched yet): what bounds the programs per SM."""
         if interpreting() or not FAST_LAUNCH:
@@ -121,9 +126,10 @@ class _Launcher:
         return {"registers": int(getattr(binary, "n_regs", -1)), "spills": int(getattr(binary, "n_spills", -1)),
                 "shared_bytes": int(getattr(binary.metadata, "shared", -1))}
 
-    def __call__(self, grid: tuple, args: tuple, meta: dict, key: tuple | None = None) -> None:
-        """Launch. `key`, when given, stands for `spec_key(args, meta)` (computing that costs about a µs per
-        argument): it must determine it, as `launch_key` does for the verify launches."""
+    def __call__(self, grid: tuple, args: tuple, meta: dict, key: int | None = None) -> None:
+        """Launch. `key`, when given, stands for (current device, `spec_key(args, meta)`) (computing that costs
+        about a µs per argument): it must determine it, as `_entry_id` of `launch_key` does for the verify steps.
+        Pointer arguments may be raw addresses (ints) once the binary is cached (`_is_warm`)."""
         if interpreting():
             with np.errstate(all="ignore"):  # log(0), inf - inf in masked lanes are intended
                 self.kernel[grid](*args, **meta)
@@ -135,10 +141,11 @@ class _Launcher:
         cached = self.binaries.get(entry)
         if cached is None:
             binary = self.kernel[grid](*args, **meta)
-            self.binaries[entry] = (binary, tuple(meta[name] for name in self.kernel.arg_names[len(args):]))
+            self.binaries[entry] = (binary, tuple(meta[name] for name in self.kernel.arg_names[len(args):]),
+                                    torch.cuda.current_device())
             return
-        binary, constexprs = cached
-        stream = _current_stream(entry[0])
+        binary, constexprs, device_index = cached
+        stream = _current_stream(device_index)
         binary.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
                    binary.function, binary.packed_metadata, binary.launch_metadata(grid, stream, *args, *constexprs),
                    triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook,
@@ -193,7 +200,7 @@ class PreparedVerify:
     fused_grid: tuple[int, int] | None = None
     fused_args: tuple | None = None
     fused_meta: dict | None = None
-    key: tuple | None = None  # `launch_key`: stands for each launch's specialisation (None: computed per launch)
+    key: int | None = None  # `_entry_id`: stands for each launch's device and specialisation (None: per launch)
 
     def launch_stats(self) -> None:
         launcher = _STATS_ACCEPT_LAUNCHER if self.plan.accept_once else _STATS_LAUNCHER
@@ -299,8 +306,6 @@ def prepare_verify(
     tokens_in = draft_tokens.contiguous()
 
     plan = make_plan(batch, gamma, vocab, device, greedy, block_b, block_v, num_splits, fused, tuning)
-    out_tokens = torch.empty((batch, gamma + 1), dtype=torch.int64, device=device)
-    out_accepted = torch.empty(batch, dtype=torch.int64, device=device)
     prefix_in_memory = isinstance(key, torch.Tensor)
     if prefix_in_memory:
         prefixes = device_prefixes(key) if prefixes is None else prefixes
@@ -308,50 +313,115 @@ def prepare_verify(
     else:
         accept_prefix, sample_prefix = _prefixes(key)
     inputs = (target, draft, tokens_in)
-    outputs = (out_tokens, out_accepted)
     shape = (batch, gamma, vocab)
     flags = dict(SCALE_MODE=scale_mode, HAS_DRAFT=has_draft, GREEDY=greedy)
     prefix = (accept_prefix, sample_prefix, prefix_in_memory)
+    device_index = _device_index(device)
+    entry = _entry_id(device_index, launch_key(plan, inputs, shape, flags, prefix))
+    warm = _is_warm(plan, entry, device_index)
+    if warm:  # every launch of this step calls a cached binary: raw addresses, no tensor views
+        inputs = (target.data_ptr(), draft.data_ptr(), tokens_in.data_ptr())
+        if prefix_in_memory:
+            prefix = (accept_prefix.data_ptr(), sample_prefix.data_ptr(), True)
+    layout = _work_layout(batch, gamma, plan, greedy)
+    memory = torch.empty(layout.words // 2, dtype=torch.int64, device=device)
+    outputs = (memory[:batch * (gamma + 1)].view(batch, gamma + 1),
+               memory[layout.accepted // 2:layout.accepted // 2 + batch])
+    work = layout.addresses(memory.data_ptr()) if warm else layout.views(memory)
     if plan.fused:
-        return _bind_fused(plan, inputs, outputs, shape, scale, flags, prefix)
-    return _bind_two_launches(plan, inputs, outputs, shape, scale, flags, prefix)
+        return _bind_fused(plan, inputs, outputs, work, shape, scale, flags, prefix, entry)
+    return _bind_two_launches(plan, inputs, outputs, work, shape, scale, flags, prefix, entry)
 
 
-def _stats_buffers(device: torch.device, batch: int, width: int, splits: int, greedy: bool,
-                   race_size: int, info_size: int = 0) -> tuple[torch.Tensor, ...]:
-    """(part_max, part_sum, part_idx, race_val, race_idx, ints, info): stats partials [B, 2γ+1, splits], the
-    race's work and the accept outcomes (`info_size` words), in one allocation (one fewer host call per step),
-    its int32 part a view of the same bytes, sliced so chunks start 64-byte aligned."""
-    stats_size = _round16(batch * width * splits)
-    float_size = 2 * stats_size + race_size + info_size
-    int_size = (stats_size if greedy else 0) + race_size + 16
-    work = torch.empty(float_size + int_size, dtype=torch.float32, device=device)
-    floats = work[:float_size]
-    ints = work[float_size:].view(torch.int32)
-    part_max = floats[:stats_size]
-    part_sum = part_max if greedy else floats[stats_size:2 * stats_size]
-    part_idx = ints[:stats_size] if greedy else ints
-    race_val = floats[2 * stats_size:2 * stats_size + race_size] if race_size else floats
-    race_idx = ints[(stats_size if greedy else 0):] if race_size else ints
-    info = floats[2 * stats_size + race_size:] if info_size else floats
-    return part_max, part_sum, part_idx, race_val, race_idx, ints, info
+def _device_index(device: torch.device) -> int | None:
+    """The CUDA device whose binaries a launch uses (the current one, as Triton's launcher); None interpreted."""
+    if device.type != "cuda" or interpreting():
+        return None
+    return torch.cuda.current_device()
 
 
-def _bind_two_launches(plan: LaunchPlan, inputs: tuple, outputs: tuple, shape: tuple[int, int, int], scale: float,
-                       flags: dict, prefix: tuple) -> PreparedVerify:
-    """The stats launch and the sample launch (module docstring), bound to fresh work buffers."""
+_ENTRY_IDS: dict[tuple, int] = {}
+
+
+def _entry_id(device_index: int | None, key: tuple) -> int:
+    """A small int standing for (device, `launch_key`): hashing the key (its plan has twenty fields) once per
+    step instead of once per binary lookup."""
+    return _ENTRY_IDS.setdefault((device_index, key), len(_ENTRY_IDS))
+
+
+def _launchers(plan: LaunchPlan) -> tuple[_Launcher, ...]:
+    if plan.fused:
+        return (_FUSED_LAUNCHER,)
+    return (_STATS_ACCEPT_LAUNCHER if plan.accept_once else _STATS_LAUNCHER, _SAMPLE_LAUNCHER)
+
+
+def _is_warm(plan: LaunchPlan, entry: int, device_index: int | None) -> bool:
+    """Every launch of this step has its compiled binary cached under `entry`, so it can take raw device
+    addresses for its pointers (Triton's launcher reads an int as the address, skipping `data_ptr()` and the
+    driver's pointer query per argument; a first launch needs tensors, which Triton types its pointers by)."""
+    return (FAST_LAUNCH and device_index is not None
+            and all(entry in launcher.binaries for launcher in _launchers(plan)))
+
+
+@dataclass(frozen=True)
+class _WorkLayout:
+    """Where one step's outputs and work buffers lie in its single allocation, in 4-byte words: the int64
+    outputs (tokens, then num_accepted), then the fp32 stats partials (max, sum), the race's scores, the
+    accept outcomes, then the int32 part (argmax partials when greedy, the race's indices, spare words
+    the ticket falls back to). Every buffer starts 64-byte aligned (what `launch_key` assumes); a buffer a
+    plan does not use is 16 words of a valid one of its type (never empty: an empty view's address is 0)."""
+
+    words: int
+    accepted: int
+    fields: tuple[tuple[str, int, int, bool], ...]  # (name, offset, length, is float32)
+
+    def views(self, memory: torch.Tensor) -> dict[str, torch.Tensor]:
+        floats, ints = memory.view(torch.float32), memory.view(torch.int32)
+        return {name: (floats if is_float else ints)[offset:offset + length]
+                for name, offset, length, is_float in self.fields}
+
+    def addresses(self, base: int) -> dict[str, int]:
+        return {name: base + 4 * offset for name, offset, _, _ in self.fields}
+
+
+@functools.lru_cache(maxsize=256)
+def _work_layout(batch: int, gamma: int, plan: LaunchPlan, greedy: bool) -> _WorkLayout:
+    """The single allocation of a step under `plan` (a pure function of the shape, so cached)."""
+    splits = plan.fused_splits if plan.fused else plan.stats_splits
+    stats = _round16(batch * (2 * gamma + 1) * splits)
+    race = _round16(batch * 2 * plan.sample_splits) if not plan.fused and plan.sample_splits > 1 else 0
+    info = _round16(6 * batch) if plan.accept_once else 0
+    accepted = _round16(2 * batch * (gamma + 1))
+    floats = accepted + _round16(2 * batch)
+    ints = floats + 2 * stats + race + info
+    fields = (
+        ("part_max", floats, stats, True),
+        ("part_sum", floats if greedy else floats + stats, stats, True),
+        ("race_val", floats + 2 * stats if race else floats, race or 16, True),
+        ("info", floats + 2 * stats + race if info else floats, info or 16, True),
+        ("part_idx", ints, stats if greedy else 16, False),
+        ("race_idx", ints + (stats if greedy else 0), race or 16, False),
+        ("ints", ints, 16, False),
+    )
+    words = ints + (stats if greedy else 0) + race + 16
+    return _WorkLayout(words=words + words % 2, accepted=accepted, fields=fields)
+
+
+def _bind_two_launches(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int, int],
+                       scale: float, flags: dict, prefix: tuple, entry: int) -> PreparedVerify:
+    """The stats launch and the sample launch (module docstring), bound to fresh work buffers (`work`: views,
+    or raw addresses once the binaries are cached)."""
     target, draft, tokens_in = inputs
     out_tokens, out_accepted = outputs
     batch, gamma, vocab = shape
     accept_prefix, sample_prefix, prefix_in_memory = prefix
-    device = target.device
+    device = out_tokens.device
     row_blocks = _cdiv(batch, plan.block_b)
     split = plan.sample_splits > 1
-    race_size = _round16(batch * 2 * plan.sample_splits) if split else 0
-    part_max, part_sum, part_idx, race_val, race_idx, ints, info = _stats_buffers(
-        device, batch, 2 * gamma + 1, plan.stats_splits, flags["GREEDY"], race_size,
-        _round16(6 * batch) if plan.accept_once else 0)
-    counter = _ticket_counter(device, row_blocks) if split or plan.accept_once else ints
+    part_max, part_sum, part_idx, race_val, race_idx, info = (
+        work[name] for name in ("part_max", "part_sum", "part_idx", "race_val", "race_idx", "info"))
+    counter = _ticket_counter(device, row_blocks, isinstance(part_max, int)) if split or plan.accept_once \
+        else work["ints"]
     precise = plan.precise and not interpreting()
     if plan.accept_once:  # the stats launch's last program per row block runs the accept test (same tickets:
         # it resets them before the sampling launch starts)
@@ -386,23 +456,22 @@ def _bind_two_launches(plan: LaunchPlan, inputs: tuple, outputs: tuple, shape: t
         sample_meta=sample_meta,
         tokens=out_tokens,
         num_accepted=out_accepted,
-        key=launch_key(plan, inputs, shape, flags, prefix),
+        key=entry,
     )
 
 
-def _bind_fused(plan: LaunchPlan, inputs: tuple, outputs: tuple, shape: tuple[int, int, int], scale: float,
-                flags: dict, prefix: tuple) -> PreparedVerify:
-    """The one fused launch (module docstring), bound to fresh partial buffers."""
+def _bind_fused(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int, int],
+                scale: float, flags: dict, prefix: tuple, entry: int) -> PreparedVerify:
+    """The one fused launch (module docstring), bound to fresh partial buffers (`work`, as for the two)."""
     target, draft, tokens_in = inputs
     out_tokens, out_accepted = outputs
     batch, gamma, vocab = shape
     accept_prefix, sample_prefix, prefix_in_memory = prefix
-    device = target.device
+    device = out_tokens.device
     row_blocks = _cdiv(batch, plan.block_b)
     split = plan.fused_splits > 1
-    part_max, part_sum, part_idx, _, _, ints, _ = _stats_buffers(
-        device, batch, 2 * gamma + 1, plan.fused_splits, flags["GREEDY"], 0)
-    counter = _ticket_counter(device, row_blocks) if split else ints
+    part_max, part_sum, part_idx = work["part_max"], work["part_sum"], work["part_idx"]
+    counter = _ticket_counter(device, row_blocks, isinstance(part_max, int)) if split else work["ints"]
     args = (target, draft, tokens_in, part_max, part_sum, part_idx, counter, out_tokens, out_accepted,
             batch, gamma, vocab, plan.fused_splits, scale, accept_prefix, sample_prefix)
     meta = dict(CHUNK=plan.fused_chunk, ROW=_cdiv(vocab, plan.sample_block_v) * plan.sample_block_v, **flags,
@@ -416,5 +485,5 @@ def _bind_fused(plan: LaunchPlan, inputs: tuple, outputs: tuple, shape: tuple[in
         sample_grid=None, sample_args=None, sample_meta=None,
         tokens=out_tokens, num_accepted=out_accepted,
         fused_grid=(row_blocks, plan.fused_splits), fused_args=args, fused_meta=meta,
-        key=launch_key(plan, inputs, shape, flags, prefix),
+        key=entry,
     )

@@ -303,6 +303,30 @@ def test_device_key_gives_the_same_tokens_as_the_host_key(with_draft, plan):
 
 
 @gpu_only
+@pytest.mark.parametrize("plan", TILED_PLANS)
+@pytest.mark.parametrize("temperature", [0.0, 1.0, 0.6])
+def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: str, temperature: float) -> None:
+    """After a step's first launch its later steps bind raw addresses (no tensor views) to the cached binaries:
+    they must say so and still return the reference's tokens, for host keys, device keys and an input whose
+    data pointer is not 16-byte aligned (another launch key, so cold once more)."""
+    from flashspec.kernels import prepare_verify
+    from flashspec.verify import verify_reference
+
+    params = SamplingParams(temperature)
+    target, draft, tokens = make_case(8, 4, 32000, params, True, torch.bfloat16, seed=11)
+    shifted = torch.cat([target.reshape(-1), target.reshape(-1)[:1]])[1:].view(target.shape)
+    for logits in (target, shifted):
+        expected = verify_reference(logits, draft, tokens, params, rng.Key.from_seed(5))
+        for key in (rng.Key.from_seed(5), rng.key_tensor(rng.Key.from_seed(5), DEVICE)):
+            for _ in range(2):
+                prepared = prepare_verify(logits, draft, tokens, params, key, **TILED_PLANS[plan])
+                out_tokens, out_accepted = prepared.run()
+                assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)
+            args = prepared.fused_args if prepared.plan.fused else prepared.sample_args
+            assert all(isinstance(arg, int) for arg in args[:3]), "the second step should bind addresses"
+
+
+@gpu_only
 @pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_captured_step_draws_new_uniforms_per_replay(plan: str, temperature: float) -> None:
@@ -482,6 +506,37 @@ def test_launch_key_determines_every_launch_specialisation() -> None:
                 entry = (launcher.kernel.fn.__name__, prepared.key)
                 assert seen.setdefault(entry, spec) == spec, (entry, spec, seen[entry])
     assert len(seen) > 50
+
+
+def test_work_layout_addresses_match_its_views_aligned_and_disjoint() -> None:
+    """Once a step's binaries are cached its launches take raw addresses from `_WorkLayout.addresses` instead of
+    tensor views: each address must be the data pointer of the view it replaces, every buffer 64-byte aligned
+    (`launch_key` assumes it) and inside the allocation, and the buffers a plan uses must not overlap the
+    outputs or each other."""
+    import itertools
+
+    from flashspec.kernels import verify as kernels
+
+    plans = [{}, {"fused": True}, {"tuning": (("accept_once", 1), ("lanes", 1))}]
+    for batch, gamma, splits, greedy, options in itertools.product([1, 5, 64], [1, 4], [1, 3], [False, True], plans):
+        plan = make_plan(batch, gamma, 4096, torch.device("cpu"), greedy, num_splits=splits,
+                         fused=options.get("fused"), tuning=options.get("tuning"))
+        layout = kernels._work_layout(batch, gamma, plan, greedy)
+        memory = torch.empty(layout.words // 2, dtype=torch.int64)
+        base, end = memory.data_ptr(), memory.data_ptr() + memory.numel() * 8
+        views, addresses = layout.views(memory), layout.addresses(base)
+        assert views.keys() == addresses.keys()
+        used = {"part_max", "part_idx" if greedy else "part_sum"}  # "ints" stands in for an unused ticket
+        used |= {"race_val", "race_idx"} if plan.sample_splits > 1 and not plan.fused else set()
+        used |= {"info"} if plan.accept_once else set()
+        spans = [(0, (batch * (gamma + 1)) * 8), (layout.accepted * 4, layout.accepted * 4 + batch * 8)]
+        for name, view in views.items():
+            assert view.data_ptr() == addresses[name] and (addresses[name] - base) % 64 == 0, name
+            assert base <= view.data_ptr() and view.data_ptr() + view.numel() * 4 <= end, name
+            if name in used:
+                spans.append((view.data_ptr() - base, view.data_ptr() - base + view.numel() * 4))
+        spans.sort()
+        assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), spans
 
 
 def test_verdicts_judge_the_eager_bars_at_both_ends_of_the_spread() -> None:

@@ -124,8 +124,9 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
                             target = torch.zeros(1, gamma + 1, 8, dtype=torch.bfloat16)
                             draft = torch.zeros(1, gamma, 8, dtype=torch.bfloat16) if with_draft else target
                             tokens = torch.zeros(1, gamma, dtype=torch.int64)
-                            outputs = (torch.empty(batch, gamma + 1, dtype=torch.int64),
-                                       torch.empty(batch, dtype=torch.int64))
+                            layout = kernels._work_layout(batch, gamma, plan, params.greedy)
+                            memory = torch.empty(layout.words // 2, dtype=torch.int64)
+                            outputs = (memory[:batch * (gamma + 1)].view(batch, gamma + 1), memory[:batch])
                             key = rng.Key.from_seed(1)
                             if device_key:
                                 prefixes = kernels.device_prefixes(rng.key_tensor(key, "cpu"))
@@ -136,8 +137,8 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
                                          else kernels.SCALE_MULTIPLY, HAS_DRAFT=with_draft and not params.greedy,
                                          GREEDY=params.greedy)
                             bind = kernels._bind_fused if plan.fused else kernels._bind_two_launches
-                            prepared = bind(plan, (target, draft, tokens), outputs, (batch, gamma, vocab),
-                                            1.0 / 0.7, flags, prefix)
+                            prepared = bind(plan, (target, draft, tokens), outputs, layout.views(memory),
+                                            (batch, gamma, vocab), 1.0 / 0.7, flags, prefix, None)
                             for kernel, args, meta in _launches(prepared, kernels):
                                 described = _describe(kernel, args, meta, plan.precise)
                                 launches.setdefault(_structure(described), described)
