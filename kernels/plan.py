@@ -88,15 +88,17 @@ GPU_PLAN = {
 # Per-shape overrides of GPU_PLAN on a GPU, keyed by (batch bucket, vocabulary bucket) (`shape_bucket`).
 # From results/verify_h200.json: its "plan_choice" is the fastest variant per measured (B, V) by warm
 # CUDA-graph replay, and `flashspec bench verify` prints it as a dict to paste here. A shape with no entry
-# runs GPU_PLAN as it is. These came from the H200 run at commit 219669c (every variant's tokens equal the
+# runs GPU_PLAN as it is. These came from the H200 run at commit 70751e3 (every variant's tokens equal the
 # reference there; the fused single launch was slowest at every point).
 SHAPE_PLANS: dict[tuple[int, int], dict[str, int]] = {
     (1, 32768): {'sample_block_v': 128, 'sample_max_tiles': 8},
     (1, 131072): {'sample_block_v': 256, 'sample_max_tiles': 4},
     (8, 32768): {'accept_once': 1, 'lanes': 1},
-    (8, 131072): {'sample_block_v': 256, 'sample_max_tiles': 4},
+    (8, 131072): {'accept_once': 1, 'lanes': 1, 'sample_block_v': 256, 'sample_max_tiles': 4, 'stats_block_v': 2048,
+                  'stats_max_tiles': 2},
     (64, 32768): {'accept_once': 1, 'lanes': 1, 'sample_max_tiles': 8},
-    (64, 131072): {'accept_once': 1, 'lanes': 1, 'sample_block_v': 256, 'sample_max_tiles': 4},
+    (64, 131072): {'accept_once': 1, 'lanes': 1, 'sample_block_v': 256, 'sample_max_tiles': 4, 'stats_block_v': 2048,
+                   'stats_max_tiles': 2},
 }
 BATCH_BUCKETS = (1, 8, 64)  # a batch falls in the first bucket >= it, past the last one in the last
 VOCAB_BUCKETS = (32768, 131072)

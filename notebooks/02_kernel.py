@@ -884,6 +884,25 @@ text += (
 display(Markdown(text))
 
 # %% [markdown]
+# The eager step's host time, profiled: `experiments/verify_host_profile.py` calls `prepare_verify(...).run()` in a
+# loop without synchronising, so the host sets the pace, and records the wall time per call and where cProfile
+# sees it go. Once a step's binaries are compiled, its launches skip Triton's per-call argument binding (one
+# cache key per step) and take raw device addresses instead of tensor views (Triton's launcher reads an int as the
+# address and skips `data_ptr()` and the driver's pointer query per argument); the step's outputs and work buffers
+# are one allocation. The cell compares the committed profiles:
+
+# %%
+profiles = sorted(provenance.results_dir().glob("verify_host_profile*_h200*.json"))
+for path in profiles:
+    profile = provenance.load_result(path.stem)
+    settings_ = profile["settings"]
+    top = profile["results"]["top_own_time"][:3]
+    print(f"{path.name}: B={settings_['batch']}, V={settings_['vocab']}, commit "
+          f"{profile['provenance']['git_sha'][:7]}: {profile['results']['wall_us_per_call_unprofiled']:.0f} µs "
+          "per call unprofiled; most own time in " + ", ".join(
+              f"{row['function']} ({row['own_us_per_step']:.0f} µs)" for row in top))
+
+# %% [markdown]
 # ## What it changes end to end
 #
 # A faster verification step matters only as much as verification weighs in a whole engine step, which also runs
