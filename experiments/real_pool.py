@@ -77,8 +77,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def stream(decoder: Any, requests: list[switching.Request], sampling: fs.SamplingParams, new_tokens: int,
            device: torch.device) -> dict[str, Any]:
     """Serve `requests` one by one (seeds 0, 1, ...) with a fast decoder: seconds, tokens, tokens/s, every
-    request's tokens, and the CUDA graphs captured inside that timing."""
+    request's tokens, the CUDA graphs captured inside that timing, and where the time went (`breakdown`: the
+    prefills, the steps as the decoder timed them, the rest of `generate`, steps and draft switches)."""
     seconds, tokens, outputs = 0.0, 0, []
+    parts = {"prefill_s": 0.0, "steps_s": 0.0, "generate_s": 0.0, "steps": 0, "switches": 0}
     captured_before = decoder.graphs_captured
     for index, request in enumerate(requests):
         prompt = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)
@@ -87,8 +89,17 @@ def stream(decoder: Any, requests: list[switching.Request], sampling: fs.Samplin
         seconds += time.perf_counter() - started
         tokens += int(result.num_generated.sum())
         outputs.append(result.sequences[0, prompt.shape[1]:].tolist())
+        run = result.stats
+        parts["prefill_s"] += run.prefill_s
+        parts["generate_s"] += run.total_s
+        parts["steps_s"] += sum(step.latency_s for step in run.steps)
+        parts["steps"] += len(run.steps)
+        parts["switches"] += sum(a.arm != b.arm for a, b in zip(run.steps, run.steps[1:]))
+    parts["rest_s"] = parts["generate_s"] - parts["prefill_s"] - parts["steps_s"]
+    parts["ms_per_step"] = 1e3 * parts["steps_s"] / parts["steps"] if parts["steps"] else None
+    parts["tokens_per_step"] = tokens / parts["steps"] if parts["steps"] else None
     return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds, "outputs": outputs,
-            "graph_captures": decoder.graphs_captured - captured_before}
+            "graph_captures": decoder.graphs_captured - captured_before, "breakdown": parts}
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -195,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         gammas = sorted(set(args.speed_gammas or [args.gamma]))
         decoders = {g: fast if g == args.gamma else FastSpeculativeDecoder(
             pool.target, list(drafts.values()), policy="fixed", gamma=g, compile=args.compile) for g in gammas}
+        # the generalist alone at γ: what choosing among the pool costs or gains against one draft
+        single = "general" if "general" in drafts else names[0]
+        one_draft = FastSpeculativeDecoder(pool.target, [drafts[single]], policy="fixed", gamma=args.gamma,
+                                           compile=args.compile)
         for label, temperature in (("greedy", 0.0), ("t1", 1.0)):
             sampling = fs.SamplingParams(temperature=temperature)
             # warm-up: the timed stream itself, under the same fresh policy and seeds, so every graph the
@@ -203,18 +218,22 @@ def main(argv: list[str] | None = None) -> int:
             for decoder in decoders.values():
                 decoder.policy = make_policy("thompson", len(names), seed=0)
                 stream(decoder, blocks, sampling, args.new_tokens, device)
-            rounds: dict[str, list[float]] = {"fast_plain": [], **{f"gamma{g}": [] for g in gammas}}
+            stream(one_draft, blocks, sampling, args.new_tokens, device)
+            rounds: dict[str, list[float]] = {"fast_plain": [], **{f"gamma{g}": [] for g in gammas}, "one_draft": []}
             captures: dict[str, list[int]] = {method: [] for method in rounds}
+            breakdown: dict[str, dict] = {}  # of each method's last round
             agree: dict[str, float] = {}
             for _ in range(args.repeats):  # each round runs every method once, so load drift hits them alike
                 base = stream(plain, blocks, sampling, args.new_tokens, device)
                 rounds["fast_plain"].append(base["tok_s"])
                 captures["fast_plain"].append(base["graph_captures"])
+                breakdown["fast_plain"] = base["breakdown"]
                 for g, decoder in decoders.items():
                     decoder.policy = make_policy("thompson", len(names), seed=0)
                     spec = stream(decoder, blocks, sampling, args.new_tokens, device)
                     rounds[f"gamma{g}"].append(spec["tok_s"])
                     captures[f"gamma{g}"].append(spec["graph_captures"])
+                    breakdown[f"gamma{g}"] = spec["breakdown"]
                     if temperature == 0:
                         same = [a == b for x, y in zip(base["outputs"], spec["outputs"]) for a, b in zip(x, y)]
                         agree[str(g)] = sum(same) / len(same)
@@ -223,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
                             firsts.setdefault(request.domain, {"prompt": pool.tokenizer.decode(request.prompt_ids),
                                                                "continuation": pool.tokenizer.decode(output)})
                         out["greedy_samples"] = firsts
+                alone = stream(one_draft, blocks, sampling, args.new_tokens, device)
+                rounds["one_draft"].append(alone["tok_s"])
+                captures["one_draft"].append(alone["graph_captures"])
+                breakdown["one_draft"] = alone["breakdown"]
             by_gamma = {str(g): {"fast_speculative": spread(rounds[f"gamma{g}"]), "ratio_per_round": spread(
                 [x / y for x, y in zip(rounds[f"gamma{g}"], rounds["fast_plain"])]),
                 "graph_captures": captures[f"gamma{g}"]} for g in gammas}
@@ -230,12 +253,23 @@ def main(argv: list[str] | None = None) -> int:
             out[label] = {"fast_plain": spread(rounds["fast_plain"]),
                           "fast_plain_graph_captures": captures["fast_plain"], **main_gamma, "by_gamma": by_gamma,
                           "greedy_token_agreement_with_plain": agree.get(str(args.gamma)),
-                          "greedy_token_agreement_by_gamma": agree or None}
+                          "greedy_token_agreement_by_gamma": agree or None,
+                          "one_draft": {"draft": single, "gamma": args.gamma,
+                                        "fast_speculative": spread(rounds["one_draft"]),
+                                        "ratio_per_round": spread([x / y for x, y in zip(rounds["one_draft"],
+                                                                                         rounds["fast_plain"])]),
+                                        "graph_captures": captures["one_draft"]},
+                          "breakdown_last_round": breakdown}
             results["speed"] = out  # written per sampling setting: a cut run keeps the finished ones
             write()
             for g, entry in by_gamma.items():
                 print(f"[real_pool] {label} γ={g}: plain {out[label]['fast_plain']['median']:.1f} tok/s, speculative "
                       f"{entry['fast_speculative']['median']:.1f}, ratio {entry['ratio_per_round']}", flush=True)
+            print(f"[real_pool] {label} one draft ({single}, γ={args.gamma}): ratio "
+                  f"{out[label]['one_draft']['ratio_per_round']}", flush=True)
+            for method, parts in breakdown.items():
+                print(f"[real_pool] {label} {method}: " + ", ".join(
+                    f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in parts.items()), flush=True)
         return out
 
     if "speed" in args.parts:

@@ -164,6 +164,13 @@ def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, 
     assert results["adaptive_gamma"]["adaptive"]["graph_captures"] == 0
     assert {run["graph_captures"] for run in results["switching"]["blocks"]["runs"].values()} == {0}
     assert results["speed"]["greedy"]["greedy_token_agreement_with_plain"] == 1.0  # float32 on a CPU: exact
+    # where each method's stream time went: prefills + steps + the rest of generate add up, the steps made the tokens
+    speed = results["speed"]["t1"]
+    assert speed["one_draft"]["draft"] == "general" and len(speed["one_draft"]["ratio_per_round"]["runs"]) == 1
+    for method, parts in speed["breakdown_last_round"].items():
+        assert abs(parts["prefill_s"] + parts["steps_s"] + parts["rest_s"] - parts["generate_s"]) < 1e-9, method
+        assert parts["steps"] > 0 and parts["tokens_per_step"] >= 1.0, method
+    assert speed["breakdown_last_round"]["one_draft"]["switches"] == 0
     assert set(results["quality"]["acceptance_greedy"]) == {"python", "prose", "cpp", "general"}
     shares = results["adaptive_gamma"]["adaptive"]["gamma_share_per_domain"]
     assert all(abs(sum(per.values()) - 1) < 1e-9 for per in shares.values())
