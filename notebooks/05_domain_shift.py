@@ -664,6 +664,62 @@ if speed and EARLIER is not None and "speed" in EARLIER["results"]:
            "measured one; the medians are the later rounds' level." if first_lowest else "")))
 
 # %% [markdown]
+# **Where the stream's time goes.** A third build of the same pool (`results/real_pool_breakdown_h200.json`, same
+# weights again) timed the speed part at γ = 4 once more, with the generalist alone at γ = 4 as a further
+# contestant, and split each method's stream into the prefills, the decode steps as the decoder timed them, and
+# the rest of `generate`. The split is of each method's last round; the ratios are over all rounds.
+
+# %%
+BREAKDOWN = committed_result("real_pool_breakdown_h200")
+if BREAKDOWN is not None and "speed" in BREAKDOWN["results"]:
+    same_pool = CURRENT is not None and draft_hashes(BREAKDOWN) == draft_hashes(CURRENT)
+    print_speed(BREAKDOWN, "current pool, third build" + (" (same weights)" if same_pool else " (OTHER weights)")
+                + ", results/real_pool_breakdown_h200.json")
+    texts = []
+    for label in ("greedy", "t1"):
+        entry = BREAKDOWN["results"]["speed"][label]
+        one = entry["one_draft"]
+        split = entry["breakdown_last_round"]
+        ratios = one["ratio_per_round"]
+        print(f"  {'greedy' if label == 'greedy' else 'T = 1'}: the {one['draft']} draft alone, γ = {one['gamma']}: "
+              f"{ratios['median']:.2f}x fast plain (rounds {ratios['min']:.2f}-{ratios['max']:.2f}), captures "
+              f"while timed {one['graph_captures']}")
+        print(f"    {'method':<18}{'prefill s':>10}{'steps s':>9}{'rest s':>8}{'steps':>7}{'tok/step':>9}"
+              f"{'ms/step':>8}{'switches':>9}")
+        for method, parts in split.items():
+            print(f"    {method:<18}{parts['prefill_s']:>10.3f}{parts['steps_s']:>9.3f}{parts['rest_s']:>8.3f}"
+                  f"{parts['steps']:>7}{parts['tokens_per_step']:>9.2f}{parts['ms_per_step']:>8.2f}"
+                  f"{parts['switches']:>9}")
+        plain = split["fast_plain"]
+        tokens = plain["steps"]  # plain decoding makes one token per step
+        requests = BREAKDOWN["settings"]["requests"]
+        decode = {m: (p["tokens_per_step"] / p["ms_per_step"]) / (1 / plain["ms_per_step"])
+                  for m, p in split.items() if m != "fast_plain"}
+        same_prefill = {m: plain["generate_s"] / (plain["prefill_s"] + p["steps_s"] + p["rest_s"])
+                        for m, p in split.items() if m != "fast_plain"}
+        extra_ms = {m: 1e3 * (p["prefill_s"] - plain["prefill_s"]) / requests
+                    for m, p in split.items() if m != "fast_plain"}
+        texts.append(
+            f"{'Greedy' if label == 'greedy' else 'At T = 1'}, decoding alone (tokens per step over ms per step, "
+            "against plain decoding's ms per token) the pool makes "
+            f"{decode['gamma4']:.2f}× and the generalist alone {decode['one_draft']:.2f}× plain; the speculative "
+            f"decoders' prefills cost {extra_ms['gamma4']:.0f} ms (pool) and {extra_ms['one_draft']:.0f} ms "
+            f"(one draft) more per request than plain decoding's ({1e3 * plain['prefill_s'] / requests:.0f} ms), "
+            f"and with {tokens // requests} new tokens per request the prefills are "
+            f"{plain['prefill_s'] / plain['generate_s']:.0%} of plain decoding's time and "
+            f"{split['gamma4']['prefill_s'] / split['gamma4']['generate_s']:.0%} of the pool's. With the plain "
+            f"prefill's cost the streams would reach {same_prefill['gamma4']:.2f}× (pool) and "
+            f"{same_prefill['one_draft']:.2f}× (one draft). ")
+    display(Markdown(
+        "".join(texts)
+        + "So the 1.5× bar is missed by three things at once: too few tokens per step at T = 1 (the drafts), the "
+        "speculative prefill's extra cost (not located yet: greedy it is about the same with one draft as with "
+        "four, at T = 1 it is not, so it is not simply the drafts' own forwards; `experiments/prefill_profile.py` "
+        "is the probe, not yet run on a GPU), and requests too short to amortise any prefill. Switching among "
+        "four drafts costs the pool some decode speed against the generalist alone, whose greedy decoding, taken "
+        "alone in this round, is 1.5× plain's."))
+
+# %% [markdown]
 # Where the time goes: the anatomy of one step with one draft (the generalist), each piece replayed alone from its
 # own graph, on the current pool's real weights with compiled regions, at $T = 1$. The part of the step
 # outside the timed pieces is the step's sampling, commit and prologue.
