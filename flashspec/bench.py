@@ -395,7 +395,18 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
     row["graph_warm_us"], graph_error = _attempt(lambda: _graph_warm_us(step))
     if graph_error:
         row["graph_error"] = graph_error
+    if not prepared.plan.fused:
+        row.update(_chain_floor(inputs[0], prepared.plan))
     return row
+
+
+def _chain_floor(target: torch.Tensor, plan) -> dict:
+    """The two-launch design's dependency chain at `plan`'s grids with almost no arithmetic
+    (`flashspec.kernels.chain_probe`), as a warm graph replay: the latency floor of that plan's structure."""
+    from flashspec.kernels.chain_probe import chain_step
+
+    value, error = _attempt(lambda: _graph_warm_us(chain_step(target, plan).run))
+    return {"chain_floor_us": value, **({"chain_floor_error": error} if error else {})}
 
 
 def _best(variants: dict[str, dict], key: str) -> str | None:
@@ -488,6 +499,7 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
         "torch_us": _do_bench_us(torch_step, rep_ms=100),
         "torch_wall_us_per_call": _wall_us(torch_step, calls=10),
     })
+    point.update(_chain_floor(target, two.plan))
     point["variants"] = {name: bench_variant((target, draft, tokens), params, key, overrides, expected)
                          for name, overrides in variants.items()}
     kernels.FAST_LAUNCH = False  # Triton's own launch path, for the host-overhead comparison
@@ -537,6 +549,9 @@ def point_ratios(point: dict) -> dict:
         "best_graph_warm_us": best_row.get("graph_warm_us"),
         "best_eager_us": best_row.get("eager_us"),
         "best_graph_warm_over_floor": _ratio(best_row.get("graph_warm_us"), floor),
+        "graph_warm_over_chain_floor": _ratio(point.get("triton_graph_warm_us"), point.get("chain_floor_us")),
+        "best_chain_floor_us": best_row.get("chain_floor_us"),
+        "best_graph_warm_over_chain_floor": _ratio(best_row.get("graph_warm_us"), best_row.get("chain_floor_us")),
         "honest_over_best_eager": _ratio(point["honest_torch_us"], best_row.get("eager_us")),
         # within the timings' spreads (20th-80th percentile), where the record has them
         "honest_over_triton_range": _ratio_range(point.get("honest_torch_us_spread"), point.get("triton_us_spread")),

@@ -806,6 +806,28 @@ if "two_launch" in timed and len(timed) > 1:
         f"{best['graph_warm_us'] / largest['floor_us']:.1f}× the {largest['floor_us']:.0f} µs floor."))
 
 # %% [markdown]
+# How much of a replay is the design itself? The floor above is one launch or the bytes; but a two-launch step
+# cannot sample before every chunk's statistics are in, nor write a token before every chunk's winner is in, so it
+# is a chain of dependent global-memory round trips and two launches whatever its math. The benchmark replays that
+# chain alone at each plan's grids, every program doing the least its place asks (one tile load, one store, a
+# ticket; `flashspec.kernels.chain_probe`): the **chain floor**, a latency floor of the design, not of the problem.
+
+# %%
+chained = [p for p in points if p.get("chain_floor_us") is not None]
+if chained:
+    print(f"{'B':>3} {'V':>7} {'floor us':>9} {'chain floor us':>15} {'best warm us':>13} {'best/chain':>11} "
+          f"{'best/floor':>11}")
+    for point in chained:
+        best_chain = point.get("best_chain_floor_us")
+        print(f"{point['batch']:>3} {point['vocab']:>7} {point['floor_us']:9.1f} {cell(best_chain, width=15)} "
+              f"{cell(point.get('best_graph_warm_us'), width=13)} "
+              f"{cell(point.get('best_graph_warm_over_chain_floor'), '.2f', 11)} "
+              f"{cell(point.get('best_graph_warm_over_floor'), '.2f', 11)}")
+    print("(chain floor of the best variant's plan; best: its warm replay)")
+else:
+    print(f"chain floor: {NOT_MEASURED} in this record")
+
+# %% [markdown]
 # Where the time goes, from the same file. The gap between the eager step and the CUDA-graph replay of the *same
 # launches* is host-side launch overhead from Python; what remains in the replay is the kernels' device time. The
 # cell computes, for each point, which of these dominates:

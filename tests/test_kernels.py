@@ -433,6 +433,9 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
         assert point["honest_torch_us"] > 0 and point["honest_over_triton"] is not None
         assert point["best_variant"] in PLAN_VARIANTS and not is_diagnostic(PLAN_VARIANTS[point["best_variant"]])
         assert "honest_torch_graph_error" in point or "honest_torch_graph_warm_us" in point
+        # the dependency-chain floor, for every two-launch plan: a CUDA graph replay on a GPU, an error on a CPU
+        assert (point["chain_floor_us"] > 0) if ON_GPU else ("chain_floor_error" in point)
+        assert all("chain_floor_us" in row for row in point["variants"].values() if row["launches"] == 2)
     assert set(results["verdicts"]) == set(TARGETS)
     assert results["verdicts"]["honest_over_eager_at_batch_64"]["as_run"]["verdict"] == "NOT MEASURED"
     assert results["plan_choice"]["paste"].startswith("SHAPE_PLANS")
@@ -537,6 +540,28 @@ def test_work_layout_addresses_match_its_views_aligned_and_disjoint() -> None:
                 spans.append((view.data_ptr() - base, view.data_ptr() - base + view.numel() * 4))
         spans.sort()
         assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), spans
+
+
+@pytest.mark.parametrize("batch, vocab, splits, greedy", [(3, 40, 2, False), (2, 100, 3, False), (1, 70, 1, True)])
+def test_chain_probe_finds_the_largest_logit_it_loaded(batch: int, vocab: int, splits: int, greedy: bool) -> None:
+    """The benchmark's dependency-chain probe (`flashspec.kernels.chain_probe`) must run its whole chain: each
+    row's token is the first column of the largest last-position logit among the tiles launch 2 loaded (one
+    tile at the start of each chunk), twice in a row (the tickets reset themselves)."""
+    from flashspec.kernels.chain_probe import chain_step
+
+    gamma = 4
+    logits = torch.randn(batch, gamma + 1, vocab, generator=torch.Generator().manual_seed(vocab)).to(DEVICE)
+    plan = make_plan(batch, gamma, vocab, logits.device, greedy, block_v=16, num_splits=splits)
+    step = chain_step(logits, plan)
+    if plan.sample_splits > 1:
+        starts, width = range(0, vocab, plan.sample_chunk), min(plan.sample_block_v, plan.sample_chunk)
+    else:
+        starts, width = [0], min(plan.sample_block_v, triton.next_power_of_2(vocab))
+    cols = torch.cat([torch.arange(s, min(s + width, vocab)) for s in starts]).to(DEVICE)
+    expected = cols[logits[:, gamma, cols].argmax(1)]
+    for _ in range(2):
+        step.run()
+        assert torch.equal(step.token.long(), expected)
 
 
 def test_verdicts_judge_the_eager_bars_at_both_ends_of_the_spread() -> None:

@@ -29,10 +29,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
 from triton._C.libtriton import ir
-from flashspec.kernels import fused_pass, sample_pass, stats_pass
+from flashspec.kernels import chain_probe, fused_pass, sample_pass, stats_pass
 
-kernels = {name: getattr(module, name) for module in (fused_pass, sample_pass, stats_pass)
-           for name in dir(module) if name.endswith("_kernel")}
+kernels = {name: getattr(module, name) for module in (chain_probe, fused_pass, sample_pass, stats_pass)
+           for name in dir(module) if name.endswith("_kernel") or name.startswith("_chain_")}
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
 takes_target = "target" in inspect.signature(ASTSource.make_ir).parameters  # Triton versions differ here
@@ -101,6 +101,7 @@ def _structure(launch: dict) -> str:
 def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
     from flashspec.bench import PLAN_VARIANTS
     from flashspec.kernels import plan as plan_module
+    from flashspec.kernels.chain_probe import chain_step
     from flashspec.kernels import verify as kernels
 
     # make_plan's GPU branch (132 SMs, compiled Triton), as tests/test_kernels.py's gpu_planner fixture does
@@ -142,10 +143,14 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
                             for kernel, args, meta in _launches(prepared, kernels):
                                 described = _describe(kernel, args, meta, plan.precise)
                                 launches.setdefault(_structure(described), described)
+                            # the benchmark's dependency-chain probe at the same grids
+                            for kernel, _, args, meta in chain_step(target, plan).launches:
+                                described = _describe(kernel, args, meta, plan.precise)
+                                launches.setdefault(_structure(described), described)
     finally:
         plan_module.make_plan.cache_clear()
     assert {d["kernel"] for d in launches.values()} == {"_stats_kernel", "_stats_accept_kernel", "_sample_kernel",
-                                                        "_fused_kernel"}
+                                                        "_fused_kernel", "_chain_first", "_chain_second"}
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="0")
     done = subprocess.run([sys.executable, "-c", FRONT_END], input=json.dumps(list(launches.values())), env=env,
                           capture_output=True, text=True, timeout=600)

@@ -1,0 +1,112 @@
+"""The two-launch verify step's dependency chain with almost no arithmetic: a latency floor for its design.
+
+The step cannot start sampling before every V-chunk's statistics are in, and cannot write a token before every
+chunk's race winner is in; on a GPU that is a chain of dependent global-memory round trips and two launches,
+whatever the math. `chain_step` runs that chain at a launch plan's grids, each program doing the least its
+place in the chain asks: launch 1 loads one tile of its chunk, stores one partial and takes a ticket, and the
+last program of each row reads the partials and stores one word (the accept outcome's place); launch 2 reads
+that word, loads one tile of the row it names, stores its tile's maximum and takes a ticket, and the last
+program of each row reduces the winners and writes a token. `flashspec bench verify` times it as a warm CUDA
+graph replay (`chain_floor_us`) beside the real step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import contextlib
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+from triton.language import core as tlcore  # noqa: F401  (the interpreter patches it through this module's globals)
+
+from flashspec.kernels.plan import LaunchPlan
+from flashspec.kernels.shims import INT32_MAX, _max, _max_index, _min, _sum, interpreting
+
+
+@triton.jit
+def _chain_first(x_ptr, part_ptr, counter_ptr, word_ptr, vocab, positions, splits,
+                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Grid (rows, positions, splits): one tile at the start of this program's chunk -> one partial; the
+    row's last program sums the partials into one word."""
+    row = tl.program_id(0)
+    position = tl.program_id(1)
+    split = tl.program_id(2)
+    cols = split * CHUNK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + (row * positions + position).to(tl.int64) * vocab + cols, mask=cols < vocab, other=0.0)
+    slot = (row * positions + position) * splits + split
+    tl.store(part_ptr + slot + tl.arange(0, 1), _sum(x.to(tl.float32)[None, :], axis=1))
+    ticket = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
+    if ticket == positions * splits - 1:
+        every = tl.arange(0, BLOCK_S)
+        parts = tl.load(part_ptr + row * positions * splits + every, mask=every < positions * splits, other=0.0,
+                        volatile=True)
+        tl.store(word_ptr + row + tl.arange(0, 1), _sum(parts[None, :], axis=1))
+        tl.atomic_xchg(counter_ptr + row, 0)
+
+
+@triton.jit
+def _chain_second(x_ptr, word_ptr, win_val_ptr, win_idx_ptr, counter_ptr, out_ptr, vocab, positions, splits,
+                  CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Grid (rows, splits): read the row's word, load one tile of the row it names (the last position,
+    reached through the word so the load waits for it), store the tile's maximum; the row's last program
+    writes the first column of the largest."""
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    word = tl.load(word_ptr + row + tl.arange(0, 1))
+    position = positions - 1 + (word != word).to(tl.int32)  # NaN-proof: always the last position
+    cols = split * CHUNK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + (row * positions + position).to(tl.int64) * vocab + cols[None, :],
+                mask=(cols < vocab)[None, :], other=float("-inf")).to(tl.float32)
+    best, arg = _max_index(x, axis=1)
+    tl.store(win_val_ptr + row * splits + split + tl.arange(0, 1), best)
+    tl.store(win_idx_ptr + row * splits + split + tl.arange(0, 1), (split * CHUNK + arg).to(tl.int32))
+    ticket = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
+    if ticket == splits - 1:
+        every = tl.arange(0, BLOCK_S)
+        values = tl.load(win_val_ptr + row * splits + every, mask=every < splits, other=float("-inf"),
+                         volatile=True)[None, :]
+        indices = tl.load(win_idx_ptr + row * splits + every, mask=every < splits, other=INT32_MAX,
+                          volatile=True)[None, :]
+        top = _max(values, axis=1)
+        tl.store(out_ptr + row + tl.arange(0, 1), _min(tl.where(values == top[:, None], indices, INT32_MAX), axis=1))
+        tl.atomic_xchg(counter_ptr + row, 0)
+
+
+@dataclass
+class ChainStep:
+    """The two probe launches bound to one set of logits: `run()` launches both; `token` [B] int32 then holds,
+    per row, the first column of the largest logit among the tiles launch 2 loaded."""
+
+    launches: list[tuple]  # (kernel, grid, args, meta) of launch 1, then launch 2
+    token: torch.Tensor
+
+    def run(self) -> None:
+        with np.errstate(all="ignore") if interpreting() else contextlib.nullcontext():
+            for kernel, grid, args, meta in self.launches:
+                kernel[grid](*args, **meta)
+
+
+def chain_step(target_logits: torch.Tensor, plan: LaunchPlan) -> ChainStep:
+    """The probe at `plan`'s grids for `target_logits` [B, γ+1, V]: one row per program, the plan's splits,
+    tile widths and warps."""
+    batch, positions, vocab = target_logits.shape
+    device = target_logits.device
+    sample_splits = plan.sample_splits
+    sample_chunk = plan.sample_chunk if sample_splits > 1 else triton.next_power_of_2(vocab)
+    parts = torch.empty(batch * positions * plan.stats_splits, dtype=torch.float32, device=device)
+    words = torch.empty(batch, dtype=torch.float32, device=device)
+    win_val = torch.empty(batch * sample_splits, dtype=torch.float32, device=device)
+    win_idx = torch.empty(batch * sample_splits, dtype=torch.int32, device=device)
+    counters = torch.zeros(2 * batch, dtype=torch.int32, device=device)
+    token = torch.empty(batch, dtype=torch.int32, device=device)
+    first = (_chain_first, (batch, positions, plan.stats_splits),
+             (target_logits, parts, counters, words, vocab, positions, plan.stats_splits),
+             dict(CHUNK=plan.stats_chunk, BLOCK=plan.stats_block_v,
+                  BLOCK_S=triton.next_power_of_2(positions * plan.stats_splits), num_warps=plan.stats_warps))
+    second = (_chain_second, (batch, sample_splits),
+              (target_logits, words, win_val, win_idx, counters[batch:], token, vocab, positions, sample_splits),
+              dict(CHUNK=sample_chunk, BLOCK=min(plan.sample_block_v, sample_chunk),
+                   BLOCK_S=triton.next_power_of_2(sample_splits), num_warps=plan.sample_warps))
+    return ChainStep(launches=[first, second], token=token)
