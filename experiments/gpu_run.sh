@@ -4,8 +4,9 @@
 #   FLASHSPEC_GIT_SHA=<sha> bash experiments/gpu_run.sh tests bench-b1 verify
 # Phases: tests (GPU tests of kernels, runner, fast path), bench-b1 / bench-b8 / bench-b32
 # (bench_fast --compile, random TinyLlama/68m shapes), bench-zoo (trained GPU zoo, B=1 and 8),
-# verify (flashspec bench verify), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
-# bitsandbytes must be importable). TESTS: the test files of the tests phase. Time limits (s): TESTS_LIMIT, BENCH_LIMIT, NF4_LIMIT, VERIFY_LIMIT.
+# verify (flashspec bench verify), prefill (experiments/prefill_profile.py: where a request's prefill goes), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
+# bitsandbytes must be importable). TESTS: the test files of the tests phase. Time limits (s): TESTS_LIMIT, BENCH_LIMIT, NF4_LIMIT, VERIFY_LIMIT, PREFILL_LIMIT; PREFILL_ARGS: more
+# prefill_profile options (e.g. --compile default, as the real-pool runs).
 set -uo pipefail
 : "${OUT:?set OUT}" "${FLASHSPEC_GIT_SHA:?set FLASHSPEC_GIT_SHA to the commit being measured}"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
@@ -34,6 +35,8 @@ for name in "$@"; do
     bench-nf4) phase bench_fast_nf4_h200 "${NF4_LIMIT:-240}" python experiments/bench_fast.py --quantization nf4 --compile "${COMPILE_MODE:-default}" \
                --batches 1 --new-tokens 128 --out "$OUT/bench_fast_nf4_h200.json" ;;
     verify) phase "verify_h200_$sha" "${VERIFY_LIMIT:-300}" python -m flashspec.cli bench verify --out "$OUT/verify_h200.json" ;;
+    prefill) phase "prefill_profile_h200_$sha" "${PREFILL_LIMIT:-150}" python -m experiments.prefill_profile \
+               --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/prefill_profile_h200.json" ${PREFILL_ARGS:-} ;;
     *) echo "unknown phase $name" >&2; exit 2 ;;
   esac
 done
