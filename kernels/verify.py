@@ -201,6 +201,7 @@ class PreparedVerify:
     fused_args: tuple | None = None
     fused_meta: dict | None = None
     key: int | None = None  # `_entry_id`: stands for each launch's device and specialisation (None: per launch)
+    keep: tuple = ()  # the tensors whose raw addresses the launches hold (a warm step's): alive while this is
 
     def launch_stats(self) -> None:
         launcher = _STATS_ACCEPT_LAUNCHER if self.plan.accept_once else _STATS_LAUNCHER
@@ -328,9 +329,12 @@ def prepare_verify(
     outputs = (memory[:batch * (gamma + 1)].view(batch, gamma + 1),
                memory[layout.accepted // 2:layout.accepted // 2 + batch])
     work = layout.addresses(memory.data_ptr()) if warm else layout.views(memory)
-    if plan.fused:
-        return _bind_fused(plan, inputs, outputs, work, shape, scale, flags, prefix, entry)
-    return _bind_two_launches(plan, inputs, outputs, work, shape, scale, flags, prefix, entry)
+    bind = _bind_fused if plan.fused else _bind_two_launches
+    prepared = bind(plan, inputs, outputs, work, shape, scale, flags, prefix, entry)
+    # raw addresses do not keep their tensors alive (a contiguous or truncated copy made here would be freed
+    # on return): the step holds them
+    prepared.keep = (target, draft, tokens_in, memory, accept_prefix, sample_prefix)
+    return prepared
 
 
 def _device_index(device: torch.device) -> int | None:

@@ -324,6 +324,15 @@ def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: 
                 assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)
             args = prepared.fused_args if prepared.plan.fused else prepared.sample_args
             assert all(isinstance(arg, int) for arg in args[:3]), "the second step should bind addresses"
+    # a strided input is copied inside prepare_verify and bound by address: the step must keep the copy alive
+    expected = verify_reference(target, draft, tokens, params, rng.Key.from_seed(5))
+    strided = torch.stack([target, torch.zeros_like(target)], dim=-1)[..., 0]
+    prepared = prepare_verify(strided, draft, tokens, params, rng.Key.from_seed(5), **TILED_PLANS[plan])
+    del strided
+    junk = [torch.full_like(target, 7.0) for _ in range(4)]  # reuses any block the step let go
+    out_tokens, out_accepted = prepared.run()
+    assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)
+    del junk
 
 
 @gpu_only
