@@ -300,16 +300,16 @@ def main(argv: list[str] | None = None) -> int:
             decoder = fast if gamma == args.gamma else FastSpeculativeDecoder(
                 pool.target, list(drafts.values()), policy="fixed", gamma=gamma, compile=args.compile)
             run = switching.serve_stream(pool.target, drafts, blocks, make_policy("thompson", len(names), seed=0),
-                                         gamma, args.new_tokens, sampling_t, decoder=decoder, warm_up="replay")
+                                         gamma, args.new_tokens, sampling_t, decoder=decoder, warm_up="all")
             out["fixed"][str(gamma)] = {k: run[k] for k in kept}
         decoder = FastSpeculativeDecoder(pool.target, list(drafts.values()), policy="fixed", gamma=max(args.gammas),
                                          gammas=args.gammas, compile=args.compile)
         arms = len(decoder.arms)
         arm_gammas = [g for _, g in decoder.arms]
-        # the throughput reward reads step times, so the timed stream may leave the replay's arms and capture
-        # graphs; its graph_captures says how many
+        # the throughput reward reads step times, so the timed stream may leave the replay's arms: every graph
+        # an arm can reach is captured before timing (graph_captures shows none were left)
         run = switching.serve_stream(pool.target, drafts, blocks, make_policy("thompson", arms, seed=0), args.gamma,
-                                     args.new_tokens, sampling_t, decoder=decoder, warm_up="replay")
+                                     args.new_tokens, sampling_t, decoder=decoder, warm_up="all")
         out["adaptive"] = {k: run[k] for k in kept}
         out["adaptive"]["gamma_share_per_domain"] = chosen_gamma_per_domain(run, blocks, arm_gammas)
         best = max(out["fixed"], key=lambda g: out["fixed"][g]["tokens_per_s"])

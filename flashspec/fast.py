@@ -225,6 +225,23 @@ class FastSpeculativeDecoder:
         that captured NCCL collectives keep the communicator alive (`flashspec.tp.shutdown`)."""
         self._session = None
 
+    def capture_graphs(self, lengths: Sequence[int]) -> int:
+        """Capture ahead of time, in the session of the last `generate`, every graph a step can replay while
+        its longest row holds one of `lengths` tokens: each arm's step at that length's attention bucket and,
+        for a model draft under lazy sync, its catch-up at every length the step loop can ask for there
+        (`catch_up_tokens`: powers of two, capped at the bucket). A timed stream served afterwards in that
+        session captures nothing, whichever arms its policy picks. Nothing is committed: the captures run
+        frozen, at a fill that fits each bucket, and the buffers are put back. Returns the graphs captured
+        (0 without graphs)."""
+        session = self._session
+        if session is None:
+            raise ValueError("capture_graphs needs a session: call generate once first (it fixes the shapes)")
+        if isinstance(lengths, (str, bytes)) or not all(isinstance(n, int) and n > 0 for n in lengths):
+            raise ValueError(f"lengths must be positive ints (tokens in the longest row), got {lengths!r}")
+        captured = session.capture_all(lengths)
+        self.graphs_captured += captured
+        return captured
+
     @property
     def arm_names(self) -> list[str]:
         if not self.drafts:
@@ -495,6 +512,31 @@ class _Session:
                 graph = self.graphs[key] = self._capture(run)
                 captured += 1
             graph.replay()
+        return captured
+
+    def capture_all(self, lengths: Sequence[int]) -> int:
+        """`FastSpeculativeDecoder.capture_graphs` for this session: returns how many graphs it captured."""
+        if not self.use_graphs:
+            return 0
+        b = self.buffers
+        saved = b.lengths.clone()
+        captured = 0
+        try:
+            for bucket in sorted({runner.bucket_for(min(n, self.capacity), self.capacity) for n in lengths}):
+                for arm, (draft, gamma) in enumerate(self.arms):
+                    # the step loop picks `bucket` for rows of at most bucket - γ tokens: capture at such a fill
+                    b.lengths.fill_(max(1, min(bucket, self.capacity - gamma - 1) - gamma))
+                    work = {("step", arm, bucket): lambda arm=arm, bucket=bucket: self.step(arm, bucket)}
+                    lazy = self.drafts and isinstance(self.drafts[draft], runner.LlamaRunner) and not self.sync_all
+                    for n in ({min(1 << k, bucket) for k in range(bucket.bit_length() + 1)} if lazy else ()):
+                        work[("catch_up", arm, bucket, n)] = (
+                            lambda arm=arm, bucket=bucket, n=n: self.catch_up(arm, bucket, n))
+                    for key, run in work.items():
+                        if key not in self.graphs:
+                            self.graphs[key] = self._capture(run)
+                            captured += 1
+        finally:
+            b.lengths.copy_(saved)
         return captured
 
     def _capture(self, run: Callable[[], None]) -> torch.cuda.CUDAGraph:

@@ -101,7 +101,7 @@ class DomainOracle:
         self.domain = None
 
 
-WARM_UPS = (None, "replay")
+WARM_UPS = (None, "replay", "all")
 
 
 def serve_stream(target: torch.nn.Module, drafts: dict[str, torch.nn.Module], requests: list[Request], policy: Any,
@@ -117,7 +117,9 @@ def serve_stream(target: torch.nn.Module, drafts: dict[str, torch.nn.Module], re
     `warm_up="replay"`: before timing, serve the same requests with the same seeds under an untouched copy
     of `policy` (and the decoder's measured step costs put back afterwards), so a policy whose choices do
     not depend on timing makes the same choices again and the timed stream captures no new graph; a
-    throughput (timing) reward may still choose differently, which `graph_captures` shows.
+    throughput (timing) reward may still choose differently, which `graph_captures` shows. `warm_up="all"`:
+    the replay, then `FastSpeculativeDecoder.capture_graphs` over every length the stream's rows can reach,
+    so the timed stream captures nothing whatever the policy picks (a fast decoder only).
     Returns totals, tokens/s (generation wall time only), acceptance, the per-step arm trace with the
     request index of each step, and `graph_captures`: CUDA graphs captured inside the timed stream
     (`FastSpeculativeDecoder.graphs_captured`: 0 when it runs without graphs; None for the eager engine).
@@ -133,10 +135,15 @@ def serve_stream(target: torch.nn.Module, drafts: dict[str, torch.nn.Module], re
                                      policy=policy, gamma=gamma, backend=backend)
         extra["timing"] = True
     sampling = SamplingParams(temperature=temperature)
-    if warm_up == "replay":
+    if warm_up == "all" and not hasattr(decoder, "capture_graphs"):
+        raise ValueError("warm_up='all' needs a fast decoder (FastSpeculativeDecoder): it captures graphs ahead")
+    if warm_up in ("replay", "all"):
         costs = copy.deepcopy(getattr(decoder, "step_costs", None))
         decoder.policy = copy.deepcopy(policy)  # before `policy` serves anything: a fresh, identical copy
         _serve(decoder, requests, sampling, max_new_tokens, seed, reset_per_request, extra)
+        if warm_up == "all":
+            longest = max(len(request.prompt_ids) for request in requests) + max_new_tokens + decoder.max_gamma + 1
+            decoder.capture_graphs(range(1, longest + 1))
         if costs is not None:
             decoder.step_costs = costs
     decoder.policy = policy

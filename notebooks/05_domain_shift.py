@@ -838,7 +838,11 @@ if adaptive is not None:
     text = intro + (f"The adaptive policy makes {steps_vs_most:.2f}× the tokens per step of the fixed γ that makes the most, "
             f"γ = {most}" + (f"; by tokens/s the best fixed γ is {best}, whose cheaper steps pay for its fewer "
                              "tokens. " if most != best else ". "))
-    if captured:
+    if captured == 0:
+        text += (f"No contestant captured a graph while timed (every graph an arm can reach was captured before), "
+                 f"so tokens/s is each one's cost: the adaptive policy makes {adaptive['adaptive_vs_best_fixed']:.2f}× "
+                 "the best fixed γ's.")
+    elif captured:
         text += (
             "The fixed-γ runs captured no graph while timing, so their tokens/s are their cost; the adaptive run "
             f"still captured {captured} graphs: its throughput reward read the warm-up's step times (captures "

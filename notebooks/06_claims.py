@@ -868,7 +868,7 @@ else:
     favourite = {domain: max(share, key=share.get) for domain, share in adaptive["gamma_share_per_domain"].items()}
     add_claim(
         REAL_GAMMA_CLAIM,
-        f"{'not shown' if captured else 'inconclusive'}: tokens per step {adaptive['tokens_per_step']:.3f} "
+        f"inconclusive (one run per contestant): tokens per step {adaptive['tokens_per_step']:.3f} "
         f"against {fixed[most]['tokens_per_step']:.3f} at the fixed γ that makes the most, γ = {most} "
         f"({step_ratio:.2f}×; fixed " + ", ".join(f"γ = {g} {run['tokens_per_step']:.3f}" for g, run in fixed.items())
         + f"); tokens/s {real_gamma['adaptive_vs_best_fixed']:.2f}× the best fixed γ by tokens/s (γ = {best}), "
@@ -876,6 +876,7 @@ else:
            + ", ".join(str(run.get("graph_captures")) for run in fixed.values())
            + "), because its throughput reward chose other arms than in the replayed warm-up: a bound from below "
            "on its tokens/s, not its cost" if captured else
+           "its cost, with no graph captured while timed" if captured == 0 else
            "not the policy's cost: its timed stream included the capture of CUDA graphs its short warm-up had "
            "not met, and the run does not count them"),
         f"{real_source(GAMMA_RUN, GAMMA_FILE)}, `adaptive_gamma` (T = 1, the blocks stream, "

@@ -118,6 +118,75 @@ def test_replay_warm_up_captures_every_graph_of_the_timed_stream(fake_graphs, ta
                                warm_up="short")
 
 
+class Wander:
+    """Arms from a module-level counter that no copy of the policy resets: the timed stream picks other arms
+    than its replayed warm-up did, as a throughput reward reading step times can."""
+
+    calls = 0
+
+    def select(self) -> int:
+        Wander.calls += 1
+        return (Wander.calls * 7 // 3) % 4
+
+    def update(self, arm: int, reward: float) -> None:
+        return None
+
+
+@pytest.fixture()
+def frozen_captures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As `fake_graphs`, but a capture first runs its work twice frozen, as the GPU capture's warm-up does, so
+    a capture made between requests at another fill must leave no trace in the tokens."""
+    from flashspec import fast
+
+    original = fast._Session.__init__
+
+    def init(self, *args, **kwargs) -> None:
+        original(self, *args, **kwargs)
+        self.use_graphs = True
+
+    def capture(self, run):
+        self.buffers.frozen.fill_(True)
+        try:
+            run()
+            run()
+        finally:
+            self.buffers.frozen.fill_(False)
+        return SimpleNamespace(replay=run)
+
+    monkeypatch.setattr(fast._Session, "__init__", init)
+    monkeypatch.setattr(fast._Session, "_capture", capture)
+
+
+def test_capturing_every_graph_ahead_leaves_none_to_capture_and_changes_no_token(frozen_captures, target,
+                                                                                  drafts) -> None:
+    def serve(warm_up: str | None) -> tuple[dict, FastSpeculativeDecoder]:
+        decoder = FastSpeculativeDecoder(target, list(drafts.values()), policy="fixed", gamma=3, gammas=[2, 3],
+                                         graphs=False)
+        run = switching.serve_stream(target, drafts, REQUESTS, Wander(), max_new_tokens=12, decoder=decoder,
+                                     warm_up=warm_up)
+        return run, decoder
+
+    Wander.calls = 0
+    replayed, _ = serve("replay")
+    assert replayed["graph_captures"] > 0  # the timed stream wandered onto arms its replay had not captured
+    Wander.calls = 0
+    ahead, decoder = serve("all")
+    assert ahead["graph_captures"] == 0
+    keys = set(decoder._session.graphs)
+    assert {key[1] for key in keys} == set(range(4)) and any(key[0] == "catch_up" for key in keys)
+    # the same arms and seeds without any capture made ahead give the same tokens: the captures changed nothing
+    Wander.calls = 0
+    plain = FastSpeculativeDecoder(target, list(drafts.values()), policy="fixed", gamma=3, gammas=[2, 3],
+                                   graphs=False)
+    switching.serve_stream(target, drafts, REQUESTS, Wander(), max_new_tokens=12, decoder=plain)  # the warm-up's draws
+    cold = switching.serve_stream(target, drafts, REQUESTS, Wander(), max_new_tokens=12, decoder=plain)
+    assert cold["arm_trace"] == ahead["arm_trace"] and cold["accepted_trace"] == ahead["accepted_trace"]
+    with pytest.raises(ValueError, match="generate once"):
+        FastSpeculativeDecoder(target, list(drafts.values()), gamma=3, graphs=False).capture_graphs([8])
+    with pytest.raises(ValueError, match="lengths"):
+        decoder.capture_graphs([0])
+
+
 def test_switching_experiment_times_no_capture_on_a_fast_decoder(fake_graphs, target, drafts) -> None:
     prompts = {"a": [[1, 2, 3], [3, 1]], "b": [[4, 5, 6, 7]]}
     decoder = FastSpeculativeDecoder(target, list(drafts.values()), policy="fixed", gamma=3, graphs=False)
