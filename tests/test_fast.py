@@ -278,6 +278,35 @@ def test_graph_replayed_steps_make_no_host_sync():
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: graphs exist only there")
+def test_graphs_captured_ahead_serve_a_stream_without_capturing_and_change_no_token():
+    """`capture_graphs` on a GPU, real captures: a stream served afterwards in the session captures nothing, and
+    every request's tokens equal those of a decoder that captured as it went (the frozen warm-ups of the
+    captures ahead, run between requests at other fills, leave no trace)."""
+    target = models.tiny_llama(vocab_size=VOCAB, hidden_size=16, num_layers=1, seed=1).cuda()
+    drafts = [models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, seed=s).cuda() for s in (2, 3)]
+    prompts = [PROMPT[None].cuda(), PROMPT[None, :3].cuda()]
+    sampling = fs.SamplingParams(temperature=1.0)
+
+    def serve(decoder, ahead: bool) -> tuple[list, int]:
+        decoder.generate(prompts[0], max_new_tokens=40, sampling=sampling, seed=99, ignore_eos=True)
+        if ahead:
+            assert decoder.capture_graphs(range(1, len(PROMPT) + 40 + 8)) > 0
+        before = decoder.graphs_captured
+        outputs = [decoder.generate(p, max_new_tokens=40, sampling=sampling, seed=i, ignore_eos=True).sequences
+                   for i, p in enumerate(prompts * 2)]
+        return outputs, decoder.graphs_captured - before
+
+    def make():
+        return FastSpeculativeDecoder(target, drafts, policy="thompson", gamma=3, gammas=[2, 3])
+
+    ahead, captured = serve(make(), True)
+    as_it_went, _ = serve(make(), False)
+    assert captured == 0
+    assert all(torch.equal(a, b) for a, b in zip(ahead, as_it_went))
+
+
+@pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("params,compile", [(SETTINGS[0], False), (SETTINGS[1], False), (SETTINGS[0], True)],
                          ids=lambda x: f"compile={x}" if isinstance(x, bool) else f"T{x.temperature}")
