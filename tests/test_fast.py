@@ -297,8 +297,8 @@ def test_graphs_captured_ahead_serve_a_stream_without_capturing_and_change_no_to
                    for i, p in enumerate(prompts * 2)]
         return outputs, decoder.graphs_captured - before
 
-    def make():
-        return FastSpeculativeDecoder(target, drafts, policy="thompson", gamma=3, gammas=[2, 3])
+    def make():  # fixed arm costs: the throughput reward then does not read step times, so both decoders choose alike
+        return FastSpeculativeDecoder(target, drafts, policy="thompson", gamma=3, gammas=[2, 3], arm_costs=[1.0] * 4)
 
     ahead, captured = serve(make(), True)
     as_it_went, _ = serve(make(), False)
