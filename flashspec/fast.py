@@ -65,6 +65,11 @@ def catch_up_tokens(appended_bound: int, gamma: int, bucket: int) -> int:
     return min(1 << (missed - 1).bit_length(), bucket)
 
 
+def catch_up_choices(bucket: int) -> list[int]:
+    """Every length `catch_up_tokens` can return at `bucket` (its powers of two, capped at the bucket)."""
+    return sorted({min(1 << k, bucket) for k in range(bucket.bit_length() + 1)})
+
+
 def session_capacity(tokens: int, slack: int, max_positions: int | None = None) -> int:
     """Cache slots of the session that serves a request of `tokens` (prompt + max_new_tokens), `slack`
     (γ+1) more for the last step's drafts: rounded up onto the attention buckets' grid
@@ -514,6 +519,11 @@ class _Session:
             graph.replay()
         return captured
 
+    def catches_up(self, draft: int) -> bool:
+        """Whether draft `draft` (an index; -1 for plain decoding) reads what it missed before its window:
+        a model draft under lazy sync."""
+        return bool(self.drafts) and isinstance(self.drafts[draft], runner.LlamaRunner) and not self.sync_all
+
     def capture_all(self, lengths: Sequence[int]) -> int:
         """`FastSpeculativeDecoder.capture_graphs` for this session: returns how many graphs it captured."""
         if not self.use_graphs:
@@ -527,8 +537,7 @@ class _Session:
                     # the step loop picks `bucket` for rows of at most bucket - γ tokens: capture at such a fill
                     b.lengths.fill_(max(1, min(bucket, self.capacity - gamma - 1) - gamma))
                     work = {("step", arm, bucket): lambda arm=arm, bucket=bucket: self.step(arm, bucket)}
-                    lazy = self.drafts and isinstance(self.drafts[draft], runner.LlamaRunner) and not self.sync_all
-                    for n in ({min(1 << k, bucket) for k in range(bucket.bit_length() + 1)} if lazy else ()):
+                    for n in (catch_up_choices(bucket) if self.catches_up(draft) else ()):
                         work[("catch_up", arm, bucket, n)] = (
                             lambda arm=arm, bucket=bucket, n=n: self.catch_up(arm, bucket, n))
                     for key, run in work.items():
@@ -636,7 +645,7 @@ class _Session:
             bound = min(known_max + sum(launch.gamma + 1 for launch in issued[read:]), self.capacity - gamma - 1)
             bucket = runner.bucket_for(bound + gamma, self.capacity)
             catch_up = 0
-            if self.drafts and isinstance(self.drafts[draft], runner.LlamaRunner) and not self.sync_all:
+            if self.catches_up(draft):
                 catch_up = catch_up_tokens(behind[draft], gamma, bucket)
                 behind[draft] = 0
                 self.catch_ups[catch_up] += 1

@@ -13,6 +13,7 @@ import flashspec as fs
 from flashspec import models
 from flashspec.drafters import PromptLookupDrafter
 from flashspec.fast import FastSpeculativeDecoder, catch_up_length, make_decoder
+from policies import Blocks
 
 from test_engine_exact import (LENGTH, PROMPT, ROWS_PER_CALL, SETTINGS, VOCAB, exact_continuations, fit_p_values,
                                passes)
@@ -156,25 +157,12 @@ def test_lazy_drafts_catch_up_after_a_switch(pool):
     runs, and the catch-ups really occur."""
     target, near, far = pool
 
-    class Blocks:
-        """Arm 0 for three steps, then arm 1 for three, and so on."""
-
-        def __init__(self) -> None:
-            self.t = -1
-
-        def select(self) -> int:
-            self.t += 1
-            return (self.t // 3) % 2
-
-        def update(self, arm: int, reward: float) -> None:
-            return None
-
     prompts = torch.tensor([[0, 0, 5, 6, 7], [0, 3, 7, 3, 9]])
     mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1]])
     expected = target.generate(prompts, attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=2,
                                pad_token_id=2)
     for sync in ("lazy", "all"):
-        decoder = FastSpeculativeDecoder(target, [near, far], policy=Blocks(), gamma=3, draft_sync=sync)
+        decoder = FastSpeculativeDecoder(target, [near, far], policy=Blocks(3), gamma=3, draft_sync=sync)
         result = decoder.generate(prompts, attention_mask=mask, max_new_tokens=24, sampling=fs.SamplingParams(0.0))
         assert torch.equal(result.sequences, expected), sync
         catch_ups = decoder._session.catch_ups

@@ -9,6 +9,7 @@ import torch
 from flashspec import models, switching
 from flashspec.bandits import make_policy
 from flashspec.fast import FastSpeculativeDecoder
+from policies import Blocks
 
 
 def test_workloads_and_the_oracle() -> None:
@@ -46,20 +47,6 @@ def test_switch_rate_and_cost_fit() -> None:
                                                                   "c": runs["fixed"]}}}})
 
 
-class Alternate:
-    """Arm 0 for two steps, then arm 1 for two, and so on: switches make lazy drafts catch up."""
-
-    def __init__(self) -> None:
-        self.t = -1
-
-    def select(self) -> int:
-        self.t += 1
-        return (self.t // 2) % 2
-
-    def update(self, arm: int, reward: float) -> None:
-        return None
-
-
 @pytest.fixture()
 def fake_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fast-path sessions "capture" on a CPU: every session uses graphs, and a capture keeps the work to run
@@ -86,7 +73,7 @@ REQUESTS = switching.make_workload({"a": [[1, 2, 3], [3, 1]], "b": [[4, 5, 6, 7]
 
 
 def test_fast_decoder_counts_each_graph_it_captures_in_every_session(fake_graphs, target, drafts) -> None:
-    decoder = FastSpeculativeDecoder(target, list(drafts.values()), policy=Alternate(), gamma=3, graphs=False)
+    decoder = FastSpeculativeDecoder(target, list(drafts.values()), policy=Blocks(2), gamma=3, graphs=False)
     prompt = torch.tensor([[1, 2, 3]])
     decoder.generate(prompt, max_new_tokens=12, ignore_eos=True)
     first = decoder._session
