@@ -1,6 +1,7 @@
 """Where one request's prefill goes on the fast path, on a GPU: the plain and the speculative decoders'
-`prefill_s` per request, each runner's `prefill` timed alone (device-synchronised), and the speculative
-session's prefill under torch.profiler (the ops with the most host and device time). SmolLM2-135M's shapes
+`prefill_s` per request, each runner's `prefill` timed alone (device-synchronised), eagerly and replayed
+from its width bucket's CUDA graph (and how far their logits differ), and each session's prefill under
+torch.profiler (the ops with the most host and device time). SmolLM2-135M's shapes
 with random weights and a two-layer draft cut from it: a prefill's time does not depend on the weights.
 
     python -m experiments.prefill_profile --out results/prefill_profile_h200.json
@@ -72,6 +73,12 @@ def main(argv: list[str] | None = None) -> int:
             "prefill_ms_per_request": spread(prefill),
             "runner_prefill_ms": {role: spread(timed(lambda r=r: r.prefill(prompt, mask), args.repeats))
                                   for role, r in runners.items()},
+            "runner_prefill_graphed_ms": {
+                role: spread(timed(lambda r=r: r.prefill(prompt, mask, graphed=True), args.repeats))
+                for role, r in runners.items()},
+            "graphed_vs_eager_max_abs_logit_error": {
+                role: float((r.prefill(prompt, mask, graphed=True)[0] - r.prefill(prompt, mask)[0]).abs().max())
+                for role, r in runners.items()},
             "session_prefill_ms": spread(timed(lambda s=session: s.prefill(prompt, mask, [8], 0, 0), args.repeats)),
         }
         activities = [torch.profiler.ProfilerActivity.CPU]

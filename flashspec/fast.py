@@ -323,6 +323,7 @@ class FastSpeculativeDecoder:
         start = time.perf_counter()
         lengths = session.prefill(input_ids.to(device), mask.to(device), budgets, seed, pad_id)
         stats.prefill_s = time.perf_counter() - start
+        self.graphs_captured += session.prefill_captures
         num_generated = session.run(self, budgets, lengths, stats, on_step)
         stats.total_s = time.perf_counter() - start
         stats.generated_tokens = sum(num_generated)
@@ -390,17 +391,21 @@ class _Session:
         self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # ("step", arm, bucket) or ("catch_up", arm, bucket, n)
         self.catch_ups: collections.Counter[int] = collections.Counter()  # catch-up length -> times
         self.batch = batch
+        self.prefill_captures = 0  # prefill graphs the last prefill captured
 
     # ------------------------------------------------------------------------------- request set-up
     def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, budgets: list[int], seed: int,
                 pad_id: int) -> list[int]:
         """Fill every cache with the prompts and the buffers with the request (one host read of the
-        prompt lengths, before the first step)."""
+        prompt lengths, before the first step). With graphs, each runner's prefill replays a graph per
+        (batch, width bucket); `prefill_captures` says how many this call captured."""
         buffers = self.buffers
-        _, lengths = self.target.prefill(input_ids, mask)
-        for draft in self.drafts:
-            if isinstance(draft, runner.LlamaRunner):
-                draft.prefill(input_ids, mask)
+        models = [self.target, *(d for d in self.drafts if isinstance(d, runner.LlamaRunner))]
+        before = sum(model.captures for model in models)
+        _, lengths = self.target.prefill(input_ids, mask, graphed=self.use_graphs)
+        for draft in models[1:]:
+            draft.prefill(input_ids, mask, graphed=self.use_graphs)
+        self.prefill_captures = sum(model.captures for model in models) - before
         width = input_ids.shape[1]
         columns = torch.arange(width, device=self.device)
         source = (columns + (width - lengths)[:, None]) % width  # real tokens first (slot == position)

@@ -289,7 +289,8 @@ class LlamaRunner:
         self.slots = torch.arange(max_len + 1, device=self.device)             # [max_len + 1]
         self.rows = torch.arange(max_batch, device=self.device)                # [max_batch]
         self.scratch_position = max_len
-        self._graphs: dict[tuple[int, int, int, bool], GraphedStep] = {}
+        self._graphs: dict[tuple[int, int, int, bool, bool], GraphedStep] = {}
+        self.captures = 0  # GraphedSteps built (each a CUDA graph capture on a GPU)
         if not isinstance(compile, bool) and compile not in COMPILE_MODES:
             raise ValueError(f"compile must be True, False or one of {COMPILE_MODES}, got {compile!r}")
         self.compile_lengths = tuple(compile_lengths)
@@ -340,13 +341,18 @@ class LlamaRunner:
 
     __call__ = forward
 
-    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+    def prefill(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                graphed: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         """Fill the cache from left-padded prompts [B, T]; return (last-token logits [B, V], lengths [B]).
 
         Each row is rotated so its real tokens sit at positions 0..len-1 (slot == position); its pad
         tokens land at positions >= len, where the row's next tokens overwrite them before any query
         can see them. One host sync checks that `attention_mask` is left padding (once per request).
+
+        `graphed`: run the forward as a CUDA graph (`prefill_graph`) at the width `bucket_for(T)`, with
+        more pad tokens after each row's own: an eager prefill launches a few dozen kernels per layer
+        from Python, which takes far longer than the arithmetic. Off CUDA the same padded forward runs
+        eagerly. The first prefill of a (B, width bucket) captures its graph (`captures` counts them).
         """
         batch, width = input_ids.shape
         if batch > self.max_batch or width > self.max_len:
@@ -361,15 +367,32 @@ class LlamaRunner:
             raise ValueError("attention_mask must be left padding with at least one real token per row")
         source = (columns + pads[:, None]) % width                      # [B, T]: real tokens first
         tokens = input_ids.to(self.device).gather(1, source)
-        positions = columns.expand(batch, width)
-        logits = self.forward(tokens, positions, bucket_for(width, self.max_len), (lengths - 1)[:, None])
-        return logits[:, 0], lengths
+        last = (lengths - 1)[:, None]                                   # [B, 1]
+        if not graphed:
+            positions = columns.expand(batch, width)
+            logits = self.forward(tokens, positions, bucket_for(width, self.max_len), last)
+            return logits[:, 0], lengths
+        padded = bucket_for(width, self.max_len)
+        tokens = torch.nn.functional.pad(tokens, (0, padded - width), value=0)  # positions >= len, as above
+        positions = self.slots[:padded].expand(batch, padded)
+        logits = self.prefill_graph(batch, padded)(tokens, positions, last)
+        return logits[:, 0].clone(), lengths                            # the graph's output is reused
+
+    def prefill_graph(self, batch: int, width: int) -> GraphedStep:
+        """The memoised `GraphedStep` of a prefill of `width` (a `bucket_for` value) with the head at one
+        column per row."""
+        key = (batch, width, width, False, True)
+        if key not in self._graphs:
+            self._graphs[key] = GraphedStep(self, batch, width, width, last_only=True)
+            self.captures += 1
+        return self._graphs[key]
 
     def graphed(self, batch: int, length: int, bucket: int, compile: bool = False) -> GraphedStep:
         """The memoised `GraphedStep` for (batch, q=length, bucket)."""
-        key = (batch, length, bucket, compile)
+        key = (batch, length, bucket, compile, False)
         if key not in self._graphs:
             self._graphs[key] = GraphedStep(self, batch, length, bucket, compile=compile)
+            self.captures += 1
         return self._graphs[key]
 
 
@@ -383,28 +406,37 @@ class GraphedStep:
     copies the inputs in and replays. The returned tensor is the static output, overwritten by the
     next replay. Off CUDA it runs the forward eagerly. `compile=True` first wraps the forward in
     torch.compile(mode="max-autotune-no-cudagraphs", fullgraph=True): minutes per shape.
+    `last_only=True` adds a static `logits_index` [batch, 1] (the call's third argument) and computes
+    the head at that column only: the prefill's shape, whose full [batch, q, V] logits nobody reads.
     Warm-up runs write only the cache's scratch slot, so capturing mid-generation is safe.
     """
 
     def __init__(self, runner: LlamaRunner, batch: int, length: int, bucket: int, compile: bool = False,
-                 warmup: int = 3) -> None:
+                 warmup: int = 3, last_only: bool = False) -> None:
         self.runner, self.bucket = runner, bucket
         self.tokens = torch.zeros(batch, length, dtype=torch.long, device=runner.device)
         self.positions = torch.full((batch, length), runner.scratch_position, dtype=torch.long,
                                     device=runner.device)
+        self.index = torch.zeros(batch, 1, dtype=torch.long, device=runner.device) if last_only else None
         self.fn = runner.forward
         if compile:
             self.fn = torch.compile(runner.forward, mode="max-autotune-no-cudagraphs", fullgraph=True)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         if runner.device.type == "cuda":
-            self.graph, self.logits = capture(lambda: self.fn(self.tokens, self.positions, bucket), warmup)
+            self.graph, self.logits = capture(lambda: self.fn(self.tokens, self.positions, bucket, self.index),
+                                              warmup)
 
-    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def __call__(self, tokens: torch.Tensor, positions: torch.Tensor,
+                 logits_index: torch.Tensor | None = None) -> torch.Tensor:
+        if (logits_index is None) != (self.index is None):
+            raise ValueError("pass logits_index exactly when the step was built with last_only=True")
         self.tokens.copy_(tokens)
         self.positions.copy_(positions)
+        if self.index is not None:
+            self.index.copy_(logits_index)
         if self.graph is None:
-            return self.fn(self.tokens, self.positions, self.bucket)
+            return self.fn(self.tokens, self.positions, self.bucket, self.index)
         self.graph.replay()
         return self.logits
 

@@ -104,15 +104,19 @@ def test_configurations_build_what_they_claim():
     assert gqa.num_key_value_heads < gqa.num_attention_heads
 
 
-def check_against_hf(model: torch.nn.Module, graphed: bool = False, tol: float = TOL, attention: str = "auto") -> None:
+def check_against_hf(model: torch.nn.Module, graphed: bool = False, tol: float = TOL, attention: str = "auto",
+                     graphed_prefill: bool | None = None) -> None:
     """Rows of different lengths; q=1 decode steps and q=4 verify steps that keep only part of what
     they wrote (the rest is stale until overwritten). Every step's logits equal HF on each row's
-    compact sequence. `graphed` runs the steps through `GraphedStep`s (CUDA graphs on a GPU)."""
+    compact sequence. `graphed` runs the steps through `GraphedStep`s (CUDA graphs on a GPU), and the
+    prefill too unless `graphed_prefill` says otherwise: padded to its width bucket (9 -> 16), whose
+    extra pad tokens write slots the steps later overwrite."""
     device = next(model.parameters()).device
     rows = random_rows([5, 9, 2], seed=1)
     runner = LlamaRunner(model, max_batch=3, max_len=MAX_LEN, attention=attention)
     input_ids, mask = left_pad(rows)
-    logits, lengths = runner.prefill(input_ids.to(device), mask.to(device))
+    logits, lengths = runner.prefill(input_ids.to(device), mask.to(device),
+                                     graphed=graphed if graphed_prefill is None else graphed_prefill)
     assert lengths.tolist() == [5, 9, 2]
     for r, row in enumerate(rows):
         assert max_error(logits[r], hf_logits(model, row)[-1]) <= tol
@@ -135,8 +139,30 @@ def check_against_hf(model: torch.nn.Module, graphed: bool = False, tol: float =
             row.extend(new[r, : keep[r]].tolist())
 
 
-def test_prefill_decode_verify_and_rollback_match_hf(model):
-    check_against_hf(model)
+@pytest.mark.parametrize("graphed_prefill", [False, True])
+def test_prefill_decode_verify_and_rollback_match_hf(model, graphed_prefill):
+    """Eager, and with the prefill's padded graph shape (run eagerly off CUDA)."""
+    check_against_hf(model, graphed_prefill=graphed_prefill)
+
+
+def test_graphed_prefill_pads_to_its_bucket_and_is_memoised():
+    model = BUILDERS["gqa"]()
+    runner = LlamaRunner(model, max_batch=2, max_len=MAX_LEN)
+    rows = random_rows([3, 7], seed=11)
+    eager, lengths = runner.prefill(*left_pad(rows))
+    graphed, graphed_lengths = runner.prefill(*left_pad(rows), graphed=True)
+    assert torch.equal(lengths, graphed_lengths) and runner.captures == 1
+    assert max_error(graphed, eager) <= 1e-5
+    step = runner.prefill_graph(2, bucket_for(7, MAX_LEN))
+    assert step.tokens.shape == (2, 16) and runner.captures == 1    # the same graph, not a second one
+    assert step.tokens[0, 3:].eq(0).all() and step.tokens[1, 7:].eq(0).all()  # pads after each row's tokens
+    assert step.index[:, 0].tolist() == [2, 6]                        # the head reads each row's last token
+    runner.prefill(*left_pad(random_rows([5, 12], seed=12)), graphed=True)   # width 12: the same bucket
+    assert runner.captures == 1
+    runner.prefill(*left_pad(random_rows([20, 3], seed=13)), graphed=True)   # width 20: a new one
+    assert runner.captures == 2
+    with pytest.raises(ValueError, match="logits_index"):
+        step(step.tokens, step.positions)
 
 
 @pytest.mark.parametrize("attention", ["fold", "gqa"])
