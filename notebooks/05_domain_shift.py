@@ -670,54 +670,141 @@ if speed and EARLIER is not None and "speed" in EARLIER["results"]:
 # the rest of `generate`. The split is of each method's last round; the ratios are over all rounds.
 
 # %%
+def print_split(record: dict, show: bool = True) -> dict:
+    """Print (when `show`) a speed run's per-method split of its last round (prefill, steps, rest) and the
+    generalist-alone contestant, per sampling setting; return per setting what the text needs: decode-only
+    ratios, prefill costs."""
+    found = {}
+    for label in ("greedy", "t1"):
+        entry = record["results"]["speed"][label]
+        one = entry["one_draft"]
+        split = entry["breakdown_last_round"]
+        ratios = one["ratio_per_round"]
+        if show:
+            print(f"  {'greedy' if label == 'greedy' else 'T = 1'}: the {one['draft']} draft alone, "
+                  f"γ = {one['gamma']}: {ratios['median']:.2f}x fast plain (rounds {ratios['min']:.2f}-"
+                  f"{ratios['max']:.2f}), captures while timed {one['graph_captures']}")
+            print(f"    {'method':<18}{'prefill s':>10}{'steps s':>9}{'rest s':>8}{'steps':>7}{'tok/step':>9}"
+                  f"{'ms/step':>8}{'switches':>9}")
+            for method, parts in split.items():
+                print(f"    {method:<18}{parts['prefill_s']:>10.3f}{parts['steps_s']:>9.3f}{parts['rest_s']:>8.3f}"
+                      f"{parts['steps']:>7}{parts['tokens_per_step']:>9.2f}{parts['ms_per_step']:>8.2f}"
+                      f"{parts['switches']:>9}")
+        plain = split["fast_plain"]
+        requests = record["settings"]["requests"]
+        others = [m for m in split if m != "fast_plain"]
+        found[label] = {
+            "split": split, "one_draft": ratios,
+            "tokens_per_request": plain["steps"] // requests,  # plain decoding makes one token per step
+            "plain_prefill_ms": 1e3 * plain["prefill_s"] / requests,
+            # tokens per step over ms per step, against plain decoding's ms per token
+            "decode": {m: split[m]["tokens_per_step"] * plain["ms_per_step"] / split[m]["ms_per_step"] for m in others},
+            "same_prefill": {m: plain["generate_s"] / (plain["prefill_s"] + split[m]["steps_s"] + split[m]["rest_s"])
+                             for m in others},
+            "extra_prefill_ms": {m: 1e3 * (split[m]["prefill_s"] - plain["prefill_s"]) / requests for m in others},
+            "prefill_share": {m: split[m]["prefill_s"] / split[m]["generate_s"] for m in split}}
+    return found
+
+
 BREAKDOWN = committed_result("real_pool_breakdown_h200")
+PREFILL_GRAPHS = committed_result("real_pool_prefill_graphs_h200")  # the same pool, prefill replayed from graphs
 if BREAKDOWN is not None and "speed" in BREAKDOWN["results"]:
     same_pool = CURRENT is not None and draft_hashes(BREAKDOWN) == draft_hashes(CURRENT)
     print_speed(BREAKDOWN, "current pool, third build" + (" (same weights)" if same_pool else " (OTHER weights)")
                 + ", results/real_pool_breakdown_h200.json")
     texts = []
-    for label in ("greedy", "t1"):
-        entry = BREAKDOWN["results"]["speed"][label]
-        one = entry["one_draft"]
-        split = entry["breakdown_last_round"]
-        ratios = one["ratio_per_round"]
-        print(f"  {'greedy' if label == 'greedy' else 'T = 1'}: the {one['draft']} draft alone, γ = {one['gamma']}: "
-              f"{ratios['median']:.2f}x fast plain (rounds {ratios['min']:.2f}-{ratios['max']:.2f}), captures "
-              f"while timed {one['graph_captures']}")
-        print(f"    {'method':<18}{'prefill s':>10}{'steps s':>9}{'rest s':>8}{'steps':>7}{'tok/step':>9}"
-              f"{'ms/step':>8}{'switches':>9}")
-        for method, parts in split.items():
-            print(f"    {method:<18}{parts['prefill_s']:>10.3f}{parts['steps_s']:>9.3f}{parts['rest_s']:>8.3f}"
-                  f"{parts['steps']:>7}{parts['tokens_per_step']:>9.2f}{parts['ms_per_step']:>8.2f}"
-                  f"{parts['switches']:>9}")
-        plain = split["fast_plain"]
-        tokens = plain["steps"]  # plain decoding makes one token per step
-        requests = BREAKDOWN["settings"]["requests"]
-        decode = {m: (p["tokens_per_step"] / p["ms_per_step"]) / (1 / plain["ms_per_step"])
-                  for m, p in split.items() if m != "fast_plain"}
-        same_prefill = {m: plain["generate_s"] / (plain["prefill_s"] + p["steps_s"] + p["rest_s"])
-                        for m, p in split.items() if m != "fast_plain"}
-        extra_ms = {m: 1e3 * (p["prefill_s"] - plain["prefill_s"]) / requests
-                    for m, p in split.items() if m != "fast_plain"}
+    for label, found in print_split(BREAKDOWN).items():
+        decode, extra, share = found["decode"], found["extra_prefill_ms"], found["prefill_share"]
         texts.append(
             f"{'Greedy' if label == 'greedy' else 'At T = 1'}, decoding alone (tokens per step over ms per step, "
             "against plain decoding's ms per token) the pool makes "
             f"{decode['gamma4']:.2f}× and the generalist alone {decode['one_draft']:.2f}× plain; the speculative "
-            f"decoders' prefills cost {extra_ms['gamma4']:.0f} ms (pool) and {extra_ms['one_draft']:.0f} ms "
-            f"(one draft) more per request than plain decoding's ({1e3 * plain['prefill_s'] / requests:.0f} ms), "
-            f"and with {tokens // requests} new tokens per request the prefills are "
-            f"{plain['prefill_s'] / plain['generate_s']:.0%} of plain decoding's time and "
-            f"{split['gamma4']['prefill_s'] / split['gamma4']['generate_s']:.0%} of the pool's. With the plain "
-            f"prefill's cost the streams would reach {same_prefill['gamma4']:.2f}× (pool) and "
-            f"{same_prefill['one_draft']:.2f}× (one draft). ")
+            f"decoders' prefills cost {extra['gamma4']:.0f} ms (pool) and {extra['one_draft']:.0f} ms "
+            f"(one draft) more per request than plain decoding's ({found['plain_prefill_ms']:.0f} ms), "
+            f"and with {found['tokens_per_request']} new tokens per request the prefills are "
+            f"{share['fast_plain']:.0%} of plain decoding's time and {share['gamma4']:.0%} of the pool's. With the "
+            f"plain prefill's cost the streams would reach {found['same_prefill']['gamma4']:.2f}× (pool) and "
+            f"{found['same_prefill']['one_draft']:.2f}× (one draft). ")
     display(Markdown(
         "".join(texts)
         + "So the 1.5× bar is missed by three things at once: too few tokens per step at T = 1 (the drafts), the "
-        "speculative prefill's extra cost (not located yet: greedy it is about the same with one draft as with "
-        "four, at T = 1 it is not, so it is not simply the drafts' own forwards; `experiments/prefill_profile.py` "
-        "is the probe, not yet run on a GPU), and requests too short to amortise any prefill. Switching among "
-        "four drafts costs the pool some decode speed against the generalist alone, whose greedy decoding, taken "
-        "alone in this round, is 1.5× plain's."))
+        "speculative prefill's extra cost, and requests too short to amortise any prefill"
+        + (" (the next section finds where the prefill went and removes most of it)" if PREFILL_GRAPHS else "")
+        + ". Switching among four drafts costs the pool some decode speed against the generalist alone."))
+
+# %% [markdown]
+# **Where the prefill went.** `experiments/prefill_profile.py` timed one request's prefill on the H200 (256 prompt
+# tokens; SmolLM2's shapes with random weights, since a prefill's time does not depend on the weights; the draft
+# two layers cut from it), for each runner alone and for the session, and profiled it. The runner's prefill was
+# eager: a Python loop over 30 layers, a few dozen kernel launches per layer. The fast path now captures each
+# runner's prefill as a CUDA graph per (batch, width bucket) and replays it: the prompt is padded, after each
+# row's own tokens, to its width's attention bucket (`runner.bucket_for`), so few widths need a graph, and the extra
+# pad tokens write cache slots that the decode steps overwrite before any query can see them (the same argument
+# as a left-padded row's own pads, design notes §4). The CPU tests run the padded shape eagerly against HF's
+# logits, and a mutation that puts the pads before the tokens fails them.
+
+# %%
+PROBE_BEFORE = committed_result("prefill_profile_eager_h200")
+PROBE = committed_result("prefill_profile_h200")
+if PROBE_BEFORE is not None and PROBE is not None:
+    eager_run = PROBE_BEFORE["results"]
+    print_wrapped(f"eager prefill: {provenance.caption(PROBE_BEFORE)}", indent="")
+    print_wrapped(f"prefill from graphs: {provenance.caption(PROBE)}", indent="")
+    print(f"  {'decoder':<18}{'runner':<8}{'eager ms':>10}{'graphed ms':>12}{'request ms before':>19}"
+          f"{'after':>8}{'max |Δ logit|':>15}")
+    for decoder, run in PROBE["results"].items():
+        before = eager_run[decoder]["prefill_ms_per_request"]["median"]
+        after = run["prefill_ms_per_request"]["median"]
+        for index, (role, eager) in enumerate(run["runner_prefill_ms"].items()):
+            print(f"  {decoder if index == 0 else '':<18}{role:<8}{eager['median']:>10.1f}"
+                  f"{run['runner_prefill_graphed_ms'][role]['median']:>12.1f}"
+                  + (f"{before:>19.1f}{after:>8.1f}" if index == 0 else " " * 27)
+                  + f"{run['graphed_vs_eager_max_abs_logit_error'][role]:>15.2g}")
+    launches = {row["op"]: row for row in eager_run["fast_plain"]["top_host_ops"]}
+    kernel_launches = sum(launches[op]["calls"] for op in ("cudaLaunchKernel", "cudaLaunchKernelExC") if op in launches)
+    launch_ms = sum(launches[op]["self_cpu_ms"] for op in ("cudaLaunchKernel", "cudaLaunchKernelExC") if op in launches)
+    target = PROBE["results"]["fast_plain"]
+    gain = target["runner_prefill_ms"]["target"]["median"] / target["runner_prefill_graphed_ms"]["target"]["median"]
+    display(Markdown(
+        f"Eagerly, plain decoding's prefill launched {kernel_launches} kernels from the host, "
+        f"{launch_ms:.0f} ms in the launch calls alone: the prefill was bound by the host, not by the GPU. Replayed "
+        f"from a graph, the target's prefill takes {gain:.1f}× less time on this probe. The probe's prompt fills its "
+        "bucket exactly, so the graphed and eager logits are compared at the same shape (the column on the right); "
+        "the padded shapes are compared with HF's logits in the CPU tests."))
+
+# %% [markdown]
+# A fourth build of the same pool (`results/real_pool_prefill_graphs_h200.json`) timed the stream again with the
+# prefill replayed from graphs, everything else as in the third.
+
+# %%
+if PREFILL_GRAPHS is not None and "speed" in PREFILL_GRAPHS["results"]:
+    same_pool = CURRENT is not None and draft_hashes(PREFILL_GRAPHS) == draft_hashes(CURRENT)
+    print_speed(PREFILL_GRAPHS, "current pool, fourth build" + (" (same weights)" if same_pool else " (OTHER weights)")
+                + ", prefill from graphs, results/real_pool_prefill_graphs_h200.json")
+    now = print_split(PREFILL_GRAPHS)
+    then = print_split(BREAKDOWN, show=False) if BREAKDOWN is not None and "speed" in BREAKDOWN["results"] else None
+    texts = []
+    for label, found in now.items():
+        pool = PREFILL_GRAPHS["results"]["speed"][label]["ratio_per_round"]
+        name = "Greedy" if label == "greedy" else "At T = 1"
+        text = (f"{name}, the prefills now cost {found['plain_prefill_ms']:.1f} ms per request (plain) and "
+                f"{found['extra_prefill_ms']['gamma4']:.1f} ms more with the pool, "
+                f"{found['prefill_share']['gamma4']:.0%} of the pool's time")
+        if then is not None:
+            text += (f" (before: {then[label]['plain_prefill_ms']:.0f} ms, "
+                     f"{then[label]['extra_prefill_ms']['gamma4']:.0f} ms more, "
+                     f"{then[label]['prefill_share']['gamma4']:.0%})")
+        text += (f"; the pool makes {pool['median']:.2f}× fast plain (rounds {pool['min']:.2f}–{pool['max']:.2f}) "
+                 f"and the generalist alone {found['one_draft']['median']:.2f}× "
+                 f"({found['one_draft']['min']:.2f}–{found['one_draft']['max']:.2f}), against decode-only ratios of "
+                 f"{found['decode']['gamma4']:.2f}× and {found['decode']['one_draft']:.2f}×: {speed_verdict(pool)} "
+                 f"for the pool, {speed_verdict(found['one_draft'])} for the generalist alone. ")
+        texts.append(text)
+    display(Markdown(
+        "".join(texts)
+        + "With the prefill nearly gone from the stream, what is left below 1.5× is the decode step itself: "
+        "at T = 1 the drafts make too few tokens per step (their acceptance, above), and greedy the pool's "
+        "switching and its steps' cost keep it under the bar, the generalist alone just under it."))
 
 # %% [markdown]
 # Where the time goes: the anatomy of one step with one draft (the generalist), each piece replayed alone from its
@@ -751,6 +838,8 @@ if anatomy is not None and speed:
 adaptive = COMPILED["results"].get("adaptive_gamma") if COMPILED is not None else None
 if REBUILT is not None and "adaptive_gamma" in REBUILT["results"]:  # the run with a replayed warm-up
     adaptive = REBUILT["results"]["adaptive_gamma"]
+if PREFILL_GRAPHS is not None and "adaptive_gamma" in PREFILL_GRAPHS["results"]:  # graphs captured before timing
+    adaptive = PREFILL_GRAPHS["results"]["adaptive_gamma"]
 if anatomy is not None and speed and POOL is not None and "quality" in POOL["results"]:
     plain_step = 1e3 / speed["t1"]["fast_plain"]["median"]  # the anatomy's step samples at T = 1
     step_ratio = anatomy["step_ms_p50"] / plain_step
@@ -786,15 +875,17 @@ if anatomy is not None and speed and POOL is not None and "quality" in POOL["res
 # %% [markdown]
 # **Adaptive γ.** The same stream ($T = 1$) served with γ fixed at each of several values, Thompson sampling
 # choosing among the four drafts, against one Thompson sampler over (draft, γ) arms, each arm a draft at one γ.
-# The chosen γ per domain shows whether the policy adapts γ to the domain. Shown from the rebuilt pool's run, where
-# every contestant first serves the same stream untimed with a fresh copy of its policy and the same seeds, and the
-# timed stream counts the CUDA graphs it still captures: a policy whose choices do not depend on timing captures
-# none, but a throughput reward reads step times, so the adaptive policy may choose differently the second time.
-# Tokens per step do not depend on timing.
+# The chosen γ per domain shows whether the policy adapts γ to the domain. Shown from the newest run that has it
+# (the fourth build's), where every contestant first serves the same stream untimed with a fresh copy of its policy
+# and the same seeds, then captures every graph an arm can reach (`capture_graphs`), and the timed stream counts
+# the CUDA graphs it still captures: a throughput reward reads step times, so the adaptive policy may choose
+# differently the second time, and without the captures ahead it met graphs the warm-up had not. Tokens per step
+# do not depend on timing.
 
 # %%
 if adaptive is not None:
-    adaptive_record = REBUILT if REBUILT is not None and "adaptive_gamma" in REBUILT["results"] else COMPILED
+    adaptive_record = next(record for record in (PREFILL_GRAPHS, REBUILT, COMPILED)
+                           if record is not None and "adaptive_gamma" in record["results"])
 
     def captures(run: dict) -> str:
         return "not counted" if run.get("graph_captures") is None else str(run["graph_captures"])

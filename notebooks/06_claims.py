@@ -647,7 +647,10 @@ else:
 # domain specialists (chapter 5, "A real target"; design notes §8). The bars are the targets of that experiment
 # (`experiments/real_pool.py`), judged here from its committed H200 runs of one pool, built at one commit:
 # `results/real_pool_compiled_h200.json` (speed with compiled regions, adaptive γ) and
-# `results/real_pool_switching_h200.json` (acceptance, switching). An earlier build has different weights under
+# `results/real_pool_switching_h200.json` (acceptance, switching). Later builds of the same pool (every weight
+# hash equal) timed newer code; the newest, `results/real_pool_prefill_graphs_h200.json` (the prefill replayed from
+# CUDA graphs), judges the speed and adaptive-γ rows, and the first speed run is reported beside it. An earlier
+# build has different weights under
 # the same cache key (chapter 5); its graphs-only speed run, `results/real_pool_h200.json`, is reported beside the
 # speed row and never combined with the current pool's numbers. The rules:
 #
@@ -667,6 +670,8 @@ REAL_SPEED_RUN = committed("real_pool_compiled_h200.json")  # current pool: spee
 REAL_POOL = committed("real_pool_switching_h200.json")  # current pool: quality, switching
 REAL_EARLIER = committed("real_pool_h200.json")  # earlier pool, graphs-only speed
 REAL_REBUILT = committed("real_pool_compiled_rebuild_h200.json")  # current pool rebuilt: adaptive γ, captures counted
+REAL_LATEST = committed("real_pool_prefill_graphs_h200.json")  # current pool, prefill from graphs: speed, adaptive γ
+REAL_LATEST_FILE = "`results/real_pool_prefill_graphs_h200.json`"
 REAL_SPEED_FILE = "`results/real_pool_compiled_h200.json`"
 REAL_FILE = "`results/real_pool_switching_h200.json`"
 REAL_EARLIER_FILE = "`results/real_pool_h200.json`"
@@ -730,15 +735,27 @@ def judge_speed(record: dict) -> tuple[list[str], list[str]]:
     return verdicts, parts
 
 
-real_speed = REAL_SPEED_RUN["results"].get("speed", {}) if REAL_SPEED_RUN else {}
+# the newest run of the same pool judges the claim (it times the current code); the older run is reported beside it
+judged_run, judged_file, before = REAL_SPEED_RUN, REAL_SPEED_FILE, ""
+if (REAL_LATEST and "speed" in REAL_LATEST["results"]
+        and (REAL_SPEED_RUN is None or same_pool(REAL_LATEST, REAL_SPEED_RUN))):
+    judged_run, judged_file = REAL_LATEST, REAL_LATEST_FILE
+    if REAL_SPEED_RUN and "speed" in REAL_SPEED_RUN["results"]:
+        before_verdicts, before_parts = judge_speed(REAL_SPEED_RUN)
+        before = (f". Before the prefill ran from CUDA graphs, {real_source(REAL_SPEED_RUN, REAL_SPEED_FILE)}: "
+                  f"{stats.overall_verdict(before_verdicts)} (" + "; ".join(before_parts) + ")")
+real_speed = judged_run["results"].get("speed", {}) if judged_run else {}
 if not any(label in real_speed for label in ("greedy", "t1")):
     add_claim(REAL_SPEED_CLAIM, real_command, f"{REAL_SPEED_FILE}, part `speed` (not committed yet)")
 else:
-    verdicts, parts = judge_speed(REAL_SPEED_RUN)
-    settings = REAL_SPEED_RUN["settings"]
+    verdicts, parts = judge_speed(judged_run)
+    settings = judged_run["settings"]
     rounds = [run["ratio_per_round"]["runs"] for label in ("greedy", "t1") if label in real_speed
               for run in (real_speed[label].get("by_gamma") or {"": real_speed[label]}).values()]
     first_slowest = all(runs[0] == min(runs) for runs in rounds)
+    counted = [n for label in ("greedy", "t1") if label in real_speed
+               for run in (real_speed[label].get("by_gamma") or {"": real_speed[label]}).values()
+               for n in run.get("graph_captures") or []]
     agreement = real_speed.get("greedy", {}).get("greedy_token_agreement_with_plain")
     earlier = ""
     if REAL_EARLIER and "speed" in REAL_EARLIER["results"]:
@@ -749,16 +766,17 @@ else:
     add_claim(
         REAL_SPEED_CLAIM,
         stats.overall_verdict(verdicts) + " (" + "; ".join(parts) + ")",
-        f"{real_source(REAL_SPEED_RUN, REAL_SPEED_FILE)}, `speed` (Thompson sampling over the four drafts, "
+        f"{real_source(judged_run, judged_file)}, `speed` (Thompson sampling over the four drafts, "
         f"static caches, CUDA graphs and compiled regions (`--compile {settings['compile']}`), "
         f"{settings['requests']} held-out prompts × {settings['new_tokens']} tokens, {settings['repeats']} "
         "rounds)"
-        + ("; in every setting the first round is the slowest, which fits CUDA graphs captured inside it "
+        + (f"; {sum(counted)} CUDA graphs captured inside the timed rounds" if counted else
+           "; in every setting the first round is the slowest, which fits CUDA graphs captured inside it "
            "(the run does not count captures)" if first_slowest else "")
         + (f"; greedy tokens equal plain greedy's at {agreement:.0%} of positions (bf16 "
            "near-ties broken differently by a one-token and a (γ+1)-token forward; fp32 "
            "greedy equality is tested on CPU)" if agreement is not None else "")
-        + earlier + "; chapters 4 and 5")
+        + before + earlier + "; chapters 4 and 5")
     for part in parts:
         print_wrapped(part)
 
@@ -853,9 +871,11 @@ else:
         for part in parts:
             print_wrapped("  " + part, indent="    ")
 
-GAMMA_RUN, GAMMA_FILE = ((REAL_REBUILT, "`results/real_pool_compiled_rebuild_h200.json`")
-                         if REAL_REBUILT and "adaptive_gamma" in REAL_REBUILT["results"]
-                         else (REAL_SPEED_RUN, REAL_SPEED_FILE))
+GAMMA_RUN, GAMMA_FILE = next(
+    ((record, file) for record, file in ((REAL_LATEST, REAL_LATEST_FILE),
+                                         (REAL_REBUILT, "`results/real_pool_compiled_rebuild_h200.json`"))
+     if record and "adaptive_gamma" in record["results"]),
+    (REAL_SPEED_RUN, REAL_SPEED_FILE))
 real_gamma = GAMMA_RUN["results"].get("adaptive_gamma") if GAMMA_RUN else None
 if not real_gamma:
     add_claim(REAL_GAMMA_CLAIM, real_command, f"{REAL_SPEED_FILE}, part `adaptive_gamma` (not committed yet)")
@@ -882,7 +902,8 @@ else:
         f"{real_source(GAMMA_RUN, GAMMA_FILE)}, `adaptive_gamma` (T = 1, the blocks stream, "
         f"{GAMMA_RUN['settings']['requests']} requests, one run per contestant, no per-request record); "
         "most chosen γ per domain: " + ", ".join(f"{d} {g}" for d, g in favourite.items())
-        + "; capturing every graph an arm can reach before timing would measure its cost; chapter 5")
+        + ("" if captured == 0 else "; capturing every graph an arm can reach before timing would measure its cost")
+        + "; chapter 5")
     print_wrapped(f"adaptive γ: tokens per step {step_ratio:.2f}x the most-tokens fixed γ ({most}); tokens/s "
                   f"{real_gamma['adaptive_vs_best_fixed']:.2f}x the best fixed γ ({best}), captures "
                   f"inside the timed stream: {captured}")
