@@ -15,7 +15,8 @@ the host taken off the critical path:
   fresh uniforms.
 - `compile=True` fuses each model's per-layer dense work with torch.compile
   (`runner.compile_regions`) before the graphs are captured.
-- On CUDA, each (arm, attention bucket) step is captured once as a CUDA graph and replayed.
+- On CUDA, each (arm, attention bucket) step is captured once as a CUDA graph and replayed, and so is
+  each runner's prefill per (batch, width bucket) (`runner.LlamaRunner.prefill(graphed=True)`).
 - Adaptive γ (`gammas=`): the arms are (draft, γ) pairs. Each arm's step graph has its own query
   lengths (the draft's γ+1 window, the target's γ+1 verify); the buffers are sized by the largest
   γ, the commit always takes that width (shorter arms pad with -1, never emitted), and a lazy draft
@@ -154,7 +155,8 @@ class FastSpeculativeDecoder:
             consecutive step ends (the recorded events; no extra sync), on a CPU the step's own
             (synchronous) launch time; a step that captured a graph is not timed (capture is not
             its cost). The choice of step t still uses only steps <= t - lag: Theorem 1 holds.
-        graphs: capture CUDA graphs (default: when the target is on CUDA).
+        graphs: capture CUDA graphs of the steps and of each runner's prefill per width bucket (default: when
+            the target is on CUDA).
         lag: steps between a step's launch and the host reading its outcome (>= 1).
         backend: verify backend on CUDA, "triton" (default when available) or "torch".
         draft_sync: "lazy" (only the chosen draft runs; a draft chosen after k steps away catches
