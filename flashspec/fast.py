@@ -236,10 +236,11 @@ class FastSpeculativeDecoder:
         """Capture ahead of time, in the session of the last `generate`, every graph a step can replay while
         its longest row holds one of `lengths` tokens: each arm's step at that length's attention bucket and,
         for a model draft under lazy sync, its catch-up at every length the step loop can ask for there
-        (`catch_up_tokens`: powers of two, capped at the bucket). A timed stream served afterwards in that
-        session captures nothing, whichever arms its policy picks. Nothing is committed: the captures run
-        frozen, at a fill that fits each bucket, and the buffers are put back. Returns the graphs captured
-        (0 without graphs)."""
+        (`catch_up_tokens`: powers of two, capped at the bucket), and each runner's prefill of a prompt
+        whose width falls in one of those buckets. A timed stream served afterwards in that session captures
+        nothing, whichever arms its policy picks and whatever its prompts' widths below the largest length.
+        Nothing is committed: the captures run frozen, at a fill that fits each bucket, and the buffers are
+        put back. Returns the graphs captured (0 without graphs)."""
         session = self._session
         if session is None:
             raise ValueError("capture_graphs needs a session: call generate once first (it fixes the shapes)")
@@ -394,6 +395,7 @@ class _Session:
         self.catch_ups: collections.Counter[int] = collections.Counter()  # catch-up length -> times
         self.batch = batch
         self.prefill_captures = 0  # prefill graphs the last prefill captured
+        self.prefill_graphs = 0  # prefill graphs this session's runners hold (one per runner and width bucket)
 
     # ------------------------------------------------------------------------------- request set-up
     def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, budgets: list[int], seed: int,
@@ -402,12 +404,13 @@ class _Session:
         prompt lengths, before the first step). With graphs, each runner's prefill replays a graph per
         (batch, width bucket); `prefill_captures` says how many this call captured."""
         buffers = self.buffers
-        models = [self.target, *(d for d in self.drafts if isinstance(d, runner.LlamaRunner))]
+        models = self.runners()
         before = sum(model.captures for model in models)
         _, lengths = self.target.prefill(input_ids, mask, graphed=self.use_graphs)
         for draft in models[1:]:
             draft.prefill(input_ids, mask, graphed=self.use_graphs)
         self.prefill_captures = sum(model.captures for model in models) - before
+        self.prefill_graphs += self.prefill_captures
         width = input_ids.shape[1]
         columns = torch.arange(width, device=self.device)
         source = (columns + (width - lengths)[:, None]) % width  # real tokens first (slot == position)
@@ -526,6 +529,10 @@ class _Session:
             graph.replay()
         return captured
 
+    def runners(self) -> list[runner.LlamaRunner]:
+        """The target's runner, then each model draft's (prompt-lookup drafts have none)."""
+        return [self.target, *(d for d in self.drafts if isinstance(d, runner.LlamaRunner))]
+
     def catches_up(self, draft: int) -> bool:
         """Whether draft `draft` (an index; -1 for plain decoding) reads what it missed before its window:
         a model draft under lazy sync."""
@@ -551,6 +558,11 @@ class _Session:
                         if key not in self.graphs:
                             self.graphs[key] = self._capture(run)
                             captured += 1
+                for model in self.runners():  # a prompt whose width has this bucket: its prefill's graph
+                    before = model.captures
+                    model.prefill_graph(self.batch, bucket)  # its warm-ups write the scratch slot only
+                    self.prefill_graphs += model.captures - before
+                    captured += model.captures - before
         finally:
             b.lengths.copy_(saved)
         return captured

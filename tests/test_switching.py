@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from flashspec import models, switching
+from flashspec import models, runner, switching
 from flashspec.bandits import make_policy
 from flashspec.fast import FastSpeculativeDecoder
 from policies import Blocks
@@ -78,12 +78,15 @@ def test_fast_decoder_counts_each_graph_it_captures_in_every_session(fake_graphs
     decoder.generate(prompt, max_new_tokens=12, ignore_eos=True)
     first = decoder._session
     assert any(key[0] == "catch_up" for key in first.graphs)  # steps that capture two graphs count both
-    assert decoder.graphs_captured == len(first.graphs) > 0
-    decoder.generate(prompt, max_new_tokens=12, ignore_eos=True)  # same session, same arms and buckets: replays
-    assert decoder._session is first and decoder.graphs_captured == len(first.graphs)
+    assert first.prefill_graphs == 1 + len(drafts)  # each runner's prefill, one width bucket
+    assert decoder.graphs_captured == len(first.graphs) + first.prefill_graphs > first.prefill_graphs
+    decoder.generate(prompt, max_new_tokens=12, ignore_eos=True)  # same session: its prefill graphs replay
+    assert decoder._session is first and first.prefill_graphs == 1 + len(drafts)
+    assert decoder.graphs_captured == len(first.graphs) + first.prefill_graphs
     decoder.generate(prompt, max_new_tokens=40, ignore_eos=True)  # a larger cache: a new session captures again
     assert decoder._session is not first
-    assert decoder.graphs_captured == len(first.graphs) + len(decoder._session.graphs)
+    assert decoder.graphs_captured == (len(first.graphs) + first.prefill_graphs
+                                       + len(decoder._session.graphs) + decoder._session.prefill_graphs)
 
 
 def test_replay_warm_up_captures_every_graph_of_the_timed_stream(fake_graphs, target, drafts) -> None:
@@ -172,6 +175,20 @@ def test_capturing_every_graph_ahead_leaves_none_to_capture_and_changes_no_token
         FastSpeculativeDecoder(target, list(drafts.values()), gamma=3, graphs=False).capture_graphs([8])
     with pytest.raises(ValueError, match="lengths"):
         decoder.capture_graphs([0])
+
+
+def test_capturing_ahead_covers_the_prefill_of_every_prompt_width(fake_graphs, target, drafts) -> None:
+    decoder = FastSpeculativeDecoder(target, list(drafts.values()), policy="fixed", gamma=3, graphs=False)
+    decoder.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=30, ignore_eos=True)
+    session = decoder._session
+    assert session.prefill_graphs == 1 + len(drafts)  # width 3: one bucket, each runner's prefill
+    buckets = {runner.bucket_for(n, session.capacity) for n in range(1, session.capacity + 1)}
+    decoder.capture_graphs(range(1, session.capacity + 1))
+    assert session.prefill_graphs == (1 + len(drafts)) * len(buckets) and len(buckets) > 1
+    before = decoder.graphs_captured
+    wide = torch.randint(1, 16, (1, 20), generator=torch.Generator().manual_seed(0))  # another width bucket
+    decoder.generate(wide, max_new_tokens=13, ignore_eos=True)
+    assert decoder._session is session and decoder.graphs_captured == before
 
 
 def test_switching_experiment_times_no_capture_on_a_fast_decoder(fake_graphs, target, drafts) -> None:
