@@ -395,7 +395,6 @@ class _Session:
         self.catch_ups: collections.Counter[int] = collections.Counter()  # catch-up length -> times
         self.batch = batch
         self.prefill_captures = 0  # prefill graphs the last prefill captured
-        self.prefill_graphs = 0  # prefill graphs this session's runners hold (one per runner and width bucket)
 
     # ------------------------------------------------------------------------------- request set-up
     def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, budgets: list[int], seed: int,
@@ -404,13 +403,11 @@ class _Session:
         prompt lengths, before the first step). With graphs, each runner's prefill replays a graph per
         (batch, width bucket); `prefill_captures` says how many this call captured."""
         buffers = self.buffers
-        models = self.runners()
-        before = sum(model.captures for model in models)
+        before = self.prefill_graphs
         _, lengths = self.target.prefill(input_ids, mask, graphed=self.use_graphs)
-        for draft in models[1:]:
+        for draft in self.runners()[1:]:
             draft.prefill(input_ids, mask, graphed=self.use_graphs)
-        self.prefill_captures = sum(model.captures for model in models) - before
-        self.prefill_graphs += self.prefill_captures
+        self.prefill_captures = self.prefill_graphs - before
         width = input_ids.shape[1]
         columns = torch.arange(width, device=self.device)
         source = (columns + (width - lengths)[:, None]) % width  # real tokens first (slot == position)
@@ -533,6 +530,12 @@ class _Session:
         """The target's runner, then each model draft's (prompt-lookup drafts have none)."""
         return [self.target, *(d for d in self.drafts if isinstance(d, runner.LlamaRunner))]
 
+    @property
+    def prefill_graphs(self) -> int:
+        """Prefill graphs this session's runners hold, one per runner and width bucket (the fast path
+        builds no other `GraphedStep`)."""
+        return sum(model.captures for model in self.runners())
+
     def catches_up(self, draft: int) -> bool:
         """Whether draft `draft` (an index; -1 for plain decoding) reads what it missed before its window:
         a model draft under lazy sync."""
@@ -544,7 +547,7 @@ class _Session:
             return 0
         b = self.buffers
         saved = b.lengths.clone()
-        captured = 0
+        captured = -self.prefill_graphs  # plus the prefill graphs held at the end
         try:
             for bucket in sorted({runner.bucket_for(min(n, self.capacity), self.capacity) for n in lengths}):
                 for arm, (draft, gamma) in enumerate(self.arms):
@@ -559,13 +562,10 @@ class _Session:
                             self.graphs[key] = self._capture(run)
                             captured += 1
                 for model in self.runners():  # a prompt whose width has this bucket: its prefill's graph
-                    before = model.captures
                     model.prefill_graph(self.batch, bucket)  # its warm-ups write the scratch slot only
-                    self.prefill_graphs += model.captures - before
-                    captured += model.captures - before
         finally:
             b.lengths.copy_(saved)
-        return captured
+        return captured + self.prefill_graphs
 
     def _capture(self, run: Callable[[], None]) -> torch.cuda.CUDAGraph:
         """Capture `run` (a step or a catch-up). Warm-up runs are frozen: they rewrite cache slots

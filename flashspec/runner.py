@@ -381,17 +381,14 @@ class LlamaRunner:
     def prefill_graph(self, batch: int, width: int) -> GraphedStep:
         """The memoised `GraphedStep` of a prefill of `width` (a `bucket_for` value) with the head at one
         column per row."""
-        key = (batch, width, width, False, True)
-        if key not in self._graphs:
-            self._graphs[key] = GraphedStep(self, batch, width, width, last_only=True)
-            self.captures += 1
-        return self._graphs[key]
+        return self.graphed(batch, width, width, last_only=True)
 
-    def graphed(self, batch: int, length: int, bucket: int, compile: bool = False) -> GraphedStep:
-        """The memoised `GraphedStep` for (batch, q=length, bucket)."""
-        key = (batch, length, bucket, compile, False)
+    def graphed(self, batch: int, length: int, bucket: int, compile: bool = False,
+                last_only: bool = False) -> GraphedStep:
+        """The memoised `GraphedStep` for (batch, q=length, bucket); `captures` counts the ones built."""
+        key = (batch, length, bucket, compile, last_only)
         if key not in self._graphs:
-            self._graphs[key] = GraphedStep(self, batch, length, bucket, compile=compile)
+            self._graphs[key] = GraphedStep(self, batch, length, bucket, compile=compile, last_only=last_only)
             self.captures += 1
         return self._graphs[key]
 

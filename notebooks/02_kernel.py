@@ -835,9 +835,8 @@ if chained:
               f"{cell(point.get('best_graph_warm_over_chain_floor'), '.2f', 11)} "
               f"{cell(point.get('best_graph_warm_over_floor'), '.2f', 11)}")
     print("(chain floor of the best variant's plan; best: its warm replay)")
-    fused_ranks = [sorted(row["graph_warm_us"] for row in p["variants"].values()
-                          if row.get("graph_warm_us") is not None).index(p["variants"]["fused"]["graph_warm_us"])
-                   == sum(row.get("graph_warm_us") is not None for row in p["variants"].values()) - 1
+    fused_ranks = [p["variants"]["fused"]["graph_warm_us"] == max(
+                       row["graph_warm_us"] for row in p["variants"].values() if row.get("graph_warm_us") is not None)
                    for p in chained if p["variants"].get("fused", {}).get("graph_warm_us") is not None]
     fused_text = ("its replay was the slowest of the variants at every point." if fused_ranks and all(fused_ranks)
                   else f"its replay was the slowest variant at {sum(fused_ranks)} of {len(fused_ranks)} points.")
