@@ -343,6 +343,12 @@ PLAN_VARIANTS: dict[str, dict[str, int]] = {
                      "stats_max_tiles": 1},
     "stats_bv2048": {"accept_once": 1, "lanes": 1, "sample_block_v": 256, "sample_max_tiles": 4,
                      "stats_block_v": 2048, "stats_max_tiles": 2},
+    # one cooperative launch: every program loads its chunk of all 2γ+1 rows at once, meets its row's other
+    # programs at a barrier and samples from its own chunk (one program per SM, or two; tiles of 512 or 256)
+    "coop": {"coop": 1},
+    "coop_bv256": {"coop": 1, "coop_block_v": 256},
+    "coop_2_per_sm": {"coop": 1, "coop_programs_per_sm": 2},
+    "coop_2_per_sm_lanes": {"coop": 1, "coop_programs_per_sm": 2, "lanes": 1},
     # a diagnostic, never chosen: what approximate log/exp would save (its tokens may differ at near-ties)
     "diagnostic_fast_math": {"precise": 0},
 }
@@ -356,6 +362,9 @@ def is_diagnostic(overrides: dict[str, int]) -> bool:
 def _plan_record(prepared) -> dict:
     """The grid and block sizes of a prepared step, for the results file."""
     plan = prepared.plan
+    if plan.coop:
+        return {"coop": True, "lanes": plan.lanes, "grid": list(prepared.coop_grid), "chunk": plan.coop_chunk,
+                "block_v": plan.coop_block_v, "warps": plan.coop_warps}
     if plan.fused:
         return {"fused": True, "block_b": plan.block_b, "lanes": plan.lanes, "grid": list(prepared.fused_grid),
                 "stats_block_v": plan.stats_block_v, "sample_block_v": plan.sample_block_v,
@@ -401,8 +410,9 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
 
 
 def _chain_floor(target: torch.Tensor, plan) -> dict:
-    """The two-launch design's dependency chain at `plan`'s grids with almost no arithmetic
-    (`flashspec.kernels.chain_probe`), as a warm graph replay: the latency floor of that plan's structure."""
+    """The dependency chain of `plan`'s design (two launches, or one cooperative launch) at its grids with almost
+    no arithmetic (`flashspec.kernels.chain_probe`), as a warm graph replay: the latency floor of that
+    plan's structure."""
     from flashspec.kernels.chain_probe import chain_step
 
     value, error = _attempt(lambda: _graph_warm_us(chain_step(target, plan).run))
@@ -458,7 +468,7 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
 
     prepared = prepare_verify(target, draft, tokens, params, key)
     prepared.run()
-    two = prepared if not prepared.plan.fused else prepare_verify(target, draft, tokens, params, key, fused=False)
+    two = prepared if prepared.plan.launches == 2 else prepare_verify(target, draft, tokens, params, key, fused=False)
     two.run()
     _sync()
     reference = verify_reference(target, draft, tokens, params, key)
@@ -499,7 +509,7 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
         "torch_us": _do_bench_us(torch_step, rep_ms=100),
         "torch_wall_us_per_call": _wall_us(torch_step, calls=10),
     })
-    point.update(_chain_floor(target, two.plan))
+    point.update(_chain_floor(target, two.plan if prepared.plan.fused else prepared.plan))
     point["variants"] = {name: bench_variant((target, draft, tokens), params, key, overrides, expected)
                          for name, overrides in variants.items()}
     kernels.FAST_LAUNCH = False  # Triton's own launch path, for the host-overhead comparison

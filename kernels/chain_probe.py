@@ -1,4 +1,4 @@
-"""The two-launch verify step's dependency chain with almost no arithmetic: a latency floor for its design.
+"""The verify step's dependency chain with almost no arithmetic: a latency floor for its design.
 
 The step cannot start sampling before every V-chunk's statistics are in, and cannot write a token before every
 chunk's race winner is in; on a GPU that is a chain of dependent global-memory round trips and two launches,
@@ -8,6 +8,10 @@ last program of each row reads the partials and stores one word (the accept outc
 that word, loads one tile of the row it names, stores its tile's maximum and takes a ticket, and the last
 program of each row reduces the winners and writes a token. `flashspec bench verify` times it as a warm CUDA
 graph replay (`chain_floor_us`) beside the real step.
+
+The cooperative plan's chain is one launch (`_chain_coop`): each program loads one tile of its chunk at every
+position, stores one partial, waits at its row's barrier, reads the row's partials, loads one tile of the row
+they name, stores its maximum and takes a ticket; the last program of the row writes the token.
 """
 from __future__ import annotations
 
@@ -21,6 +25,7 @@ import triton
 import triton.language as tl
 from triton.language import core as tlcore  # noqa: F401  (the interpreter patches it through this module's globals)
 
+from flashspec.kernels.coop_pass import _row_barrier
 from flashspec.kernels.plan import LaunchPlan
 from flashspec.kernels.shims import INT32_MAX, _max, _max_index, _min, _sum, interpreting
 
@@ -74,18 +79,64 @@ def _chain_second(x_ptr, word_ptr, win_val_ptr, win_idx_ptr, counter_ptr, out_pt
         tl.atomic_xchg(counter_ptr + row, 0)
 
 
+@triton.jit
+def _chain_coop(x_ptr, part_ptr, win_val_ptr, win_idx_ptr, counter_ptr, out_ptr, batch, vocab, positions, splits,
+                CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr,
+                PHASE: tl.constexpr):
+    """Grid (rows, splits), all resident: one [positions, BLOCK] tile at the start of this program's chunk ->
+    one partial; the row's barrier; the row's partials -> the position to sample (always the last); one tile
+    of it -> its maximum; the row's last program writes the first column of the largest. PHASE as
+    `_coop_kernel`'s (1 and 2: either side of the barrier, for the interpreter)."""
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    cols = split * CHUNK + tl.arange(0, BLOCK)
+    position = tl.arange(0, BLOCK_P)
+    rows = (row * positions + position).to(tl.int64) * vocab
+    if PHASE != 2:
+        x = tl.load(x_ptr + rows[:, None] + cols[None, :], mask=(position < positions)[:, None] & (cols < vocab)[None, :],
+                    other=0.0)
+        total = _sum(_sum(x.to(tl.float32), axis=1)[None, :], axis=1)
+        tl.store(part_ptr + row * splits + split + tl.arange(0, 1), total)
+    if PHASE == 0:
+        _row_barrier(counter_ptr + batch + row, counter_ptr + 2 * batch + row, splits)
+    if PHASE != 1:
+        every = tl.arange(0, BLOCK_S)
+        parts = tl.load(part_ptr + row * splits + every, mask=every < splits, other=0.0, volatile=True)
+        word = _sum(parts[None, :], axis=1)
+        last = positions - 1 + (word != word).to(tl.int32)  # NaN-proof: always the last position
+        y = tl.load(x_ptr + (row * positions + last).to(tl.int64)[:, None] * vocab + cols[None, :],
+                    mask=(cols < vocab)[None, :], other=float("-inf")).to(tl.float32)
+        best, arg = _max_index(y, axis=1)
+        tl.store(win_val_ptr + row * splits + split + tl.arange(0, 1), best)
+        tl.store(win_idx_ptr + row * splits + split + tl.arange(0, 1), (split * CHUNK + arg).to(tl.int32))
+        ticket = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
+        if ticket == splits - 1:
+            values = tl.load(win_val_ptr + row * splits + every, mask=every < splits, other=float("-inf"),
+                             volatile=True)[None, :]
+            indices = tl.load(win_idx_ptr + row * splits + every, mask=every < splits, other=INT32_MAX,
+                              volatile=True)[None, :]
+            top = _max(values, axis=1)
+            tl.store(out_ptr + row + tl.arange(0, 1),
+                     _min(tl.where(values == top[:, None], indices, INT32_MAX), axis=1))
+            tl.atomic_xchg(counter_ptr + row, 0)
+
+
 @dataclass
 class ChainStep:
     """The two probe launches bound to one set of logits: `run()` launches both; `token` [B] int32 then holds,
     per row, the first column of the largest logit among the tiles launch 2 loaded."""
 
-    launches: list[tuple]  # (kernel, grid, args, meta) of launch 1, then launch 2
+    launches: list[tuple]  # (kernel, grid, args, meta) of launch 1, then launch 2 (or the one cooperative launch)
     token: torch.Tensor
 
     def run(self) -> None:
         with np.errstate(all="ignore") if interpreting() else contextlib.nullcontext():
             for kernel, grid, args, meta in self.launches:
-                kernel[grid](*args, **meta)
+                if interpreting() and "PHASE" in meta:  # either side of the barrier, one after the other
+                    for phase in (1, 2):
+                        kernel[grid](*args, **{**meta, "PHASE": phase})
+                else:
+                    kernel[grid](*args, **meta)
 
 
 def chain_step(target_logits: torch.Tensor, plan: LaunchPlan) -> ChainStep:
@@ -93,6 +144,8 @@ def chain_step(target_logits: torch.Tensor, plan: LaunchPlan) -> ChainStep:
     tile widths and warps."""
     batch, positions, vocab = target_logits.shape
     device = target_logits.device
+    if plan.coop:
+        return _coop_chain_step(target_logits, plan)
     sample_splits = plan.sample_splits
     sample_chunk = plan.sample_chunk if sample_splits > 1 else triton.next_power_of_2(vocab)
     parts = torch.empty(batch * positions * plan.stats_splits, dtype=torch.float32, device=device)
@@ -110,3 +163,21 @@ def chain_step(target_logits: torch.Tensor, plan: LaunchPlan) -> ChainStep:
               dict(CHUNK=sample_chunk, BLOCK=min(plan.sample_block_v, sample_chunk),
                    BLOCK_S=triton.next_power_of_2(sample_splits), num_warps=plan.sample_warps))
     return ChainStep(launches=[first, second], token=token)
+
+
+def _coop_chain_step(target_logits: torch.Tensor, plan: LaunchPlan) -> ChainStep:
+    """`chain_step` of a cooperative plan: one launch at its grid (a cooperative launch on a GPU)."""
+    batch, positions, vocab = target_logits.shape
+    device = target_logits.device
+    splits = plan.coop_splits
+    parts = torch.empty(batch * splits, dtype=torch.float32, device=device)
+    win_val = torch.empty(batch * splits, dtype=torch.float32, device=device)
+    win_idx = torch.empty(batch * splits, dtype=torch.int32, device=device)
+    counters = torch.zeros(3 * batch, dtype=torch.int32, device=device)
+    token = torch.empty(batch, dtype=torch.int32, device=device)
+    meta = dict(CHUNK=plan.coop_chunk, BLOCK=plan.coop_block_v, BLOCK_P=triton.next_power_of_2(positions),
+                BLOCK_S=triton.next_power_of_2(splits), PHASE=0, num_warps=plan.coop_warps,
+                **({} if interpreting() else {"launch_cooperative_grid": True}))
+    launch = (_chain_coop, (batch, splits),
+              (target_logits, parts, win_val, win_idx, counters, token, batch, vocab, positions, splits), meta)
+    return ChainStep(launches=[launch], token=token)

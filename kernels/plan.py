@@ -1,6 +1,7 @@
 """Launch plans of the verify kernels: block sizes, V-splits and one launch or two, a pure function of the
 shapes and the device. `GPU_PLAN` holds the compiled-plan constants; `SHAPE_PLANS` overrides them (and picks
-the fused single launch or the two launches) per (batch, vocabulary) bucket, from the benchmark's record."""
+the two launches, the fused single launch or the cooperative one) per (batch, vocabulary) bucket, from the
+benchmark's record."""
 from __future__ import annotations
 
 import functools
@@ -35,10 +36,16 @@ class LaunchPlan:
     precise: bool = True  # libdevice log/exp/log1p on a GPU, rounding as the reference does (False: diagnostic)
     lanes: bool = False  # the race keeps per-lane winners and reduces across lanes once per chunk
     accept_once: bool = False  # the stats launch runs the accept test once per row block (T > 0, two launches)
+    coop: bool = False  # one cooperative launch (`_coop_kernel`, T > 0): one row per program, a barrier per row
+    coop_splits: int = 1  # V-splits of the cooperative launch (the grid is (B, coop_splits), all resident)
+    coop_chunk: int = 0
+    coop_block_v: int = 0  # its vocabulary tile (each load covers all γ+1 positions)
+    coop_warps: int = 4
+    block_s4: int = 1  # next power of two >= coop_splits
 
     @property
     def launches(self) -> int:
-        return 1 if self.fused else 2
+        return 1 if self.fused or self.coop else 2
 
 
 @functools.lru_cache(maxsize=16)
@@ -65,6 +72,20 @@ def _splits(vocab: int, block_v: int, programs_per_split: int, target_programs: 
 MAX_STATS_SPLITS = 256  # the sampler combines [γ+1, splits] log-sum-exp partials per row in one tile
 MAX_SAMPLE_SPLITS = 1024  # the last program reduces [splits] race winners in one tile
 
+
+def _coop_splits(batch: int, vocab: int, block_v: int, capacity: int, forced: int | None) -> tuple[int, int] | None:
+    """(chunk, splits) of the cooperative launch: one tile per program where the grid allows, and at most
+    `capacity` programs in all, since every program must be resident at once; None when even whole rows
+    would not fit."""
+    tiles = _cdiv(vocab, block_v)
+    most = min(capacity // batch, MAX_STATS_SPLITS, tiles)
+    if most < 1:
+        return None
+    wanted = max(1, min(tiles if forced is None else int(forced), most))
+    chunk = _cdiv(_cdiv(vocab, wanted), block_v) * block_v
+    return chunk, _cdiv(vocab, chunk)
+
+
 # Compiled-plan constants (the benchmark sweeps some; call make_plan.cache_clear() after a change).
 GPU_PLAN = {
     "stats_block_v": 4096,  # tile of the stats pass (8 warps: 16 bf16 per thread per row)
@@ -83,6 +104,12 @@ GPU_PLAN = {
     # 1: the last stats program of each row block runs the accept test and stores its outcome (six words a
     # row), instead of every sampling program redoing it from the partials (same tokens; T > 0 only)
     "accept_once": 0,
+    # 1: one cooperative launch at T > 0 (kernels/coop_pass.py): every program loads its chunk of all 2γ+1 rows,
+    # meets the other programs of its row at a barrier, then samples from its own chunk; off where the
+    # programs would not all fit on the GPU at once
+    "coop": 0,
+    "coop_block_v": 512,  # its tile: [γ+1 rounded up to a power of two, coop_block_v] logits per load
+    "coop_programs_per_sm": 1,  # the most programs its grid puts on one SM (all must be resident at once)
 }
 
 # Per-shape overrides of GPU_PLAN on a GPU, keyed by (batch bucket, vocabulary bucket) (`shape_bucket`).
@@ -129,8 +156,11 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
               tuning: tuple[tuple[str, int], ...] | None = None) -> LaunchPlan:
     """Choose block sizes, V-splits and one launch or two. On a GPU: one row per program once V is large,
     enough V-splits for a few programs per SM, the launch count of this shape's `SHAPE_PLANS` entry
-    unless `fused` says. Interpreted: whole rows, few programs, two launches unless `fused` says.
+    unless `fused` says (`fused` False: two launches, never the cooperative one, which runs at T > 0 only and
+    where its grid fits on the GPU at once). Interpreted: whole rows, few programs, two launches unless `fused`
+    or `tuning` says.
     `tuning` ((key, value) pairs of GPU_PLAN) replaces the shape's entry (the benchmark's variants)."""
+    two_asked = fused is False
     if device.type == "cuda" and not interpreting():
         config = gpu_plan_for(batch, vocab, tuning)
         stats_block_v = block_v or min(config["stats_block_v"], triton.next_power_of_2(vocab))
@@ -143,6 +173,9 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         precise = bool(config["precise"])
         lanes = bool(config["lanes"])
         accept_once = bool(config["accept_once"])
+        coop = bool(config["coop"])
+        coop_block_v = block_v or min(config["coop_block_v"], triton.next_power_of_2(vocab))
+        coop_capacity = config["coop_programs_per_sm"] * _num_sms(index)
     else:
         stats_block_v = sample_block_v = block_v or min(4096, triton.next_power_of_2(vocab))
         tile = 1 << 16
@@ -153,6 +186,9 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         # tests run both races and both places of the accept test in the interpreter
         lanes = bool(tuning and dict(tuning).get("lanes", 0))
         accept_once = bool(tuning and dict(tuning).get("accept_once", 0))
+        coop = bool(tuning and dict(tuning).get("coop", 0))
+        coop_block_v = stats_block_v
+        coop_capacity = 1 << 30  # interpreted, the cooperative kernel runs as two launches: no residency limit
     if block_b is None:  # compiled: independent of B, so B does not trigger a recompile
         block_b = max(1, tile // stats_block_v)
         if interpreting() or device.type != "cuda":
@@ -167,6 +203,8 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
                                               MAX_SAMPLE_SPLITS, num_splits)
     fused_chunk, fused_splits = _splits(vocab, stats_block_v, row_blocks, target_programs, stats_tiles,
                                         MAX_STATS_SPLITS, num_splits)
+    coop_fit = _coop_splits(batch, vocab, coop_block_v, coop_capacity, num_splits) if coop and not greedy and not two_asked else None
+    coop_chunk, coop_splits = coop_fit or (0, 1)
     return LaunchPlan(
         block_b=block_b,
         stats_block_v=stats_block_v,
@@ -187,4 +225,10 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         precise=precise,
         lanes=lanes,
         accept_once=accept_once and not greedy and not fused,
+        coop=coop_fit is not None and not fused,
+        coop_splits=coop_splits,
+        coop_chunk=coop_chunk,
+        coop_block_v=coop_block_v if coop_fit else 0,
+        coop_warps=8 if coop_block_v * triton.next_power_of_2(gamma + 1) > 4096 else 4,
+        block_s4=triton.next_power_of_2(coop_splits),
     )

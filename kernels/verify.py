@@ -19,7 +19,13 @@ Or one launch, `_fused_kernel` (kernels/fused_pass.py): grid (row blocks, V-spli
 writes its V-chunk's partials of all 2γ+1 rows, and the last program of a row block to finish (an
 atomic ticket) runs launch 2's program over the whole vocabulary. One launch fewer and no second
 read of the partials' scheduling, but one program streams the sampled row alone. Both give the same
-tokens for the same V-splits; `make_plan` picks one per shape (`plan.SHAPE_PLANS`, from the benchmark).
+tokens for the same V-splits.
+
+Or one cooperative launch, `_coop_kernel` (kernels/coop_pass.py), at T > 0: grid (rows, V-splits), every
+program resident at once; each loads its chunk of all 2γ+1 rows in one round trip, stores the partials,
+waits at a per-row barrier, then runs launch 2's program on its own chunk. One launch and one dependent
+round trip fewer than the two launches, with the same tokens. `make_plan` picks one of the three per shape
+(`plan.SHAPE_PLANS`, from the benchmark).
 
 Both kernels take BLOCK_B rows per program: 1 on a GPU with a real vocabulary; many when the
 vocabulary is tiny or when Triton runs in its CPU interpreter, where each program costs
@@ -37,6 +43,7 @@ import triton
 
 from flashspec import rng
 from flashspec.kernels import rng as krng
+from flashspec.kernels.coop_pass import _coop_kernel
 from flashspec.kernels.fused_pass import _fused_kernel
 from flashspec.kernels.plan import GPU_PLAN, SHAPE_PLANS, LaunchPlan, make_plan  # noqa: F401  (re-exported: the benchmark tunes them)
 from flashspec.kernels.sample_pass import _sample_kernel
@@ -171,6 +178,7 @@ _STATS_LAUNCHER = _Launcher(_stats_kernel)
 _STATS_ACCEPT_LAUNCHER = _Launcher(_stats_accept_kernel)
 _SAMPLE_LAUNCHER = _Launcher(_sample_kernel)
 _FUSED_LAUNCHER = _Launcher(_fused_kernel)
+_COOP_LAUNCHER = _Launcher(_coop_kernel)
 
 
 try:  # what Triton's own launcher uses
@@ -184,8 +192,8 @@ except ImportError:  # pragma: no cover
 class PreparedVerify:
     """One verify step with its buffers allocated and its launches bound (no host sync).
 
-    `run()` launches the fused kernel (`plan.fused`) or both kernels; the benchmark times
-    `launch_stats` / `launch_sample` alone. Grids and arguments of the plan not chosen are None.
+    `run()` launches the fused kernel (`plan.fused`), the cooperative one (`plan.coop`) or both kernels; the
+    benchmark times `launch_stats` / `launch_sample` alone. Grids and arguments of the plan not chosen are None.
     """
 
     plan: LaunchPlan
@@ -200,6 +208,9 @@ class PreparedVerify:
     fused_grid: tuple[int, int] | None = None
     fused_args: tuple | None = None
     fused_meta: dict | None = None
+    coop_grid: tuple[int, int] | None = None
+    coop_args: tuple | None = None
+    coop_meta: dict | None = None
     key: int | None = None  # `_entry_id`: stands for each launch's device and specialisation (None: per launch)
     keep: tuple = ()  # the tensors whose raw addresses the launches hold (a warm step's): alive while this is
 
@@ -213,10 +224,20 @@ class PreparedVerify:
     def launch_fused(self) -> None:
         _FUSED_LAUNCHER(self.fused_grid, self.fused_args, self.fused_meta, self.key)
 
+    def launch_coop(self) -> None:
+        """One cooperative launch; interpreted, the two halves of the kernel either side of its barrier."""
+        if interpreting():
+            for phase in (1, 2):
+                _COOP_LAUNCHER(self.coop_grid, self.coop_args, {**self.coop_meta, "PHASE": phase})
+        else:
+            _COOP_LAUNCHER(self.coop_grid, self.coop_args, self.coop_meta, self.key)
+
     def registers(self) -> dict:
         """`_Launcher.registers` of each kernel this step launches (call after a run)."""
         if self.plan.fused:
             return {"fused": _FUSED_LAUNCHER.registers(self.fused_args, self.fused_meta, self.key)}
+        if self.plan.coop:
+            return {"coop": _COOP_LAUNCHER.registers(self.coop_args, self.coop_meta, self.key)}
         stats = _STATS_ACCEPT_LAUNCHER if self.plan.accept_once else _STATS_LAUNCHER
         return {"stats": stats.registers(self.stats_args, self.stats_meta, self.key),
                 "sample": _SAMPLE_LAUNCHER.registers(self.sample_args, self.sample_meta, self.key)}
@@ -224,6 +245,8 @@ class PreparedVerify:
     def run(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self.plan.fused:
             self.launch_fused()
+        elif self.plan.coop:
+            self.launch_coop()
         else:
             self.launch_stats()
             self.launch_sample()
@@ -329,7 +352,7 @@ def prepare_verify(
     outputs = (memory[:batch * (gamma + 1)].view(batch, gamma + 1),
                memory[layout.accepted // 2:layout.accepted // 2 + batch])
     work = layout.addresses(memory.data_ptr()) if warm else layout.views(memory)
-    bind = _bind_fused if plan.fused else _bind_two_launches
+    bind = _bind_fused if plan.fused else _bind_coop if plan.coop else _bind_two_launches
     prepared = bind(plan, inputs, outputs, work, shape, scale, flags, prefix, entry)
     # raw addresses do not keep their tensors alive (a contiguous or truncated copy made here would be freed
     # on return): the step holds them
@@ -356,6 +379,8 @@ def _entry_id(device_index: int | None, key: tuple) -> int:
 def _launchers(plan: LaunchPlan) -> tuple[_Launcher, ...]:
     if plan.fused:
         return (_FUSED_LAUNCHER,)
+    if plan.coop:
+        return (_COOP_LAUNCHER,)
     return (_STATS_ACCEPT_LAUNCHER if plan.accept_once else _STATS_LAUNCHER, _SAMPLE_LAUNCHER)
 
 
@@ -391,9 +416,12 @@ class _WorkLayout:
 @functools.lru_cache(maxsize=256)
 def _work_layout(batch: int, gamma: int, plan: LaunchPlan, greedy: bool) -> _WorkLayout:
     """The single allocation of a step under `plan` (a pure function of the shape, so cached)."""
-    splits = plan.fused_splits if plan.fused else plan.stats_splits
+    splits = plan.fused_splits if plan.fused else plan.coop_splits if plan.coop else plan.stats_splits
     stats = _round16(batch * (2 * gamma + 1) * splits)
-    race = _round16(batch * 2 * plan.sample_splits) if not plan.fused and plan.sample_splits > 1 else 0
+    if plan.coop:
+        race = _round16(batch * 2 * plan.coop_splits)
+    else:
+        race = _round16(batch * 2 * plan.sample_splits) if not plan.fused and plan.sample_splits > 1 else 0
     info = _round16(6 * batch) if plan.accept_once else 0
     accepted = _round16(2 * batch * (gamma + 1))
     floats = accepted + _round16(2 * batch)
@@ -489,5 +517,30 @@ def _bind_fused(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, sha
         sample_grid=None, sample_args=None, sample_meta=None,
         tokens=out_tokens, num_accepted=out_accepted,
         fused_grid=(row_blocks, plan.fused_splits), fused_args=args, fused_meta=meta,
+        key=entry,
+    )
+
+
+def _bind_coop(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int, int],
+               scale: float, flags: dict, prefix: tuple, entry: int) -> PreparedVerify:
+    """The one cooperative launch (module docstring), bound to fresh work buffers (`work`, as for the two). Its
+    counters: a race ticket, a barrier arrival count and a departure count per row, zero between calls."""
+    target, draft, tokens_in = inputs
+    out_tokens, out_accepted = outputs
+    batch, gamma, vocab = shape
+    accept_prefix, sample_prefix, prefix_in_memory = prefix
+    part_max, part_sum, race_val, race_idx = (work[name] for name in ("part_max", "part_sum", "race_val", "race_idx"))
+    counter = _ticket_counter(out_tokens.device, 3 * batch, isinstance(part_max, int))
+    args = (target, draft, tokens_in, part_max, part_sum, race_val, race_idx, counter, out_tokens, out_accepted,
+            batch, gamma, vocab, plan.coop_splits, scale, accept_prefix, sample_prefix)
+    meta = dict(CHUNK=plan.coop_chunk, SCALE_MODE=flags["SCALE_MODE"], HAS_DRAFT=flags["HAS_DRAFT"], PHASE=0,
+                PRECISE=plan.precise and not interpreting(), PREFIX_IN_MEMORY=prefix_in_memory, LANES=plan.lanes,
+                BLOCK_P=plan.block_p, BLOCK_S=plan.block_s4, BLOCK_V=plan.coop_block_v, num_warps=plan.coop_warps,
+                **_COMPILE_OPTIONS, **({} if interpreting() else {"launch_cooperative_grid": True}))
+    return PreparedVerify(
+        plan=plan, stats_grid=None, stats_args=None, stats_meta=None,
+        sample_grid=None, sample_args=None, sample_meta=None,
+        tokens=out_tokens, num_accepted=out_accepted,
+        coop_grid=(batch, plan.coop_splits), coop_args=args, coop_meta=meta,
         key=entry,
     )

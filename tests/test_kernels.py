@@ -122,7 +122,8 @@ def test_triton_equals_torch_reference(batch, gamma, vocab, temperature, truncat
     assert_backends_agree(target, draft, tokens, params, seed, **({"fused": True} if fused else {}))
 
 
-PLANS = {"default": {}, "fused": {"fused": True}}  # the launch plans every kernel test runs
+# the launch plans every kernel test runs (the cooperative one at T > 0; greedy, its plan is the two launches)
+PLANS = {"default": {}, "fused": {"fused": True}, "coop": {"tuning": (("coop", 1),)}}
 # and, where programs loop over several tiles or the accept test's place matters, the race that keeps per-lane
 # winners (GPU_PLAN["lanes"]) and the accept test run once per row block by the stats launch ("accept_once")
 TILED_PLANS = {**PLANS, "lanes": {"tuning": (("lanes", 1),)},
@@ -161,7 +162,9 @@ def test_long_rows_split_into_several_chunks(params: SamplingParams, with_draft:
     target, draft, tokens = make_case(5, 3, 100, params, with_draft, torch.float32, seed=21)
     shape = dict(block_b=2, block_v=16, num_splits=3) if plan == "fused" else dict(block_b=8, block_v=16, num_splits=3)
     chosen = make_plan(5, 3, 100, DEVICE, params.greedy, **shape, **TILED_PLANS[plan])
-    assert chosen.launches == (1 if plan == "fused" else 2)
+    coop = plan == "coop" and not params.greedy
+    assert chosen.coop == coop and chosen.launches == (1 if plan == "fused" or coop else 2)
+    assert not coop or (chosen.coop_splits == 3 and chosen.coop_chunk == 48)
     if plan in ("lanes", "accept_once"):  # elsewhere the shape's SHAPE_PLANS entry decides (on a GPU)
         assert chosen.lanes
         assert chosen.accept_once == (plan == "accept_once" and not params.greedy)
@@ -189,11 +192,12 @@ def test_a_chunk_with_an_empty_residual(plan: str, temperature: float) -> None:
     assert bool((out.num_accepted < 3).any())  # some row rejected: the residual races ran
 
 
+@pytest.mark.parametrize("one_launch", [{"fused": True}, {"tuning": (("coop", 1),)}], ids=["fused", "coop"])
 @pytest.mark.parametrize("params", SPLIT_PARAMS, ids=str)
 @pytest.mark.parametrize("with_draft", [True, False])
-def test_fused_launch_gives_the_two_launches_tokens(params: SamplingParams, with_draft: bool) -> None:
-    """Same V-splits, same partials, same race: the fused launch returns the two launches' tokens bit
-    for bit, on rows that reject at every position and rows that accept everything."""
+def test_one_launch_gives_the_two_launches_tokens(params: SamplingParams, with_draft: bool, one_launch: dict) -> None:
+    """Same V-splits, same partials, same race: the fused launch and the cooperative one return the two
+    launches' tokens bit for bit, on rows that reject at every position and rows that accept everything."""
     target, draft, tokens = make_case(6, 3, 100, params, with_draft, torch.float32, seed=5)
     if with_draft:  # rows 4-5 propose from the target itself: every draft accepted, the bonus sampled
         draft = draft.clone()
@@ -201,7 +205,7 @@ def test_fused_launch_gives_the_two_launches_tokens(params: SamplingParams, with
     for seed in (3, 4, 5):
         key = rng.key_from_generator(seed)
         two = verify_triton(target, draft, tokens, params, key, block_v=16, num_splits=4, fused=False)
-        one = verify_triton(target, draft, tokens, params, key, block_v=16, num_splits=4, fused=True)
+        one = verify_triton(target, draft, tokens, params, key, block_v=16, num_splits=4, **one_launch)
         assert torch.equal(one[0], two[0]) and torch.equal(one[1], two[1]), (one, two)
 
 
@@ -322,7 +326,8 @@ def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: 
                 prepared = prepare_verify(logits, draft, tokens, params, key, **TILED_PLANS[plan])
                 out_tokens, out_accepted = prepared.run()
                 assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)
-            args = prepared.fused_args if prepared.plan.fused else prepared.sample_args
+            args = (prepared.fused_args if prepared.plan.fused else prepared.coop_args if prepared.plan.coop
+                    else prepared.sample_args)
             assert all(isinstance(arg, int) for arg in args[:3]), "the second step should bind addresses"
     # a strided input is copied inside prepare_verify and bound by address: the step must keep the copy alive
     expected = verify_reference(target, draft, tokens, params, rng.Key.from_seed(5))
@@ -393,12 +398,18 @@ def test_gpu_plans_of_every_benchmark_variant_are_valid(gpu_planner, batch: int,
     for overrides in PLAN_VARIANTS.values():
         chosen = gpu_planner.make_plan(batch, 4, vocab, device, False, tuning=tuple(sorted(overrides.items())))
         assert chosen.fused == bool(overrides.get("fused", 0))
-        for chunk, splits, block_v, most in ((chosen.stats_chunk, chosen.stats_splits, chosen.stats_block_v, 256),
-                                             (chosen.sample_chunk, chosen.sample_splits, chosen.sample_block_v, 1024),
-                                             (chosen.fused_chunk, chosen.fused_splits, chosen.stats_block_v, 256)):
+        assert chosen.coop == (bool(overrides.get("coop", 0)) and batch <= 132 * overrides.get("coop_programs_per_sm", 1))
+        chunks = [(chosen.stats_chunk, chosen.stats_splits, chosen.stats_block_v, 256),
+                  (chosen.sample_chunk, chosen.sample_splits, chosen.sample_block_v, 1024),
+                  (chosen.fused_chunk, chosen.fused_splits, chosen.stats_block_v, 256)]
+        if chosen.coop:  # its whole grid resident at once: at most the SMs' share it was given
+            chunks.append((chosen.coop_chunk, chosen.coop_splits, chosen.coop_block_v, 256))
+            assert batch * chosen.coop_splits <= 132 * overrides.get("coop_programs_per_sm", 1)
+            assert chosen.block_s4 >= chosen.coop_splits
+        for chunk, splits, block_v, most in chunks:
             assert chunk % block_v == 0 and (splits - 1) * chunk < vocab <= splits * chunk and splits <= most
         assert chosen.block_s3 >= chosen.fused_splits and chosen.block_s >= chosen.stats_splits
-        assert chosen.launches == (1 if chosen.fused else 2)
+        assert chosen.launches == (1 if chosen.fused or chosen.coop else 2)
     default = gpu_planner.make_plan(batch, 4, vocab, device, False)
     assert not default.fused  # an empty SHAPE_PLANS runs GPU_PLAN: two launches
     bucket = gpu_planner.shape_bucket(batch, vocab)
@@ -409,7 +420,15 @@ def test_gpu_plans_of_every_benchmark_variant_are_valid(gpu_planner, batch: int,
         assert not gpu_planner.make_plan(batch, 4, vocab, device, False, fused=False).fused
         other = gpu_planner.shape_bucket(batch * 8 + 1, vocab)
         assert other == bucket or not gpu_planner.make_plan(batch * 8 + 1, 4, vocab, device, False).fused
+        patch.setitem(gpu_planner.SHAPE_PLANS, bucket, {"coop": 1})
+        gpu_planner.make_plan.cache_clear()
+        assert gpu_planner.make_plan(batch, 4, vocab, device, False).coop
+        assert not gpu_planner.make_plan(batch, 4, vocab, device, False, fused=False).coop  # two launches asked
+        assert not gpu_planner.make_plan(batch, 4, vocab, device, True).coop  # greedy samples nothing
     gpu_planner.make_plan.cache_clear()
+    # 133 rows do not fit 132 SMs at one program each: two launches
+    assert not gpu_planner.make_plan(133, 4, vocab, device, False, tuning=(("coop", 1),)).coop
+    assert gpu_planner.make_plan(133, 4, vocab, device, False, tuning=(("coop", 1), ("coop_programs_per_sm", 2))).coop
     with pytest.raises(ValueError, match="unknown launch-plan keys"):
         gpu_planner.make_plan(batch, 4, vocab, device, False, tuning=(("sample_tile", 1),))
 
@@ -487,6 +506,8 @@ def test_launch_key_determines_every_launch_specialisation() -> None:
     def launches(prepared):
         if prepared.plan.fused:
             yield kernels._FUSED_LAUNCHER, prepared.fused_args, prepared.fused_meta
+        elif prepared.plan.coop:
+            yield kernels._COOP_LAUNCHER, prepared.coop_args, prepared.coop_meta
         else:
             stats = kernels._STATS_ACCEPT_LAUNCHER if prepared.plan.accept_once else kernels._STATS_LAUNCHER
             yield stats, prepared.stats_args, prepared.stats_meta
@@ -500,7 +521,8 @@ def test_launch_key_determines_every_launch_specialisation() -> None:
         return launcher.kernel.fn.__name__, kernels._Launcher.spec_key(kept, meta)
 
     seen: dict = {}
-    plans = [{}, {"fused": True}, {"tuning": (("lanes", 1),)}, {"tuning": (("accept_once", 1), ("lanes", 1))}]
+    plans = [{}, {"fused": True}, {"tuning": (("lanes", 1),)}, {"tuning": (("accept_once", 1), ("lanes", 1))},
+             {"tuning": (("coop", 1),)}]
     cases = itertools.product([1, 3, 16], [1, 4], [16, 33], [torch.float32, torch.float16],
                               [0.0, 0.7, 1.0, "top_k"], [True, False], [False, True], [False, True], plans)
     for index, (batch, gamma, vocab, dtype, temperature, with_draft, misaligned, device_key, plan) in enumerate(cases):
@@ -529,7 +551,7 @@ def test_work_layout_addresses_match_its_views_aligned_and_disjoint() -> None:
 
     from flashspec.kernels import verify as kernels
 
-    plans = [{}, {"fused": True}, {"tuning": (("accept_once", 1), ("lanes", 1))}]
+    plans = [{}, {"fused": True}, {"tuning": (("accept_once", 1), ("lanes", 1))}, {"tuning": (("coop", 1),)}]
     for batch, gamma, splits, greedy, options in itertools.product([1, 5, 64], [1, 4], [1, 3], [False, True], plans):
         plan = make_plan(batch, gamma, 4096, torch.device("cpu"), greedy, num_splits=splits,
                          fused=options.get("fused"), tuning=options.get("tuning"))
@@ -539,7 +561,7 @@ def test_work_layout_addresses_match_its_views_aligned_and_disjoint() -> None:
         views, addresses = layout.views(memory), layout.addresses(base)
         assert views.keys() == addresses.keys()
         used = {"part_max", "part_idx" if greedy else "part_sum"}  # "ints" stands in for an unused ticket
-        used |= {"race_val", "race_idx"} if plan.sample_splits > 1 and not plan.fused else set()
+        used |= {"race_val", "race_idx"} if (plan.sample_splits > 1 and not plan.fused) or plan.coop else set()
         used |= {"info"} if plan.accept_once else set()
         spans = [(0, (batch * (gamma + 1)) * 8), (layout.accepted * 4, layout.accepted * 4 + batch * 8)]
         for name, view in views.items():
@@ -551,18 +573,25 @@ def test_work_layout_addresses_match_its_views_aligned_and_disjoint() -> None:
         assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), spans
 
 
-@pytest.mark.parametrize("batch, vocab, splits, greedy", [(3, 40, 2, False), (2, 100, 3, False), (1, 70, 1, True)])
-def test_chain_probe_finds_the_largest_logit_it_loaded(batch: int, vocab: int, splits: int, greedy: bool) -> None:
+@pytest.mark.parametrize("batch, vocab, splits, greedy, coop", [(3, 40, 2, False, False), (2, 100, 3, False, False),
+                                                              (1, 70, 1, True, False), (3, 100, 3, False, True)])
+def test_chain_probe_finds_the_largest_logit_it_loaded(batch: int, vocab: int, splits: int, greedy: bool,
+                                                       coop: bool) -> None:
     """The benchmark's dependency-chain probe (`flashspec.kernels.chain_probe`) must run its whole chain: each
-    row's token is the first column of the largest last-position logit among the tiles launch 2 loaded (one
-    tile at the start of each chunk), twice in a row (the tickets reset themselves)."""
+    row's token is the first column of the largest last-position logit among the tiles launch 2 (or the
+    cooperative launch, past its barrier) loaded (one tile at the start of each chunk), twice in a row (the
+    tickets and barriers reset themselves)."""
     from flashspec.kernels.chain_probe import chain_step
 
     gamma = 4
     logits = torch.randn(batch, gamma + 1, vocab, generator=torch.Generator().manual_seed(vocab)).to(DEVICE)
-    plan = make_plan(batch, gamma, vocab, logits.device, greedy, block_v=16, num_splits=splits)
+    plan = make_plan(batch, gamma, vocab, logits.device, greedy, block_v=16, num_splits=splits,
+                     tuning=(("coop", 1),) if coop else None)
+    assert plan.coop == coop
     step = chain_step(logits, plan)
-    if plan.sample_splits > 1:
+    if plan.coop:
+        starts, width = range(0, vocab, plan.coop_chunk), plan.coop_block_v
+    elif plan.sample_splits > 1:
         starts, width = range(0, vocab, plan.sample_chunk), min(plan.sample_block_v, plan.sample_chunk)
     else:
         starts, width = [0], min(plan.sample_block_v, triton.next_power_of_2(vocab))

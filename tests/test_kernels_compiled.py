@@ -21,7 +21,7 @@ from flashspec import rng
 from flashspec.sampling import SamplingParams
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64", torch.int32: "i32"}
-COMPILER_OPTIONS = ("num_warps", "enable_fp_fusion")
+COMPILER_OPTIONS = ("num_warps", "enable_fp_fusion", "launch_cooperative_grid")
 
 FRONT_END = r"""
 import inspect, json, sys
@@ -29,9 +29,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
 from triton._C.libtriton import ir
-from flashspec.kernels import chain_probe, fused_pass, sample_pass, stats_pass
+from flashspec.kernels import chain_probe, coop_pass, fused_pass, sample_pass, stats_pass
 
-kernels = {name: getattr(module, name) for module in (chain_probe, fused_pass, sample_pass, stats_pass)
+kernels = {name: getattr(module, name) for module in (chain_probe, coop_pass, fused_pass, sample_pass, stats_pass)
            for name in dir(module) if name.endswith("_kernel") or name.startswith("_chain_")}
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
@@ -69,6 +69,8 @@ def _type(value) -> str:
 def _launches(prepared, kernels) -> list[tuple]:
     if prepared.plan.fused:
         return [(kernels._fused_kernel, prepared.fused_args, prepared.fused_meta)]
+    if prepared.plan.coop:
+        return [(kernels._coop_kernel, prepared.coop_args, prepared.coop_meta)]
     stats = kernels._stats_accept_kernel if prepared.plan.accept_once else kernels._stats_kernel
     return [(stats, prepared.stats_args, prepared.stats_meta),
             (kernels._sample_kernel, prepared.sample_args, prepared.sample_meta)]
@@ -137,7 +139,8 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
                             flags = dict(SCALE_MODE=kernels.SCALE_NONE if params.temperature in (0.0, 1.0)
                                          else kernels.SCALE_MULTIPLY, HAS_DRAFT=with_draft and not params.greedy,
                                          GREEDY=params.greedy)
-                            bind = kernels._bind_fused if plan.fused else kernels._bind_two_launches
+                            bind = (kernels._bind_fused if plan.fused else kernels._bind_coop if plan.coop
+                                    else kernels._bind_two_launches)
                             prepared = bind(plan, (target, draft, tokens), outputs, layout.views(memory),
                                             (batch, gamma, vocab), 1.0 / 0.7, flags, prefix, None)
                             for kernel, args, meta in _launches(prepared, kernels):
@@ -150,7 +153,8 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
     finally:
         plan_module.make_plan.cache_clear()
     assert {d["kernel"] for d in launches.values()} == {"_stats_kernel", "_stats_accept_kernel", "_sample_kernel",
-                                                        "_fused_kernel", "_chain_first", "_chain_second"}
+                                                        "_fused_kernel", "_coop_kernel", "_chain_first", "_chain_second",
+                                                        "_chain_coop"}
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="0")
     done = subprocess.run([sys.executable, "-c", FRONT_END], input=json.dumps(list(launches.values())), env=env,
                           capture_output=True, text=True, timeout=600)

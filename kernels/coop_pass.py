@@ -1,0 +1,124 @@
+"""Verification in one cooperative launch: grid (rows, V-splits), every program resident at once.
+
+The two-launch step pays for its shape twice: a second launch, and a second load of the sampled row after
+the partials are in. Here each program loads its V-chunk of all 2γ+1 rows of its row (the γ+1 target rows
+and the γ draft rows, as [γ+1, BLOCK_V] tiles: one round trip for every position at once), stores their
+log-sum-exp partials, and waits at a barrier for the other programs of its row. Past the barrier every
+program knows every partial, so it runs the sampling pass's program on its own chunk (`_sample_program`:
+the accept test from the partials, the race over the one position its row samples from, chunk winners
+meeting through a ticket, the last program writing the tokens). Same partials, same race, same
+tie-breaking as the two launches, so the same tokens.
+
+The barrier is a spin on a per-row counter. It needs every program of a row on the GPU at once, which a
+cooperative launch guarantees (or refuses to start); `make_plan` keeps the grid within the SMs it was
+given. Triton's interpreter runs programs one after another, so a spin would never end there: it runs the
+kernel as two launches instead, PHASE 1 (the partials) then PHASE 2 (everything past the barrier), which
+is the same code either side of the barrier. See `flashspec.kernels.verify` for the whole step.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language import core as tlcore  # noqa: F401  (the interpreter patches it through this module's globals)
+
+from flashspec.kernels.sample_pass import _sample_program
+from flashspec.kernels.shims import _online_lse, _scale
+from flashspec.kernels.rng import device_function
+
+
+@device_function
+def _row_partials(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, row, split, gamma, vocab, num_splits, scale,
+                  CHUNK: tl.constexpr, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr,
+                  BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The log-sum-exp partials of V-chunk `split` of every target row (positions 0..γ) and every draft row
+    (0..γ-1) of batch row `row`, stored where `_chunk_stats` stores them."""
+    positions = tl.arange(0, BLOCK_P)
+    row64 = row.to(tl.int64)  # int64 offsets: B·(γ+1)·V overflows int32 past 2**31
+    target_rows = (row64 * (gamma + 1) + positions) * vocab
+    draft_rows = (row64 * gamma + positions) * vocab
+    target_ok = positions <= gamma
+    draft_ok = positions < gamma
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    first = split.to(tl.int64) * CHUNK
+    p_max = tl.full([BLOCK_P], float("-inf"), tl.float32)
+    p_sum = tl.zeros([BLOCK_P], tl.float32)
+    q_max = tl.full([BLOCK_P], float("-inf"), tl.float32)
+    q_sum = tl.zeros([BLOCK_P], tl.float32)
+    for start in range(0, CHUNK, BLOCK_V):
+        cols = first + start + lanes
+        col_ok = (cols < vocab)[None, :]
+        x = tl.load(target_ptr + target_rows[:, None] + cols[None, :], mask=target_ok[:, None] & col_ok,
+                    other=float("-inf"))
+        p_max, p_sum = _online_lse(p_max, p_sum, _scale(x.to(tl.float32), scale, SCALE_MODE))
+        if HAS_DRAFT:
+            y = tl.load(draft_ptr + draft_rows[:, None] + cols[None, :], mask=draft_ok[:, None] & col_ok,
+                        other=float("-inf"))
+            q_max, q_sum = _online_lse(q_max, q_sum, _scale(y.to(tl.float32), scale, SCALE_MODE))
+    width = 2 * gamma + 1
+    out_target = (row64 * width + positions) * num_splits + split
+    tl.store(part_max_ptr + out_target, p_max, mask=target_ok)
+    tl.store(part_sum_ptr + out_target, p_sum, mask=target_ok)
+    if HAS_DRAFT:
+        out_draft = (row64 * width + gamma + 1 + positions) * num_splits + split
+        tl.store(part_max_ptr + out_draft, q_max, mask=draft_ok)
+        tl.store(part_sum_ptr + out_draft, q_sum, mask=draft_ok)
+
+
+@device_function
+def _row_barrier(arrive_ptr, depart_ptr, num_splits):
+    """Wait until all `num_splits` programs of this row have arrived (acquire: their partials are visible),
+    then count this program out; the last one out resets both counters for the next call."""
+    tl.debug_barrier()  # every thread's partials precede the release below
+    seen = tl.atomic_add(arrive_ptr, 1, sem="acq_rel", scope="gpu") + 1
+    while seen < num_splits:
+        seen = tl.atomic_add(arrive_ptr, 0, sem="acquire", scope="gpu")
+    tl.debug_barrier()  # no thread reads a partial before the wait is over
+    out = tl.atomic_add(depart_ptr, 1, sem="acq_rel", scope="gpu")
+    if out == num_splits - 1:  # nobody is spinning on arrive any more
+        tl.atomic_xchg(arrive_ptr, 0)
+        tl.atomic_xchg(depart_ptr, 0)
+
+
+@triton.jit(do_not_specialize=["accept_prefix", "sample_prefix"])
+def _coop_kernel(
+    target_ptr,  # [B, γ+1, V] target logits, contiguous
+    draft_ptr,  # [B, γ, V] draft logits, contiguous (not read unless HAS_DRAFT)
+    tokens_ptr,  # [B, γ] drafted token ids, contiguous
+    part_max_ptr,  # [B, 2γ+1, S] fp32 work: chunk maxima
+    part_sum_ptr,  # [B, 2γ+1, S] fp32 work: chunk sums of exp(x - max)
+    race_val_ptr,  # [B, 2, S] fp32 work: best race score per split (residual race, target race)
+    race_idx_ptr,  # [B, 2, S] int32 work: its index
+    counter_ptr,  # [3B] int32, zero between calls: race tickets, then barrier arrivals, then departures
+    out_tokens_ptr,  # [B, γ+1] int64 out
+    out_accepted_ptr,  # [B] int64 out
+    batch,  # B
+    gamma,  # γ
+    vocab,  # V
+    num_splits,  # S
+    scale,  # T or float32(1/T), as for _stats_kernel
+    accept_prefix,  # as for _sample_kernel
+    sample_prefix,
+    CHUNK: tl.constexpr,  # V-elements per split, a multiple of BLOCK_V
+    SCALE_MODE: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    PHASE: tl.constexpr,  # 0: the whole step (a cooperative launch); 1: the partials only; 2: the rest
+    PRECISE: tl.constexpr,
+    PREFIX_IN_MEMORY: tl.constexpr,
+    LANES: tl.constexpr,  # as for _sample_kernel
+    BLOCK_P: tl.constexpr,  # power of two >= γ+1
+    BLOCK_S: tl.constexpr,  # power of two >= S
+    BLOCK_V: tl.constexpr,  # vocabulary tile
+):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    if PHASE != 2:
+        _row_partials(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, row, split, gamma, vocab, num_splits,
+                      scale, CHUNK, SCALE_MODE, HAS_DRAFT, BLOCK_P, BLOCK_V)
+    if PHASE == 0:
+        _row_barrier(counter_ptr + batch + row, counter_ptr + 2 * batch + row, num_splits)
+    if PHASE != 1:
+        _sample_program(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_ptr, part_sum_ptr, race_val_ptr,
+                        race_idx_ptr, counter_ptr, part_sum_ptr, out_tokens_ptr, out_accepted_ptr, row, split,
+                        batch, gamma, vocab, num_splits, num_splits, scale, accept_prefix, sample_prefix,
+                        CHUNK, SCALE_MODE, HAS_DRAFT, False, True, PRECISE, PREFIX_IN_MEMORY, PHASE == 0, LANES,
+                        False, 1, BLOCK_P, BLOCK_S, BLOCK_S, BLOCK_V)
