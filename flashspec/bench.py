@@ -363,8 +363,8 @@ def _plan_record(prepared) -> dict:
     """The grid and block sizes of a prepared step, for the results file."""
     plan = prepared.plan
     if plan.coop:
-        return {"coop": True, "lanes": plan.lanes, "grid": list(prepared.coop_grid), "chunk": plan.coop_chunk,
-                "block_v": plan.coop_block_v, "warps": plan.coop_warps}
+        return {"coop": True, "fused": False, "lanes": plan.lanes, "grid": list(prepared.coop_grid),
+                "chunk": plan.coop_chunk, "block_v": plan.coop_block_v, "warps": plan.coop_warps}
     if plan.fused:
         return {"fused": True, "block_b": plan.block_b, "lanes": plan.lanes, "grid": list(prepared.fused_grid),
                 "stats_block_v": plan.stats_block_v, "sample_block_v": plan.sample_block_v,
@@ -383,7 +383,7 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
     from flashspec.kernels import prepare_verify
 
     tuning = tuple(sorted(overrides.items()))
-    fused = bool(overrides.get("fused", 0))
+    fused = True if overrides.get("fused", 0) else None  # None: the tuning decides (fused=False forbids coop)
 
     def step():
         return prepare_verify(*inputs, params, key, fused=fused, tuning=tuning).run()

@@ -464,6 +464,11 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
         # the dependency-chain floor, for every two-launch plan: a CUDA graph replay on a GPU, an error on a CPU
         assert (point["chain_floor_us"] > 0) if ON_GPU else ("chain_floor_error" in point)
         assert all("chain_floor_us" in row for row in point["variants"].values() if row["launches"] == 2)
+        for name, row in point["variants"].items():  # each variant runs the plan it names
+            overrides = PLAN_VARIANTS[name]
+            assert row["plan"].get("coop", False) == bool(overrides.get("coop", 0)), (name, row["plan"])
+            assert row["plan"]["fused"] == bool(overrides.get("fused", 0)), (name, row["plan"])
+            assert row["launches"] == (1 if overrides.get("coop") or overrides.get("fused") else 2), name
     assert set(results["verdicts"]) == set(TARGETS)
     assert results["verdicts"]["honest_over_eager_at_batch_64"]["as_run"]["verdict"] == "NOT MEASURED"
     assert results["plan_choice"]["paste"].startswith("SHAPE_PLANS")
