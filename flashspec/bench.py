@@ -349,6 +349,13 @@ PLAN_VARIANTS: dict[str, dict[str, int]] = {
     "coop_bv256": {"coop": 1, "coop_block_v": 256},
     "coop_2_per_sm": {"coop": 1, "coop_programs_per_sm": 2},
     "coop_2_per_sm_lanes": {"coop": 1, "coop_programs_per_sm": 2, "lanes": 1},
+    # the best two-launch plans of the last runs, their sampling launch a programmatic dependent launch
+    "two_launch_sample_bv128_pdl": {"sample_block_v": 128, "sample_max_tiles": 8, "pdl": 1},
+    "two_launch_sample_bv256_pdl": {"sample_block_v": 256, "sample_max_tiles": 4, "pdl": 1},
+    "accept_once_pdl": {"accept_once": 1, "lanes": 1, "pdl": 1},
+    "accept_once_tiles8_pdl": {"accept_once": 1, "lanes": 1, "sample_max_tiles": 8, "pdl": 1},
+    "stats_bv2048_pdl": {"accept_once": 1, "lanes": 1, "sample_block_v": 256, "sample_max_tiles": 4,
+                         "stats_block_v": 2048, "stats_max_tiles": 2, "pdl": 1},
     # a diagnostic, never chosen: what approximate log/exp would save (its tokens may differ at near-ties)
     "diagnostic_fast_math": {"precise": 0},
 }
@@ -370,6 +377,7 @@ def _plan_record(prepared) -> dict:
                 "stats_block_v": plan.stats_block_v, "sample_block_v": plan.sample_block_v,
                 "warps": plan.stats_warps}
     return {"fused": False, "block_b": plan.block_b, "lanes": plan.lanes, "accept_once": plan.accept_once,
+            "pdl": plan.pdl,
             "stats_grid": list(prepared.stats_grid), "stats_block_v": plan.stats_block_v,
             "stats_warps": plan.stats_warps,
             "sample_grid": list(prepared.sample_grid), "sample_block_v": plan.sample_block_v,

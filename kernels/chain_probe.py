@@ -27,14 +27,16 @@ from triton.language import core as tlcore  # noqa: F401  (the interpreter patch
 
 from flashspec.kernels.coop_pass import _row_barrier
 from flashspec.kernels.plan import LaunchPlan
-from flashspec.kernels.shims import INT32_MAX, _max, _max_index, _min, _sum, interpreting
+from flashspec.kernels.shims import INT32_MAX, _max, _max_index, _min, _sum, gdc_launch_dependents, gdc_wait, interpreting
 
 
 @triton.jit
 def _chain_first(x_ptr, part_ptr, counter_ptr, word_ptr, vocab, positions, splits,
-                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
+                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (rows, positions, splits): one tile at the start of this program's chunk -> one partial; the
-    row's last program sums the partials into one word."""
+    row's last program sums the partials into one word. PDL: as `_stats_kernel`'s."""
+    if PDL:
+        gdc_launch_dependents()
     row = tl.program_id(0)
     position = tl.program_id(1)
     split = tl.program_id(2)
@@ -53,10 +55,12 @@ def _chain_first(x_ptr, part_ptr, counter_ptr, word_ptr, vocab, positions, split
 
 @triton.jit
 def _chain_second(x_ptr, word_ptr, win_val_ptr, win_idx_ptr, counter_ptr, out_ptr, vocab, positions, splits,
-                  CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
+                  CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
     """Grid (rows, splits): read the row's word, load one tile of the row it names (the last position,
     reached through the word so the load waits for it), store the tile's maximum; the row's last program
-    writes the first column of the largest."""
+    writes the first column of the largest. PDL: as `_sample_kernel`'s."""
+    if PDL:
+        gdc_wait()
     row = tl.program_id(0)
     split = tl.program_id(1)
     word = tl.load(word_ptr + row + tl.arange(0, 1))
@@ -157,11 +161,13 @@ def chain_step(target_logits: torch.Tensor, plan: LaunchPlan) -> ChainStep:
     first = (_chain_first, (batch, positions, plan.stats_splits),
              (target_logits, parts, counters, words, vocab, positions, plan.stats_splits),
              dict(CHUNK=plan.stats_chunk, BLOCK=plan.stats_block_v,
-                  BLOCK_S=triton.next_power_of_2(positions * plan.stats_splits), num_warps=plan.stats_warps))
+                  BLOCK_S=triton.next_power_of_2(positions * plan.stats_splits), PDL=plan.pdl,
+                  num_warps=plan.stats_warps))
     second = (_chain_second, (batch, sample_splits),
               (target_logits, words, win_val, win_idx, counters[batch:], token, vocab, positions, sample_splits),
               dict(CHUNK=sample_chunk, BLOCK=min(plan.sample_block_v, sample_chunk),
-                   BLOCK_S=triton.next_power_of_2(sample_splits), num_warps=plan.sample_warps))
+                   BLOCK_S=triton.next_power_of_2(sample_splits), PDL=plan.pdl, num_warps=plan.sample_warps,
+                   **({"launch_pdl": True} if plan.pdl else {})))
     return ChainStep(launches=[first, second], token=token)
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from flashspec.kernels.shims import _cdiv, interpreting
+from flashspec.kernels.shims import PDL_AVAILABLE, _cdiv, interpreting
 
 
 @dataclass(frozen=True)
@@ -42,6 +42,7 @@ class LaunchPlan:
     coop_block_v: int = 0  # its vocabulary tile (each load covers all γ+1 positions)
     coop_warps: int = 4
     block_s4: int = 1  # next power of two >= coop_splits
+    pdl: bool = False  # two launches, the second a programmatic dependent launch (SM90+): it starts early, waits on-GPU
 
     @property
     def launches(self) -> int:
@@ -51,6 +52,12 @@ class LaunchPlan:
 @functools.lru_cache(maxsize=16)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=16)
+def _has_pdl(device_index: int) -> bool:
+    """Programmatic dependent launch: an SM90+ GPU and a Triton with grid dependency control."""
+    return PDL_AVAILABLE and torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 def _splits(vocab: int, block_v: int, programs_per_split: int, target_programs: int,
@@ -110,6 +117,10 @@ GPU_PLAN = {
     "coop": 0,
     "coop_block_v": 512,  # its tile: [γ+1 rounded up to a power of two, coop_block_v] logits per load
     "coop_programs_per_sm": 1,  # the most programs its grid puts on one SM (all must be resident at once)
+    # 1: the sampling launch of the two is a programmatic dependent launch (SM90+): the stats launch lets it
+    # start at once, and it waits on the GPU (griddepcontrol) for the stats launch's writes, so its launch
+    # overlaps the stats pass instead of following it
+    "pdl": 0,
 }
 
 # Per-shape overrides of GPU_PLAN on a GPU, keyed by (batch bucket, vocabulary bucket) (`shape_bucket`).
@@ -176,6 +187,7 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         coop = bool(config["coop"])
         coop_block_v = block_v or min(config["coop_block_v"], triton.next_power_of_2(vocab))
         coop_capacity = config["coop_programs_per_sm"] * _num_sms(index)
+        pdl = bool(config["pdl"]) and _has_pdl(index)
     else:
         stats_block_v = sample_block_v = block_v or min(4096, triton.next_power_of_2(vocab))
         tile = 1 << 16
@@ -189,6 +201,7 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         coop = bool(tuning and dict(tuning).get("coop", 0))
         coop_block_v = stats_block_v
         coop_capacity = 1 << 30  # interpreted, the cooperative kernel runs as two launches: no residency limit
+        pdl = False  # grid dependency control is GPU-only
     if block_b is None:  # compiled: independent of B, so B does not trigger a recompile
         block_b = max(1, tile // stats_block_v)
         if interpreting() or device.type != "cuda":
@@ -231,4 +244,5 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         coop_block_v=coop_block_v if coop_fit else 0,
         coop_warps=8 if coop_block_v * triton.next_power_of_2(gamma + 1) > 4096 else 4,
         block_s4=triton.next_power_of_2(coop_splits),
+        pdl=pdl and not fused and coop_fit is None,
     )

@@ -11,7 +11,7 @@ from triton.language import core as tlcore  # noqa: F401  (the interpreter patch
 
 from flashspec.kernels import rng as krng
 from flashspec.kernels.shims import (INT32_MAX, _combine_lse, _exp, _log, _log1p, _max, _max_index, _min, _scale,
-                                     _sum)
+                                     _sum, gdc_wait)
 from flashspec.kernels.rng import device_function
 
 
@@ -333,7 +333,10 @@ def _sample_kernel(
     BLOCK_S: tl.constexpr,  # power of two >= S1
     BLOCK_S2: tl.constexpr,  # power of two >= S2
     BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr = False,  # launched as a programmatic dependent of the stats launch: wait for it first
 ):
+    if PDL:
+        gdc_wait()  # every partial (and accept outcome) of the stats launch is visible past this
     _sample_program(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr, race_val_ptr,
                     race_idx_ptr, counter_ptr, info_ptr, out_tokens_ptr, out_accepted_ptr, tl.program_id(0),
                     tl.program_id(1), batch, gamma, vocab, num_stat_splits, num_splits, scale, accept_prefix,

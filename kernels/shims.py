@@ -16,6 +16,13 @@ import triton.language as tl
 from triton.language import core as tlcore
 from triton.language.extra import libdevice
 
+try:  # grid dependency control (programmatic dependent launch), SM90+: Triton >= 3.3
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+    PDL_AVAILABLE = True
+except ImportError:  # pragma: no cover -- an older Triton: plans never ask for it
+    gdc_launch_dependents = gdc_wait = None
+    PDL_AVAILABLE = False
+
 from flashspec.kernels.rng import device_function
 
 # How a logit is scaled by the temperature, chosen to round exactly as torch does it:

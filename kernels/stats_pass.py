@@ -10,7 +10,7 @@ from triton.language import core as tlcore  # noqa: F401  (the interpreter patch
 
 from flashspec.kernels.rng import device_function
 from flashspec.kernels.sample_pass import _accept, _store_accept
-from flashspec.kernels.shims import _max_index, _online_lse, _scale
+from flashspec.kernels.shims import _max_index, _online_lse, _scale, gdc_launch_dependents
 
 
 # ----------------------------------------------------------------------------- launch 1
@@ -90,7 +90,10 @@ def _stats_kernel(
     GREEDY: tl.constexpr,  # T = 0: partial argmax of the target instead of log-sum-exp
     BLOCK_B: tl.constexpr,  # rows per program
     BLOCK_V: tl.constexpr,  # vocabulary tile
+    PDL: tl.constexpr = False,  # the sampling launch is a programmatic dependent launch: let it start now
 ):
+    if PDL:
+        gdc_launch_dependents()
     # position 0..γ: the target row at it, and (position < γ) the draft row at it
     _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr,
                  tl.program_id(0), tl.program_id(1), tl.program_id(2), batch, gamma, vocab, num_splits, scale,
@@ -121,10 +124,13 @@ def _stats_accept_kernel(
     BLOCK_P: tl.constexpr,  # power of two >= γ+1
     BLOCK_S: tl.constexpr,  # power of two >= S
     BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr = False,  # as for _stats_kernel
 ):
     """`_stats_kernel` at T > 0, and then the last of the (γ+1)·S programs of a row block to finish (an
     acquire-release ticket: it sees every partial) runs the accept test once for the block and stores its
     outcome, so the sampling programs read six words per row instead of each redoing the test."""
+    if PDL:
+        gdc_launch_dependents()
     pid_b = tl.program_id(0)
     _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_sum_ptr,
                  pid_b, tl.program_id(1), tl.program_id(2), batch, gamma, vocab, num_splits, scale,

@@ -21,6 +21,9 @@ atomic ticket) runs launch 2's program over the whole vocabulary. One launch few
 read of the partials' scheduling, but one program streams the sampled row alone. Both give the same
 tokens for the same V-splits.
 
+The second of the two may be a programmatic dependent launch (`plan.pdl`, SM90+): the stats launch lets it
+start at once and it waits on the GPU for the stats launch's writes, so its launch overlaps the stats pass.
+
 Or one cooperative launch, `_coop_kernel` (kernels/coop_pass.py), at T > 0: grid (rows, V-splits), every
 program resident at once; each loads its chunk of all 2γ+1 rows in one round trip, stores the partials,
 waits at a per-row barrier, then runs launch 2's program on its own chunk. One launch and one dependent
@@ -461,13 +464,13 @@ def _bind_two_launches(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: di
                       batch, gamma, vocab, plan.stats_splits, scale, accept_prefix)
         stats_meta = dict(CHUNK=plan.stats_chunk, SCALE_MODE=flags["SCALE_MODE"], HAS_DRAFT=flags["HAS_DRAFT"],
                           PRECISE=precise, PREFIX_IN_MEMORY=prefix_in_memory, BLOCK_B=plan.block_b,
-                          BLOCK_P=plan.block_p, BLOCK_S=plan.block_s, BLOCK_V=plan.stats_block_v,
+                          BLOCK_P=plan.block_p, BLOCK_S=plan.block_s, BLOCK_V=plan.stats_block_v, PDL=plan.pdl,
                           num_warps=plan.stats_warps, **_COMPILE_OPTIONS)
     else:
         stats_args = (target, draft, part_max, part_sum, part_idx,
                       batch, gamma, vocab, plan.stats_splits, scale)
         stats_meta = dict(CHUNK=plan.stats_chunk, **flags,
-                          BLOCK_B=plan.block_b, BLOCK_V=plan.stats_block_v, num_warps=plan.stats_warps,
+                          BLOCK_B=plan.block_b, BLOCK_V=plan.stats_block_v, PDL=plan.pdl, num_warps=plan.stats_warps,
                           **_COMPILE_OPTIONS)
     sample_args = (target, draft, tokens_in, part_max, part_sum, part_idx, race_val, race_idx, counter, info,
                    out_tokens, out_accepted,
@@ -477,7 +480,8 @@ def _bind_two_launches(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: di
                        SPLIT=split, PRECISE=precise, PREFIX_IN_MEMORY=prefix_in_memory,
                        LANES=plan.lanes, ACCEPTED=plan.accept_once,
                        BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_S=plan.block_s, BLOCK_S2=plan.block_s2,
-                       BLOCK_V=plan.sample_block_v, num_warps=plan.sample_warps, **_COMPILE_OPTIONS)
+                       BLOCK_V=plan.sample_block_v, PDL=plan.pdl, num_warps=plan.sample_warps, **_COMPILE_OPTIONS,
+                       **({"launch_pdl": True} if plan.pdl else {}))
     return PreparedVerify(
         plan=plan,
         stats_grid=(row_blocks, gamma + 1, plan.stats_splits),

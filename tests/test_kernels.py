@@ -128,6 +128,8 @@ PLANS = {"default": {}, "fused": {"fused": True}, "coop": {"tuning": (("coop", 1
 # winners (GPU_PLAN["lanes"]) and the accept test run once per row block by the stats launch ("accept_once")
 TILED_PLANS = {**PLANS, "lanes": {"tuning": (("lanes", 1),)},
                "accept_once": {"tuning": (("accept_once", 1), ("lanes", 1))}}
+if ON_GPU:  # the sampling launch as a programmatic dependent launch: GPU-only (the interpreter has no grid control)
+    TILED_PLANS["accept_once_pdl"] = {"tuning": (("accept_once", 1), ("lanes", 1), ("pdl", 1))}
 
 
 @pytest.mark.parametrize("plan", PLANS)
@@ -377,11 +379,12 @@ def test_captured_step_draws_new_uniforms_per_replay(plan: str, temperature: flo
 
 @pytest.fixture
 def gpu_planner(monkeypatch):
-    """`make_plan`'s GPU branch on any machine: a 132-SM device, compiled Triton (plans only; nothing runs)."""
+    """`make_plan`'s GPU branch on any machine: a 132-SM SM90 device, compiled Triton (plans only; nothing runs)."""
     from flashspec.kernels import plan as plan_module
 
     monkeypatch.setattr(plan_module, "interpreting", lambda: False)
     monkeypatch.setattr(plan_module, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(plan_module, "_has_pdl", lambda index: True)
     plan_module.make_plan.cache_clear()
     yield plan_module
     plan_module.make_plan.cache_clear()
@@ -410,6 +413,7 @@ def test_gpu_plans_of_every_benchmark_variant_are_valid(gpu_planner, batch: int,
             assert chunk % block_v == 0 and (splits - 1) * chunk < vocab <= splits * chunk and splits <= most
         assert chosen.block_s3 >= chosen.fused_splits and chosen.block_s >= chosen.stats_splits
         assert chosen.launches == (1 if chosen.fused or chosen.coop else 2)
+        assert chosen.pdl == (bool(overrides.get("pdl", 0)) and chosen.launches == 2)
     default = gpu_planner.make_plan(batch, 4, vocab, device, False)
     assert not default.fused  # an empty SHAPE_PLANS runs GPU_PLAN: two launches
     bucket = gpu_planner.shape_bucket(batch, vocab)

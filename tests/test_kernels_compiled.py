@@ -21,7 +21,7 @@ from flashspec import rng
 from flashspec.sampling import SamplingParams
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64", torch.int32: "i32"}
-COMPILER_OPTIONS = ("num_warps", "enable_fp_fusion", "launch_cooperative_grid")
+COMPILER_OPTIONS = ("num_warps", "enable_fp_fusion", "launch_cooperative_grid", "launch_pdl")
 
 FRONT_END = r"""
 import inspect, json, sys
@@ -109,6 +109,7 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
     # make_plan's GPU branch (132 SMs, compiled Triton), as tests/test_kernels.py's gpu_planner fixture does
     monkeypatch.setattr(plan_module, "interpreting", lambda: False)
     monkeypatch.setattr(plan_module, "_num_sms", lambda index: 132)
+    monkeypatch.setattr(plan_module, "_has_pdl", lambda index: True)  # an H200
     plan_module.make_plan.cache_clear()
     gpu = torch.device("cuda", 0)
     gamma = 4
