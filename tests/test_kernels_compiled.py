@@ -162,3 +162,26 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
     assert done.returncode == 0, done.stderr[-3000:]
     failures = json.loads(done.stdout.strip().splitlines()[-1])
     assert not failures, json.dumps(failures[:3], indent=1)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="Triton's compiler needs Linux")
+def test_cluster_reduce_probe_writes_what_this_triton_does(tmp_path) -> None:
+    """`experiments/cluster_reduce_probe.py` compiles a one-block reduction for sm_90 with the installed Triton
+    (it must lower) and records, per block count, whether the cross-block one lowered and through which
+    cluster instructions."""
+    out = tmp_path / "probe.json"
+    env = dict(os.environ, TRITON_INTERPRET="0")
+    script = os.path.join(os.path.dirname(__file__), os.pardir, "experiments", "cluster_reduce_probe.py")
+    done = subprocess.run([sys.executable, script, "--out", str(out), "--ctas", "1", "2"],
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    record = json.loads(out.read_text())
+    import triton
+
+    assert record["triton"] == triton.__version__ and [row["num_ctas"] for row in record["probes"]] == [1, 2]
+    single, pair = record["probes"]
+    assert single["lowered"] and not single["cross_cta"] and sum(single["cluster_instructions"].values()) == 0
+    if pair["lowered"]:  # a cross-block reduction goes through the cluster's shared memory
+        assert pair["cross_cta"]
+    else:
+        assert "error" in pair

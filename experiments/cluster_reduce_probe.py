@@ -1,0 +1,85 @@
+"""Can this Triton reduce across the blocks of a thread-block cluster? Compiled for sm_90 on any machine.
+
+A verify step whose V-chunks meet in distributed shared memory instead of global memory needs one program's
+reduction to span a cluster's blocks (`num_ctas > 1`, the reduced axis split across them). This compiles the
+smallest such kernel -- the max, its first index and a sum of exponentials over one 32768-wide row -- for an
+sm_90 target with the installed Triton and reports whether it lowered and how many cluster instructions
+(`mapa`, `barrier.cluster`, `shared::cluster`) its PTX holds. Nothing runs: no GPU is needed.
+
+    python experiments/cluster_reduce_probe.py --out results/cluster_reduce_probe_triton39.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+os.environ["TRITON_INTERPRET"] = "0"  # compile, do not interpret (before triton is imported)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+CLUSTER_WORDS = ("mapa", "barrier.cluster", "shared::cluster")
+
+
+@triton.jit
+def _row_reduce(x_ptr, out_ptr, V: tl.constexpr):
+    """One row: its max, the first index of it, and the sum of exp(x - max)."""
+    cols = tl.arange(0, V)
+    x = tl.load(x_ptr + cols)
+    top, index = tl.max(x, axis=0, return_indices=True)
+    total = tl.sum(tl.exp(x - top), axis=0)
+    tl.store(out_ptr, total)
+    tl.store(out_ptr + 1, index.to(tl.float32))
+
+
+def probe(num_ctas: int, vocab: int = 32768, num_warps: int = 4) -> dict:
+    """Compile `_row_reduce` for sm_90 with `num_ctas` blocks per program; what happened."""
+    source = ASTSource(_row_reduce, {"x_ptr": "*fp32", "out_ptr": "*fp32", "V": "constexpr"}, {"V": vocab})
+    row = {"num_ctas": num_ctas, "vocab": vocab, "num_warps": num_warps}
+    try:
+        kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                                options={"num_ctas": num_ctas, "num_warps": num_warps})
+    except Exception as error:  # noqa: BLE001 -- the failure is the finding
+        row.update(lowered=False, error=f"{type(error).__name__}: {error}"[:400])
+        return row
+    ptx = kernel.asm["ptx"]
+    row.update(lowered=True, cluster_instructions={word: ptx.count(word) for word in CLUSTER_WORDS})
+    row["cross_cta"] = num_ctas > 1 and sum(row["cluster_instructions"].values()) > 0
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
+    parser.add_argument("--ctas", type=int, nargs="+", default=[1, 2, 4, 8])
+    args = parser.parse_args(argv)
+    rows = [probe(n) for n in args.ctas]
+    here = Path(__file__).resolve().parent
+    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", str(here / Path(__file__).name)], cwd=here,
+                           capture_output=True, text=True).stdout.strip()
+    record = {"triton": triton.__version__, "python": platform.python_version(), "machine": platform.machine(),
+              "git_sha": sha or None, "script_uncommitted": bool(dirty),
+              "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "target": "cuda sm_90 (compiled only, nothing ran)", "command": " ".join([Path(sys.argv[0]).name,
+                                                                                           *sys.argv[1:]]),
+              "probes": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    for row in rows:
+        state = (f"lowered, cluster instructions {row['cluster_instructions']}" if row["lowered"]
+                 else f"failed: {row['error'][:120]}")
+        print(f"triton {triton.__version__} num_ctas={row['num_ctas']}: {state}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
