@@ -127,7 +127,9 @@ GPU_PLAN = {
 # From results/verify_h200.json: its "plan_choice" is the fastest variant per measured (B, V) by warm
 # CUDA-graph replay, and `flashspec bench verify` prints it as a dict to paste here. A shape with no entry
 # runs GPU_PLAN as it is. These came from the H200 run at commit 70751e3 (every variant's tokens equal the
-# reference there; the fused single launch was slowest at every point).
+# reference there; the fused single launch was slowest at every point). Later runs timed the cooperative
+# launch and the programmatic dependent launch too; neither beat these entries by more than one plan moves
+# between two runs, so the entries stay (chapter 02 reads the comparison from the record).
 SHAPE_PLANS: dict[tuple[int, int], dict[str, int]] = {
     (1, 32768): {'sample_block_v': 128, 'sample_max_tiles': 8},
     (1, 131072): {'sample_block_v': 256, 'sample_max_tiles': 4},
