@@ -27,7 +27,9 @@ from triton.language import core as tlcore  # noqa: F401  (the interpreter patch
 
 from flashspec.kernels.coop_pass import _row_barrier
 from flashspec.kernels.plan import LaunchPlan
-from flashspec.kernels.shims import INT32_MAX, _max, _max_index, _min, _sum, gdc_launch_dependents, gdc_wait, interpreting
+from flashspec.kernels.rng import device_function
+from flashspec.kernels.shims import (INT32_MAX, _max, _max_index, _min, _sum, gdc_launch_dependents, gdc_wait,
+                                     interpreting)
 
 
 @triton.jit
@@ -53,20 +55,13 @@ def _chain_first(x_ptr, part_ptr, counter_ptr, word_ptr, vocab, positions, split
         tl.atomic_xchg(counter_ptr + row, 0)
 
 
-@triton.jit
-def _chain_second(x_ptr, word_ptr, win_val_ptr, win_idx_ptr, counter_ptr, out_ptr, vocab, positions, splits,
-                  CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
-    """Grid (rows, splits): read the row's word, load one tile of the row it names (the last position,
-    reached through the word so the load waits for it), store the tile's maximum; the row's last program
-    writes the first column of the largest. PDL: as `_sample_kernel`'s."""
-    if PDL:
-        gdc_wait()
-    row = tl.program_id(0)
-    split = tl.program_id(1)
-    word = tl.load(word_ptr + row + tl.arange(0, 1))
-    position = positions - 1 + (word != word).to(tl.int32)  # NaN-proof: always the last position
+@device_function
+def _race_tile(x_ptr, win_val_ptr, win_idx_ptr, counter_ptr, out_ptr, row, split, position, positions, vocab, splits,
+               CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr):
+    """The sampling end of the chain: one tile of `position` ([1]) at the start of this program's chunk -> its
+    maximum and first column; the row's last program (a ticket) writes the first column of the largest."""
     cols = split * CHUNK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + (row * positions + position).to(tl.int64) * vocab + cols[None, :],
+    x = tl.load(x_ptr + (row * positions + position).to(tl.int64)[:, None] * vocab + cols[None, :],
                 mask=(cols < vocab)[None, :], other=float("-inf")).to(tl.float32)
     best, arg = _max_index(x, axis=1)
     tl.store(win_val_ptr + row * splits + split + tl.arange(0, 1), best)
@@ -84,6 +79,22 @@ def _chain_second(x_ptr, word_ptr, win_val_ptr, win_idx_ptr, counter_ptr, out_pt
 
 
 @triton.jit
+def _chain_second(x_ptr, word_ptr, win_val_ptr, win_idx_ptr, counter_ptr, out_ptr, vocab, positions, splits,
+                  CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr, PDL: tl.constexpr = False):
+    """Grid (rows, splits): read the row's word, load one tile of the row it names (the last position,
+    reached through the word so the load waits for it), store the tile's maximum; the row's last program
+    writes the first column of the largest. PDL: as `_sample_kernel`'s."""
+    if PDL:
+        gdc_wait()
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    word = tl.load(word_ptr + row + tl.arange(0, 1))
+    position = positions - 1 + (word != word).to(tl.int32)  # NaN-proof: always the last position
+    _race_tile(x_ptr, win_val_ptr, win_idx_ptr, counter_ptr, out_ptr, row, split, position, positions, vocab, splits,
+               CHUNK, BLOCK, BLOCK_S)
+
+
+@triton.jit
 def _chain_coop(x_ptr, part_ptr, win_val_ptr, win_idx_ptr, counter_ptr, out_ptr, batch, vocab, positions, splits,
                 CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr,
                 PHASE: tl.constexpr):
@@ -97,8 +108,8 @@ def _chain_coop(x_ptr, part_ptr, win_val_ptr, win_idx_ptr, counter_ptr, out_ptr,
     position = tl.arange(0, BLOCK_P)
     rows = (row * positions + position).to(tl.int64) * vocab
     if PHASE != 2:
-        x = tl.load(x_ptr + rows[:, None] + cols[None, :], mask=(position < positions)[:, None] & (cols < vocab)[None, :],
-                    other=0.0)
+        x = tl.load(x_ptr + rows[:, None] + cols[None, :],
+                    mask=(position < positions)[:, None] & (cols < vocab)[None, :], other=0.0)
         total = _sum(_sum(x.to(tl.float32), axis=1)[None, :], axis=1)
         tl.store(part_ptr + row * splits + split + tl.arange(0, 1), total)
     if PHASE == 0:
@@ -108,21 +119,8 @@ def _chain_coop(x_ptr, part_ptr, win_val_ptr, win_idx_ptr, counter_ptr, out_ptr,
         parts = tl.load(part_ptr + row * splits + every, mask=every < splits, other=0.0, volatile=True)
         word = _sum(parts[None, :], axis=1)
         last = positions - 1 + (word != word).to(tl.int32)  # NaN-proof: always the last position
-        y = tl.load(x_ptr + (row * positions + last).to(tl.int64)[:, None] * vocab + cols[None, :],
-                    mask=(cols < vocab)[None, :], other=float("-inf")).to(tl.float32)
-        best, arg = _max_index(y, axis=1)
-        tl.store(win_val_ptr + row * splits + split + tl.arange(0, 1), best)
-        tl.store(win_idx_ptr + row * splits + split + tl.arange(0, 1), (split * CHUNK + arg).to(tl.int32))
-        ticket = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
-        if ticket == splits - 1:
-            values = tl.load(win_val_ptr + row * splits + every, mask=every < splits, other=float("-inf"),
-                             volatile=True)[None, :]
-            indices = tl.load(win_idx_ptr + row * splits + every, mask=every < splits, other=INT32_MAX,
-                              volatile=True)[None, :]
-            top = _max(values, axis=1)
-            tl.store(out_ptr + row + tl.arange(0, 1),
-                     _min(tl.where(values == top[:, None], indices, INT32_MAX), axis=1))
-            tl.atomic_xchg(counter_ptr + row, 0)
+        _race_tile(x_ptr, win_val_ptr, win_idx_ptr, counter_ptr, out_ptr, row, split, last, positions, vocab, splits,
+                   CHUNK, BLOCK, BLOCK_S)
 
 
 @dataclass

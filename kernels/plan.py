@@ -218,7 +218,9 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
                                               MAX_SAMPLE_SPLITS, num_splits)
     fused_chunk, fused_splits = _splits(vocab, stats_block_v, row_blocks, target_programs, stats_tiles,
                                         MAX_STATS_SPLITS, num_splits)
-    coop_fit = _coop_splits(batch, vocab, coop_block_v, coop_capacity, num_splits) if coop and not greedy and not two_asked else None
+    coop_fit = None
+    if coop and not greedy and not two_asked:
+        coop_fit = _coop_splits(batch, vocab, coop_block_v, coop_capacity, num_splits)
     coop_chunk, coop_splits = coop_fit or (0, 1)
     return LaunchPlan(
         block_b=block_b,

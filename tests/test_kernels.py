@@ -401,13 +401,14 @@ def test_gpu_plans_of_every_benchmark_variant_are_valid(gpu_planner, batch: int,
     for overrides in PLAN_VARIANTS.values():
         chosen = gpu_planner.make_plan(batch, 4, vocab, device, False, tuning=tuple(sorted(overrides.items())))
         assert chosen.fused == bool(overrides.get("fused", 0))
-        assert chosen.coop == (bool(overrides.get("coop", 0)) and batch <= 132 * overrides.get("coop_programs_per_sm", 1))
+        capacity = 132 * overrides.get("coop_programs_per_sm", 1)
+        assert chosen.coop == (bool(overrides.get("coop", 0)) and batch <= capacity)
         chunks = [(chosen.stats_chunk, chosen.stats_splits, chosen.stats_block_v, 256),
                   (chosen.sample_chunk, chosen.sample_splits, chosen.sample_block_v, 1024),
                   (chosen.fused_chunk, chosen.fused_splits, chosen.stats_block_v, 256)]
         if chosen.coop:  # its whole grid resident at once: at most the SMs' share it was given
             chunks.append((chosen.coop_chunk, chosen.coop_splits, chosen.coop_block_v, 256))
-            assert batch * chosen.coop_splits <= 132 * overrides.get("coop_programs_per_sm", 1)
+            assert batch * chosen.coop_splits <= capacity
             assert chosen.block_s4 >= chosen.coop_splits
         for chunk, splits, block_v, most in chunks:
             assert chunk % block_v == 0 and (splits - 1) * chunk < vocab <= splits * chunk and splits <= most

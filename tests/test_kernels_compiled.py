@@ -154,8 +154,8 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
     finally:
         plan_module.make_plan.cache_clear()
     assert {d["kernel"] for d in launches.values()} == {"_stats_kernel", "_stats_accept_kernel", "_sample_kernel",
-                                                        "_fused_kernel", "_coop_kernel", "_chain_first", "_chain_second",
-                                                        "_chain_coop"}
+                                                        "_fused_kernel", "_coop_kernel", "_chain_first",
+                                                        "_chain_second", "_chain_coop"}
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="0")
     done = subprocess.run([sys.executable, "-c", FRONT_END], input=json.dumps(list(launches.values())), env=env,
                           capture_output=True, text=True, timeout=600)
