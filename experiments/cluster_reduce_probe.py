@@ -11,11 +11,8 @@ sm_90 target with the installed Triton and reports whether it lowered and how ma
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
+import importlib.util
 import os
-import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,6 +24,19 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 CLUSTER_WORDS = ("mapa", "barrier.cluster", "shared::cluster")
+
+
+def _provenance():
+    """`flashspec.provenance`; loaded from its file when the package is not importable (the probe needs only
+    Triton, so it runs in a bare environment of any Triton version)."""
+    try:
+        from flashspec import provenance
+    except ImportError:
+        path = Path(__file__).resolve().parents[1] / "flashspec" / "provenance.py"
+        spec = importlib.util.spec_from_file_location("_flashspec_provenance", path)
+        provenance = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(provenance)
+    return provenance
 
 
 @triton.jit
@@ -62,18 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ctas", type=int, nargs="+", default=[1, 2, 4, 8])
     args = parser.parse_args(argv)
     rows = [probe(n) for n in args.ctas]
-    here = Path(__file__).resolve().parent
-    sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", str(here / Path(__file__).name)], cwd=here,
-                           capture_output=True, text=True).stdout.strip()
-    record = {"triton": triton.__version__, "python": platform.python_version(), "machine": platform.machine(),
-              "git_sha": sha or None, "script_uncommitted": bool(dirty),
-              "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "target": "cuda sm_90 (compiled only, nothing ran)", "command": " ".join([Path(sys.argv[0]).name,
-                                                                                           *sys.argv[1:]]),
-              "probes": rows}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
+    provenance = _provenance()
+    provenance.write_result(args.out, provenance.record(),
+                            {"target": "cuda sm_90, compiled only (nothing ran)", "ctas": args.ctas},
+                            {"triton": triton.__version__, "probes": rows})
     for row in rows:
         state = (f"lowered, cluster instructions {row['cluster_instructions']}" if row["lowered"]
                  else f"failed: {row['error'][:120]}")

@@ -582,7 +582,6 @@ for label, (t_logits, d_logits, d_tokens, params) in checks.items():
 #   steps per replay, as a decode loop runs it).
 
 # %%
-import json
 import textwrap
 
 from IPython.display import Markdown, display
@@ -912,7 +911,7 @@ def cluster_text() -> str:
     """What `experiments/cluster_reduce_probe.py` found per Triton version (compiled for sm_90 on a CPU)."""
     found = []
     for path in sorted(provenance.results_dir().glob("cluster_reduce_probe_*.json")):
-        record = json.loads(path.read_text())
+        record = provenance.load_result(path.stem)["results"]
         spans = [row["num_ctas"] for row in record["probes"] if row["num_ctas"] > 1 and row.get("cross_cta")]
         failed = [row["num_ctas"] for row in record["probes"] if row["num_ctas"] > 1 and not row["lowered"]]
         found.append(f"Triton {record['triton']} " + (

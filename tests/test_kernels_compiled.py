@@ -178,8 +178,12 @@ def test_cluster_reduce_probe_writes_what_this_triton_does(tmp_path) -> None:
     record = json.loads(out.read_text())
     import triton
 
-    assert record["triton"] == triton.__version__ and [row["num_ctas"] for row in record["probes"]] == [1, 2]
-    single, pair = record["probes"]
+    from flashspec import provenance
+
+    assert list(record) == list(provenance.RESULT_KEYS) and record["provenance"]["versions"]["triton"] == triton.__version__
+    assert record["results"]["triton"] == triton.__version__
+    assert [row["num_ctas"] for row in record["results"]["probes"]] == [1, 2]
+    single, pair = record["results"]["probes"]
     assert single["lowered"] and not single["cross_cta"] and sum(single["cluster_instructions"].values()) == 0
     if pair["lowered"]:  # a cross-block reduction goes through the cluster's shared memory
         assert pair["cross_cta"]
