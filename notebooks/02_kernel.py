@@ -851,16 +851,24 @@ if chained:
     if small and large:
         chain_over_floor = [p["best_chain_floor_us"] / p["floor_us"] for p in small]
         within = [p["best_graph_warm_over_chain_floor"] for p in small]
-        beyond = [p for p in small if p["best_chain_floor_us"] >= 2 * p["floor_us"]]
+        def two_launch_chain(point: dict) -> float:
+            """The shortest chain probe among the point's two-launch variants (its best plan's when none)."""
+            chains = [row["chain_floor_us"] for row in point.get("variants", {}).values()
+                      if row.get("launches") == 2 and row.get("chain_floor_us") is not None]
+            return min(chains) if chains else point["best_chain_floor_us"]
+
+        beyond = [p for p in small if two_launch_chain(p) >= 2 * p["floor_us"]]
         room = [p for p in small if p not in beyond]
         display(Markdown(
-            f"At B ≤ 8 the chain alone is {min(chain_over_floor):.1f}–{max(chain_over_floor):.1f}× the floor. "
+            f"At B ≤ 8 the best plan's chain alone is {min(chain_over_floor):.1f}–{max(chain_over_floor):.1f}× the "
+            "floor. "
             + (("At " + ", ".join(f"B={p['batch']} V={p['vocab']}" for p in beyond)
-                + " no two-launch step can replay within 2× the floor; ") if beyond else "")
+                + " even the shortest chain of any two-launch plan is 2× the floor or more: no two-launch step can "
+                "replay within 2× the floor there; ") if beyond else "")
             + ((("at " if beyond else "At ") + ", ".join(f"B={p['batch']} V={p['vocab']}" for p in room)
                 + " the bar leaves "
-                + ", ".join(f"{2 * p['floor_us'] - p['best_chain_floor_us']:.1f} µs" for p in room)
-                + " for all of the step's work beyond the chain. ") if room else "")
+                + ", ".join(f"{2 * p['floor_us'] - two_launch_chain(p):.1f} µs" for p in room)
+                + " for all of the step's work beyond the shortest two-launch chain. ") if room else "")
             + "The bar asks for a shorter chain, not faster kernels on this one (the next section measures two "
             "attempts). "
             f"The best replays are {min(within):.2f}–{max(within):.2f}× "
