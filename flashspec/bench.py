@@ -545,6 +545,13 @@ def _ratio_range(numerator: list[float] | None, denominator: list[float] | None)
     return [numerator[0] / denominator[1], numerator[1] / denominator[0]]
 
 
+def shortest_chain_floor(point: dict, keep: Callable[[dict], bool] = lambda row: True) -> float | None:
+    """The shortest dependency-chain probe (µs) among a point's variants whose row `keep` accepts, or None."""
+    chains = [row["chain_floor_us"] for row in point.get("variants", {}).values()
+              if keep(row) and row.get("chain_floor_us") is not None]
+    return min(chains) if chains else None
+
+
 def point_ratios(point: dict) -> dict:
     """The ratios of one point: against the floor, the honest baseline over the Triton step, and the same for
     the best recorded variant (what the step costs once `SHAPE_PLANS` holds this point's choice)."""

@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 from triton.language import core as tlcore  # noqa: F401  (the interpreter patches it through this module's globals)
 
-from flashspec.kernels.coop_pass import _row_barrier
+from flashspec.kernels.coop_pass import _row_barrier, barrier_phases
 from flashspec.kernels.plan import LaunchPlan
 from flashspec.kernels.rng import device_function
 from flashspec.kernels.shims import (INT32_MAX, _max, _max_index, _min, _sum, gdc_launch_dependents, gdc_wait,
@@ -134,11 +134,8 @@ class ChainStep:
     def run(self) -> None:
         with np.errstate(all="ignore") if interpreting() else contextlib.nullcontext():
             for kernel, grid, args, meta in self.launches:
-                if interpreting() and "PHASE" in meta:  # either side of the barrier, one after the other
-                    for phase in (1, 2):
-                        kernel[grid](*args, **{**meta, "PHASE": phase})
-                else:
-                    kernel[grid](*args, **meta)
+                for each in barrier_phases(meta) if "PHASE" in meta else [meta]:
+                    kernel[grid](*args, **each)
 
 
 def chain_step(target_logits: torch.Tensor, plan: LaunchPlan) -> ChainStep:

@@ -22,8 +22,14 @@ import triton.language as tl
 from triton.language import core as tlcore  # noqa: F401  (the interpreter patches it through this module's globals)
 
 from flashspec.kernels.sample_pass import _sample_program
-from flashspec.kernels.shims import _online_lse, _scale
+from flashspec.kernels.shims import _online_lse, _scale, interpreting
 from flashspec.kernels.rng import device_function
+
+
+def barrier_phases(meta: dict) -> list[dict]:
+    """The launches one launch of a kernel with a `PHASE` barrier stands for: itself on a GPU; interpreted,
+    its two halves either side of the barrier, one after the other (a spin would never end there)."""
+    return [{**meta, "PHASE": phase} for phase in (1, 2)] if interpreting() else [meta]
 
 
 @device_function

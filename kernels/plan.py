@@ -84,13 +84,10 @@ def _coop_splits(batch: int, vocab: int, block_v: int, capacity: int, forced: in
     """(chunk, splits) of the cooperative launch: one tile per program where the grid allows, and at most
     `capacity` programs in all, since every program must be resident at once; None when even whole rows
     would not fit."""
-    tiles = _cdiv(vocab, block_v)
-    most = min(capacity // batch, MAX_STATS_SPLITS, tiles)
-    if most < 1:
+    if capacity < batch:
         return None
-    wanted = max(1, min(tiles if forced is None else int(forced), most))
-    chunk = _cdiv(_cdiv(vocab, wanted), block_v) * block_v
-    return chunk, _cdiv(vocab, chunk)
+    tiles = _cdiv(vocab, block_v)
+    return _splits(vocab, block_v, 1, tiles, tiles, min(capacity // batch, MAX_STATS_SPLITS), forced)
 
 
 # Compiled-plan constants (the benchmark sweeps some; call make_plan.cache_clear() after a change).

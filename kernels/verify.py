@@ -46,7 +46,7 @@ import triton
 
 from flashspec import rng
 from flashspec.kernels import rng as krng
-from flashspec.kernels.coop_pass import _coop_kernel
+from flashspec.kernels.coop_pass import _coop_kernel, barrier_phases
 from flashspec.kernels.fused_pass import _fused_kernel
 from flashspec.kernels.plan import GPU_PLAN, SHAPE_PLANS, LaunchPlan, make_plan  # noqa: F401  (re-exported: the benchmark tunes them)
 from flashspec.kernels.sample_pass import _sample_kernel
@@ -229,11 +229,8 @@ class PreparedVerify:
 
     def launch_coop(self) -> None:
         """One cooperative launch; interpreted, the two halves of the kernel either side of its barrier."""
-        if interpreting():
-            for phase in (1, 2):
-                _COOP_LAUNCHER(self.coop_grid, self.coop_args, {**self.coop_meta, "PHASE": phase})
-        else:
-            _COOP_LAUNCHER(self.coop_grid, self.coop_args, self.coop_meta, self.key)
+        for meta in barrier_phases(self.coop_meta):
+            _COOP_LAUNCHER(self.coop_grid, self.coop_args, meta, self.key)
 
     def registers(self) -> dict:
         """`_Launcher.registers` of each kernel this step launches (call after a run)."""

@@ -853,9 +853,8 @@ if chained:
         within = [p["best_graph_warm_over_chain_floor"] for p in small]
         def two_launch_chain(point: dict) -> float:
             """The shortest chain probe among the point's two-launch variants (its best plan's when none)."""
-            chains = [row["chain_floor_us"] for row in point.get("variants", {}).values()
-                      if row.get("launches") == 2 and row.get("chain_floor_us") is not None]
-            return min(chains) if chains else point["best_chain_floor_us"]
+            shortest = bench.shortest_chain_floor(point, lambda row: row.get("launches") == 2)
+            return point["best_chain_floor_us"] if shortest is None else shortest
 
         beyond = [p for p in small if two_launch_chain(p) >= 2 * p["floor_us"]]
         room = [p for p in small if p not in beyond]
@@ -906,9 +905,8 @@ def best_of(point: dict, keep) -> tuple[str | None, dict]:
 
 
 def shortest_chain(point: dict, keep) -> float | None:
-    chains = [row["chain_floor_us"] for row in point.get("variants", {}).values()
-              if keep(row["overrides"]) and row.get("chain_floor_us") is not None]
-    return min(chains) if chains else None
+    """The shortest chain probe among the variants whose overrides `keep` selects."""
+    return bench.shortest_chain_floor(point, lambda row: keep(row["overrides"]))
 
 
 def is_plain(overrides: dict) -> bool:

@@ -52,7 +52,7 @@ if not torch.cuda.is_available():
 from IPython.display import Markdown, display
 
 import flashspec as fs
-from flashspec import bandits, bench_engine, exactness, provenance, stats
+from flashspec import bandits, bench, bench_engine, exactness, provenance, stats
 
 RESULTS = provenance.results_dir()
 ROOT = RESULTS.parent
@@ -393,9 +393,8 @@ else:
     floor_met = verdicts["graph_over_floor_max"]["with_plan_choice"]["verdict"] == "PASS"
     def shortest_chain(point: dict) -> float | None:
         """The shortest dependency chain any timed plan structure reached at a point (µs), or None."""
-        found = [row["chain_floor_us"] for row in point.get("variants", {}).values()
-                 if row.get("chain_floor_us") is not None]
-        return min(found) if found else point.get("best_chain_floor_us")
+        shortest = bench.shortest_chain_floor(point)
+        return point.get("best_chain_floor_us") if shortest is None else shortest
 
     chains = [shortest_chain(p) / p["floor_us"] for p in verify_bench["results"]["points"]
               if p["batch"] <= 8 and shortest_chain(p) is not None]
