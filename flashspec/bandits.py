@@ -37,6 +37,8 @@ __all__ = [
     "DiscountedUCB",
     "ThompsonSampling",
     "DiscountedThompsonSampling",
+    "GammaThompsonSampling",
+    "DiscountedGammaThompsonSampling",
     "EXP3",
     "FixedArm",
     "Oracle",
@@ -466,6 +468,98 @@ class DiscountedThompsonSampling(_Discounted, ThompsonSampling):
     name = "d-ts"
 
 
+class GammaThompsonSampling(ThompsonSampling):
+    """Thompson sampling for (draft, γ) arms: one acceptance posterior per draft, one cost per arm.
+
+    Arm a drafts γ_a tokens with draft d_a. A step of any arm of draft d is evidence about d's per-token
+    acceptance α_d, and its likelihood (n successes, then a failure unless n = γ) does not depend on γ,
+    so the arms of one draft share one posterior: Beta(prior + successes, prior + failures) summed over
+    them. To select, draw α̃_d from each draft's posterior and play the arm with the most expected tokens
+    per unit of step cost, (1 + α̃ + ... + α̃^γ_a) / c_a. Independent arms with a throughput reward must
+    learn each γ from its own steps; here a step at γ = 2 also tells what γ = 6 would give.
+
+    The arm structure and costs come from `bind_arms(arms, costs)`, which the engines call at the start of
+    every `generate`, or from the `arms=` argument: `arms` is a list of (draft index, γ) and `costs` a
+    `flashspec.rewards.StepCosts` (read at every select, so measured costs count as they arrive) or fixed
+    per-arm costs; with no costs every arm costs 1. An arm whose cost is not known yet is played first
+    (the least played of them), so no arm is compared before its cost is measured. Unbound, every arm is
+    a draft of its own at γ = 1: plain Thompson sampling on acceptance.
+    The engines feed it `update_step` per row (`learns_from_steps`); `update(arm, r)` counts r as r
+    accepted tokens of one trial, as `ThompsonSampling` does.
+    """
+
+    name = "gamma-ts"
+    learns_from_steps: ClassVar[bool] = True  # engines give it step outcomes, not a throughput reward
+
+    def __init__(self, n_arms: int, *, arms: Any = None, **kwargs: Any) -> None:
+        self._arm_draft = np.arange(int(n_arms)) if isinstance(n_arms, (int, np.integer)) else np.zeros(0, int)
+        self._arm_gamma = np.ones_like(self._arm_draft)
+        self._costs: Any = None
+        super().__init__(n_arms, **kwargs)
+        if arms is not None:
+            self.bind_arms(arms)
+
+    def bind_arms(self, arms: Any, costs: Any = None) -> None:
+        """Set the arms' (draft index, γ) and where their costs come from (`StepCosts`, a sequence, None)."""
+        pairs = [tuple(pair) for pair in arms] if isinstance(arms, (list, tuple)) else None
+        if pairs is None or len(pairs) != self.n_arms or not all(
+                len(pair) == 2 and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in pair)
+                and pair[0] >= 0 and pair[1] >= 1 for pair in pairs):
+            raise ValueError(f"arms must be a list of {self.n_arms} (draft index >= 0, γ >= 1) pairs, got {arms!r}")
+        if costs is not None and not hasattr(costs, "costs"):
+            fixed = np.asarray(costs, dtype=np.float64)
+            if fixed.shape != (self.n_arms,) or not np.all(np.isfinite(fixed)) or np.any(fixed <= 0):
+                raise ValueError(f"costs must be a StepCosts or {self.n_arms} finite costs > 0, got {costs!r}")
+        drafts = np.array([pair[0] for pair in pairs], dtype=np.int64)
+        self._arm_draft = np.unique(drafts, return_inverse=True)[1]  # draft ids as 0..D-1
+        self._arm_gamma = np.array([pair[1] for pair in pairs], dtype=np.int64)
+        self._costs = costs
+
+    def _reset_state(self) -> None:
+        super()._reset_state()
+        self.plays = np.zeros((self._rows, self.n_arms))
+
+    def _arrays(self) -> dict[str, np.ndarray]:
+        return {**super()._arrays(), "plays": self.plays}
+
+    def arm_costs(self) -> np.ndarray:
+        """Each arm's current cost, [n_arms] (NaN where not measured yet)."""
+        if self._costs is None:
+            return np.ones(self.n_arms)
+        values = getattr(self._costs, "costs", self._costs)
+        return np.array([np.nan if value is None else float(value) for value in values])
+
+    def draft_posterior(self) -> tuple[np.ndarray, np.ndarray]:
+        """Beta parameters (alpha, beta) of each draft's per-token acceptance, arrays [rows, drafts]."""
+        groups = np.zeros((self.n_arms, int(self._arm_draft.max()) + 1))
+        groups[np.arange(self.n_arms), self._arm_draft] = 1.0
+        failures = np.maximum(self.trials - self.successes, 0.0)
+        return self.prior_alpha + self.successes @ groups, self.prior_beta + failures @ groups
+
+    def _select(self, context: Any) -> np.ndarray:
+        alpha, beta = self.draft_posterior()
+        rate = self.rng.beta(alpha, beta)[:, self._arm_draft]  # [rows, arms]: each arm's draft's draw
+        exponent = self._arm_gamma + 1.0
+        # 1 + α + ... + α^γ, written so α = 1 gives γ + 1 exactly
+        below = rate < 1.0
+        tokens = np.where(below, -np.expm1(exponent * np.log(np.where(below, rate, 0.5))) /
+                          np.where(below, 1.0 - rate, 1.0), exponent)
+        costs = self.arm_costs()
+        unknown = np.isnan(costs)
+        if unknown.any():  # measure every arm's cost before comparing: the least played unknown arm
+            arms = np.argmin(np.where(unknown, self.plays, np.inf), axis=1)
+        else:
+            arms = np.argmax(tokens / costs, axis=1)
+        self.plays[np.arange(self._rows), arms] += 1
+        return arms
+
+
+class DiscountedGammaThompsonSampling(_Discounted, GammaThompsonSampling):
+    """`GammaThompsonSampling` whose counts decay by `discount` per step (follows a changing domain)."""
+
+    name = "d-gamma-ts"
+
+
 class EXP3(Policy):
     """EXP3 (Auer et al. 2002b), the adversarial baseline: exponential weights on importance-weighted rewards.
 
@@ -571,6 +665,8 @@ POLICIES: dict[str, type[Policy]] = {
     "discounted-ucb": DiscountedUCB,
     "d-ts": DiscountedThompsonSampling,
     "discounted-thompson": DiscountedThompsonSampling,
+    "gamma-ts": GammaThompsonSampling,
+    "d-gamma-ts": DiscountedGammaThompsonSampling,
     "exp3": EXP3,
     "fixed": FixedArm,
     "oracle": Oracle,
@@ -578,7 +674,8 @@ POLICIES: dict[str, type[Policy]] = {
 
 
 def make_policy(name: str, n_arms: int, **kwargs: Any) -> Policy:
-    """Build a policy by name ("ucb1", "thompson", "sw-ucb", "d-ucb", "d-ts", "exp3", "fixed", "oracle").
+    """Build a policy by name ("ucb1", "thompson", "sw-ucb", "d-ucb", "d-ts", "gamma-ts", "d-gamma-ts", "exp3",
+    "fixed", "oracle").
 
     Keyword arguments go to the class (seed, batch_size, request_decay, window, discount, ...).
     """

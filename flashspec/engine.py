@@ -283,12 +283,7 @@ class SpeculativeDecoder:
 
         state = RowState.start(input_ids.to(device), mask.to(device), budgets, self.max_gamma, pad_id)
         cache = models.new_cache(self.target)
-        reseed = getattr(self.policy, "reseed", None)
-        if callable(reseed):
-            reseed(rng.derive_seed(seed, POLICY_SEED_TAG))
-        on_request_start = getattr(self.policy, "on_request_start", None)
-        if callable(on_request_start):
-            on_request_start()  # a request boundary: policies may re-prior (request_decay)
+        start_request(self.policy, seed, self.arms, self.step_costs)
         for drafter in self.drafts:
             drafter.reset(batch)
         if prompt_length > 1:
@@ -396,15 +391,30 @@ class SpeculativeDecoder:
         update_policy(self.policy, arm, num_accepted, gamma, self.step_costs)
 
 
+def start_request(policy: Any, seed: int, arms: list[tuple[int, int]], step_costs: StepCosts | None) -> None:
+    """What a policy hears at the start of a `generate`: its seed (derived from the run's), a request
+    boundary (policies may re-prior, `request_decay`), and -- for policies that model the arms, such as
+    `GammaThompsonSampling` -- the (draft, γ) arms and where their step costs are kept."""
+    reseed = getattr(policy, "reseed", None)
+    if callable(reseed):
+        reseed(rng.derive_seed(seed, POLICY_SEED_TAG))
+    on_request_start = getattr(policy, "on_request_start", None)
+    if callable(on_request_start):
+        on_request_start()
+    bind_arms = getattr(policy, "bind_arms", None)
+    if callable(bind_arms):
+        bind_arms(arms, step_costs)
+
+
 def update_policy(policy: Any, arm: int, num_accepted: list[int], gamma: int,
                   step_costs: StepCosts | None = None) -> None:
     """Reward from one step's acceptances (the past of every later step). With `step_costs` (arms
-    of their own γ): the throughput reward, skipped while the arm has no cost yet. Otherwise policies
-    with `update_step` (Thompson sampling) get the geometric conjugate update per row; others the
-    mean acceptance fraction in [0, 1]."""
+    of their own γ): the throughput reward, skipped while the arm has no cost yet, unless the policy
+    `learns_from_steps` (it reads the costs itself). Otherwise policies with `update_step` (Thompson
+    sampling) get the geometric conjugate update per row; others the mean acceptance fraction in [0, 1]."""
     if not num_accepted:
         return
-    if step_costs is not None:
+    if step_costs is not None and not getattr(policy, "learns_from_steps", False):
         reward = step_costs.reward(arm, num_accepted, gamma)
         if reward is not None:
             policy.update(arm, reward)

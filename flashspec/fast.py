@@ -46,8 +46,9 @@ import torch
 from flashspec import models, rng, runner
 from flashspec.checks import check_budgets, check_prompt, check_token_ids, resolve_pad
 from flashspec.drafters import PromptLookupDrafter
-from flashspec.engine import (POLICY_SEED_TAG, GenerationResult, StepEvent, check_gamma, check_gammas,
-                              make_arms, make_step_costs, resolve_policy, update_policy)
+from flashspec.engine import (GenerationResult, StepEvent, check_gamma, check_gammas,
+                              make_arms, make_step_costs, resolve_policy, start_request,
+                              update_policy)
 from flashspec.sampling import SamplingParams, sample_from_logits
 from flashspec.stats import GenerationStats, StepRecord
 from flashspec.verify import verify_reference
@@ -314,12 +315,7 @@ class FastSpeculativeDecoder:
         if self._session is None or self._session.key != key:
             self._session = _Session(self, key, batch, capacity, sampling, stop_ids, use_graphs)
         session = self._session
-        reseed = getattr(self.policy, "reseed", None)
-        if callable(reseed):
-            reseed(rng.derive_seed(seed, POLICY_SEED_TAG))
-        on_request_start = getattr(self.policy, "on_request_start", None)
-        if callable(on_request_start):
-            on_request_start()
+        start_request(self.policy, seed, self.arms, self.step_costs)
         stats = GenerationStats(arm_names=self.arm_names, batch_size=batch, prompt_length=width,
                                 synchronized_timing=device.type == "cuda",
                                 arm_gammas=None if self.gammas is None else [g for _, g in self.arms])

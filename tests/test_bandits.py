@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 import flashspec as fs
 from flashspec import bandits
 
-ENGINE_NAMES = ["ucb1", "thompson", "sw-ucb", "d-ucb", "d-ts", "exp3", "fixed"]
-LEARNING_NAMES = ["ucb1", "thompson", "sw-ucb", "d-ucb", "d-ts", "exp3"]
+ENGINE_NAMES = ["ucb1", "thompson", "sw-ucb", "d-ucb", "d-ts", "gamma-ts", "d-gamma-ts", "exp3", "fixed"]
+LEARNING_NAMES = ["ucb1", "thompson", "sw-ucb", "d-ucb", "d-ts", "gamma-ts", "d-gamma-ts", "exp3"]
 DETERMINISTIC_NAMES = ["ucb1", "sw-ucb", "d-ucb", "fixed"]
 
 

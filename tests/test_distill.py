@@ -162,6 +162,9 @@ def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, 
     # every timed stream records the graphs captured inside it (none on a CPU, which runs without graphs)
     assert results["speed"]["t1"]["by_gamma"]["4"]["graph_captures"] == [0]
     assert results["adaptive_gamma"]["adaptive"]["graph_captures"] == 0
+    by_policy = results["adaptive_gamma"]["adaptive_by_policy"]
+    assert list(by_policy) == ["thompson", "gamma-ts"] and by_policy["thompson"] == results["adaptive_gamma"]["adaptive"]
+    assert all(run["graph_captures"] == 0 and run["vs_best_fixed"] > 0 for run in by_policy.values())
     assert {run["graph_captures"] for run in results["switching"]["blocks"]["runs"].values()} == {0}
     assert results["speed"]["greedy"]["greedy_token_agreement_with_plain"] == 1.0  # float32 on a CPU: exact
     # where each method's stream time went: prefills + steps + the rest of generate add up, the steps made the tokens
