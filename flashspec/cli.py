@@ -128,7 +128,9 @@ def generate_parser() -> argparse.ArgumentParser:
                              "--real, off otherwise)")
     parser.add_argument("--draft", action="append", default=[], help="draft model folder or hub id (repeatable)")
     parser.add_argument("--prompt-lookup", action="store_true", help="add the model-free prompt-lookup drafter")
-    parser.add_argument("--policy", default="thompson", help="bandit policy name (see flashspec.bandits.POLICIES)")
+    parser.add_argument("--policy", default=None,
+                        help="bandit policy name (see flashspec.bandits.POLICIES); default thompson, or gamma-ts "
+                             "with --gammas (one acceptance posterior per draft, shared by its γ arms)")
     parser.add_argument("--gamma", type=int, default=4, help="drafted tokens per step")
     parser.add_argument("--gammas", type=parse_gammas, default=None,
                         help="comma-separated γ values, e.g. 2,4,8: the arms become every (draft, γ) pair and the "
@@ -420,6 +422,8 @@ def prepare_run(args: argparse.Namespace, tp: Any = None) -> Run:
         target, drafts, tokenizer = checkpoint_models(args)
     if args.prompt_lookup or not drafts:
         drafts = [*drafts, PromptLookupDrafter()]
+    if args.policy is None:
+        args.policy = "gamma-ts" if args.gammas else "thompson"
     check_policy(args.policy, len(drafts) * (len(args.gammas) if args.gammas else 1), args.seed)
     if tp is not None:
         from flashspec.tp import shard_target

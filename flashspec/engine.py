@@ -161,7 +161,9 @@ class SpeculativeDecoder:
             (draft, γ) pair, draft-major, named "<draft>@γ=<γ>", and the policy learns from the
             throughput reward (`flashspec.rewards.StepCosts`: each step's tokens over its arm's
             moving-average wall time, relative to the best arm's rate), so it learns how far to
-            speculate as well as which draft.
+            speculate as well as which draft. `policy="gamma-ts"` (`bandits.GammaThompsonSampling`)
+            instead shares each draft's acceptance across its γ arms and reads the same costs:
+            it learns the arms from fewer steps (the CLI's choice with --gammas).
         arm_costs: with `gammas`, fixed per-arm step costs (any unit) instead of measured times,
             e.g. from a benchmark: the choices then depend on the seed only (reproducible runs).
         policy_kwargs: extra arguments for `make_policy` (e.g. window, discount). Its random

@@ -34,6 +34,23 @@ def test_generate_with_gammas_makes_an_arm_per_draft_and_gamma(capsys, tmp_path)
     assert json.loads(path.read_text())["arm_names"] == ["draft0@γ=1", "draft0@γ=3", "draft1@γ=1", "draft1@γ=3"]
 
 
+@pytest.mark.parametrize("options, policy", [([], "thompson"), (["--gammas", "1,3"], "gamma-ts"),
+                                             (["--gammas", "1,3", "--policy", "ucb1"], "ucb1")])
+def test_default_policy_is_gamma_ts_with_gammas(monkeypatch, capsys, options, policy):
+    """With --gammas and no --policy the arms share each draft's acceptance (gamma-ts); else Thompson sampling."""
+    seen = {}
+    original = cli.build_decoder
+
+    def spy(args, *rest, **kwargs):
+        decoder = original(args, *rest, **kwargs)
+        seen["policy"] = decoder.policy.name
+        return decoder
+
+    monkeypatch.setattr(cli, "build_decoder", spy)
+    assert cli.main([*BASE, *options]) == 0, capsys.readouterr().err
+    assert seen == {"policy": policy}
+
+
 def test_generate_with_saved_target_and_draft(capsys, tmp_path):
     tokenizer = models.char_tokenizer()
     common = dict(vocab_size=len(tokenizer), max_positions=64, bos_token_id=1, eos_token_id=2, pad_token_id=2)
