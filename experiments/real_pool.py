@@ -70,6 +70,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "recorded (default: the size's own steps)")
     parser.add_argument("--eval-tokens", type=int, default=None, help="held-out tokens per domain (default: the size's)")
     parser.add_argument("--bandits", nargs="+", default=["thompson", "d-ts"])
+    parser.add_argument("--speed-adaptive-gammas", type=int, nargs="+", default=[2, 4, 6, 8],
+                        help="γ values of the speed part's adaptive contestant (every draft at each)")
+    parser.add_argument("--speed-adaptive-policy", default="gamma-ts",
+                        help="policy of the speed part's adaptive contestant over (draft, γ) arms")
     parser.add_argument("--gamma-policies", nargs="+", default=["thompson", "gamma-ts"],
                         help="policies over (draft, γ) arms in the adaptive_gamma part (thompson: throughput reward; "
                              "gamma-ts: one acceptance posterior per draft and measured costs)")
@@ -83,7 +87,7 @@ def stream(decoder: Any, requests: list[switching.Request], sampling: fs.Samplin
     """Serve `requests` one by one (seeds 0, 1, ...) with a fast decoder: seconds, tokens, tokens/s, every
     request's tokens, the CUDA graphs captured inside that timing, and where the time went (`breakdown`: the
     prefills, the steps as the decoder timed them, the rest of `generate`, steps and draft switches)."""
-    seconds, tokens, outputs = 0.0, 0, []
+    seconds, tokens, outputs, arm_trace, request_of_step = 0.0, 0, [], [], []
     parts = {"prefill_s": 0.0, "steps_s": 0.0, "generate_s": 0.0, "steps": 0, "switches": 0}
     captured_before = decoder.graphs_captured
     for index, request in enumerate(requests):
@@ -99,11 +103,14 @@ def stream(decoder: Any, requests: list[switching.Request], sampling: fs.Samplin
         parts["steps_s"] += sum(step.latency_s for step in run.steps)
         parts["steps"] += len(run.steps)
         parts["switches"] += sum(a.arm != b.arm for a, b in zip(run.steps, run.steps[1:]))
+        arm_trace += [step.arm for step in run.steps]
+        request_of_step += [index] * len(run.steps)
     parts["rest_s"] = parts["generate_s"] - parts["prefill_s"] - parts["steps_s"]
     parts["ms_per_step"] = 1e3 * parts["steps_s"] / parts["steps"] if parts["steps"] else None
     parts["tokens_per_step"] = tokens / parts["steps"] if parts["steps"] else None
     return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds, "outputs": outputs,
-            "graph_captures": decoder.graphs_captured - captured_before, "breakdown": parts}
+            "graph_captures": decoder.graphs_captured - captured_before, "breakdown": parts,
+            "arm_trace": arm_trace, "request_of_step": request_of_step}
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -214,6 +221,15 @@ def main(argv: list[str] | None = None) -> int:
         single = "general" if "general" in drafts else names[0]
         one_draft = FastSpeculativeDecoder(pool.target, [drafts[single]], policy="fixed", gamma=args.gamma,
                                            compile=args.compile)
+        # the shipped adaptive configuration: every draft at every γ of --speed-adaptive-gammas under gamma-ts
+        adaptive = FastSpeculativeDecoder(pool.target, list(drafts.values()), policy="fixed",
+                                          gamma=max(args.speed_adaptive_gammas), gammas=args.speed_adaptive_gammas,
+                                          compile=args.compile)
+        adaptive_arms = len(adaptive.arms)
+
+        def fresh_adaptive() -> None:  # each stream learns from nothing: a new policy, no cost measured
+            adaptive.policy = make_policy(args.speed_adaptive_policy, adaptive_arms, seed=0)
+            adaptive.step_costs = StepCosts(adaptive_arms)
         for label, temperature in (("greedy", 0.0), ("t1", 1.0)):
             sampling = fs.SamplingParams(temperature=temperature)
             # warm-up: the timed stream itself, under the same fresh policy and seeds, so every graph the
@@ -223,10 +239,17 @@ def main(argv: list[str] | None = None) -> int:
                 decoder.policy = make_policy("thompson", len(names), seed=0)
                 stream(decoder, blocks, sampling, args.new_tokens, device)
             stream(one_draft, blocks, sampling, args.new_tokens, device)
-            rounds: dict[str, list[float]] = {"fast_plain": [], **{f"gamma{g}": [] for g in gammas}, "one_draft": []}
+            fresh_adaptive()
+            stream(adaptive, blocks, sampling, args.new_tokens, device)
+            # its choices follow measured times, so the timed stream may reach other arms: capture them all first
+            longest = max(len(r.prompt_ids) for r in blocks) + args.new_tokens + adaptive.max_gamma + 1
+            adaptive.capture_graphs(range(1, longest + 1))
+            rounds: dict[str, list[float]] = {"fast_plain": [], **{f"gamma{g}": [] for g in gammas}, "one_draft": [],
+                                              "adaptive": []}
             captures: dict[str, list[int]] = {method: [] for method in rounds}
             breakdown: dict[str, dict] = {}  # of each method's last round
             agree: dict[str, float] = {}
+            adaptive_agree: float | None = None
             for _ in range(args.repeats):  # each round runs every method once, so load drift hits them alike
                 base = stream(plain, blocks, sampling, args.new_tokens, device)
                 rounds["fast_plain"].append(base["tok_s"])
@@ -250,6 +273,14 @@ def main(argv: list[str] | None = None) -> int:
                 rounds["one_draft"].append(alone["tok_s"])
                 captures["one_draft"].append(alone["graph_captures"])
                 breakdown["one_draft"] = alone["breakdown"]
+                fresh_adaptive()
+                chosen = stream(adaptive, blocks, sampling, args.new_tokens, device)
+                rounds["adaptive"].append(chosen["tok_s"])
+                captures["adaptive"].append(chosen["graph_captures"])
+                breakdown["adaptive"] = chosen["breakdown"]
+                if temperature == 0:
+                    same = [a == b for x, y in zip(base["outputs"], chosen["outputs"]) for a, b in zip(x, y)]
+                    adaptive_agree = sum(same) / len(same)
             by_gamma = {str(g): {"fast_speculative": spread(rounds[f"gamma{g}"]), "ratio_per_round": spread(
                 [x / y for x, y in zip(rounds[f"gamma{g}"], rounds["fast_plain"])]),
                 "graph_captures": captures[f"gamma{g}"]} for g in gammas}
@@ -263,6 +294,14 @@ def main(argv: list[str] | None = None) -> int:
                                         "ratio_per_round": spread([x / y for x, y in zip(rounds["one_draft"],
                                                                                          rounds["fast_plain"])]),
                                         "graph_captures": captures["one_draft"]},
+                          "adaptive": {"policy": args.speed_adaptive_policy, "gammas": args.speed_adaptive_gammas,
+                                       "fast_speculative": spread(rounds["adaptive"]),
+                                       "ratio_per_round": spread([x / y for x, y in zip(rounds["adaptive"],
+                                                                                        rounds["fast_plain"])]),
+                                       "graph_captures": captures["adaptive"],
+                                       "greedy_token_agreement_with_plain": adaptive_agree,
+                                       "gamma_share_per_domain_last_round": chosen_gamma_per_domain(
+                                           chosen, blocks, [g for _, g in adaptive.arms])},
                           "breakdown_last_round": breakdown}
             results["speed"] = out  # written per sampling setting: a cut run keeps the finished ones
             write()
@@ -271,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"{entry['fast_speculative']['median']:.1f}, ratio {entry['ratio_per_round']}", flush=True)
             print(f"[real_pool] {label} one draft ({single}, γ={args.gamma}): ratio "
                   f"{out[label]['one_draft']['ratio_per_round']}", flush=True)
+            print(f"[real_pool] {label} adaptive ({args.speed_adaptive_policy}, γ in {args.speed_adaptive_gammas}): "
+                  f"ratio {out[label]['adaptive']['ratio_per_round']}", flush=True)
             for method, parts in breakdown.items():
                 print(f"[real_pool] {label} {method}: " + ", ".join(
                     f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in parts.items()), flush=True)

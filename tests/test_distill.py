@@ -174,6 +174,11 @@ def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, 
         assert abs(parts["prefill_s"] + parts["steps_s"] + parts["rest_s"] - parts["generate_s"]) < 1e-9, method
         assert parts["steps"] > 0 and parts["tokens_per_step"] >= 1.0, method
     assert speed["breakdown_last_round"]["one_draft"]["switches"] == 0
+    adaptive = speed["adaptive"]
+    assert adaptive["policy"] == "gamma-ts" and adaptive["graph_captures"] == [0]
+    assert len(adaptive["ratio_per_round"]["runs"]) == 1 and results["speed"]["greedy"]["adaptive"][
+        "greedy_token_agreement_with_plain"] == 1.0
+    assert all(abs(sum(per.values()) - 1) < 1e-9 for per in adaptive["gamma_share_per_domain_last_round"].values())
     assert set(results["quality"]["acceptance_greedy"]) == {"python", "prose", "cpp", "general"}
     shares = results["adaptive_gamma"]["adaptive"]["gamma_share_per_domain"]
     assert all(abs(sum(per.values()) - 1) < 1e-9 for per in shares.values())
