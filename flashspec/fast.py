@@ -72,6 +72,14 @@ def catch_up_choices(bucket: int) -> list[int]:
     return sorted({min(1 << k, bucket) for k in range(bucket.bit_length() + 1)})
 
 
+def capture_fill(bucket: int, capacity: int, gamma: int, max_gamma: int) -> int:
+    """Tokens per row while a step of γ = `gamma` at attention `bucket` is captured ahead: a fill the step
+    loop can reach there, so the step's γ+1 positions stay inside the bucket (fill + γ <= bucket) and the
+    commit's fixed Γ+1 columns (Γ = `max_gamma`) inside the cache (fill + Γ < capacity), as in a real run,
+    where a row never holds more than capacity - Γ - 1 tokens."""
+    return max(1, min(bucket, capacity - max_gamma - 1) - gamma)
+
+
 def session_capacity(tokens: int, slack: int, max_positions: int | None = None) -> int:
     """Cache slots of the session that serves a request of `tokens` (prompt + max_new_tokens), `slack`
     (γ+1) more for the last step's drafts: rounded up onto the attention buckets' grid
@@ -547,8 +555,9 @@ class _Session:
         try:
             for bucket in sorted({runner.bucket_for(min(n, self.capacity), self.capacity) for n in lengths}):
                 for arm, (draft, gamma) in enumerate(self.arms):
-                    # the step loop picks `bucket` for rows of at most bucket - γ tokens: capture at such a fill
-                    b.lengths.fill_(max(1, min(bucket, self.capacity - gamma - 1) - gamma))
+                    if bucket < gamma + 1:  # the step loop never attends over fewer slots than γ+1
+                        continue
+                    b.lengths.fill_(capture_fill(bucket, self.capacity, gamma, self.max_gamma))
                     work = {("step", arm, bucket): lambda arm=arm, bucket=bucket: self.step(arm, bucket)}
                     for n in (catch_up_choices(bucket) if self.catches_up(draft) else ()):
                         work[("catch_up", arm, bucket, n)] = (

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import flashspec as fs
-from flashspec import models
+from flashspec import models, runner
 from flashspec.drafters import PromptLookupDrafter
-from flashspec.fast import FastSpeculativeDecoder, catch_up_length, make_decoder
+from flashspec.fast import FastSpeculativeDecoder, capture_fill, catch_up_length, make_decoder, session_capacity
 from policies import Blocks
 
 from test_engine_exact import (LENGTH, PROMPT, ROWS_PER_CALL, SETTINGS, VOCAB, exact_continuations, fit_p_values,
@@ -265,6 +265,21 @@ def test_graph_replayed_steps_make_no_host_sync():
     assert session.buffers.lengths.item() > len(PROMPT) + 16
 
 
+def test_capture_fill_keeps_the_step_in_its_bucket_and_the_commit_in_the_cache():
+    """Every arm's capture-ahead fill, at every bucket a session can reach: the step's γ+1 positions inside the
+    bucket, and the commit's fixed Γ+1 columns (Γ the largest γ, also for a shorter arm) inside the cache.
+    The fill once bounded by the arm's own γ put a γ = 2 commit past a Γ = 8 session's last slot."""
+    for tokens in (5, 40, 176, 300, 1000):
+        for gammas in ((1, 4), (2, 4, 6, 8), (3,), (1, 16)):
+            top = max(gammas)
+            capacity = session_capacity(tokens, top + 1)
+            buckets = {runner.bucket_for(n, capacity) for n in range(1, capacity + 1)}
+            for bucket in buckets:
+                for gamma in (g for g in gammas if bucket >= g + 1):  # the buckets a step of γ can use
+                    fill = capture_fill(bucket, capacity, gamma, top)
+                    assert fill >= 1 and fill + gamma <= bucket and fill + top < capacity, (tokens, gammas, bucket, gamma)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: graphs exist only there")
 def test_graphs_captured_ahead_serve_a_stream_without_capturing_and_change_no_token():
@@ -286,7 +301,8 @@ def test_graphs_captured_ahead_serve_a_stream_without_capturing_and_change_no_to
         return outputs, decoder.graphs_captured - before
 
     def make():  # fixed arm costs: the throughput reward then does not read step times, so both decoders choose alike
-        return FastSpeculativeDecoder(target, drafts, policy="thompson", gamma=3, gammas=[2, 3], arm_costs=[1.0] * 4)
+        # γ = 1 beside Γ = 4 > 2γ: captured at the top bucket, the γ = 1 step's commit writes Γ + 1 columns
+        return FastSpeculativeDecoder(target, drafts, policy="thompson", gamma=4, gammas=[1, 4], arm_costs=[1.0] * 4)
 
     ahead, captured = serve(make(), True)
     as_it_went, _ = serve(make(), False)
