@@ -482,8 +482,11 @@ class GammaThompsonSampling(ThompsonSampling):
     every `generate`, or from the `arms=` argument: `arms` is a list of (draft index, γ) and `costs` a
     `flashspec.rewards.StepCosts` (read at every select, so measured costs count as they arrive) or fixed
     per-arm costs; with no costs every arm costs 1. An arm whose cost is not known yet is played first
-    (the least played of them), so no arm is compared before its cost is measured. Unbound, every arm is
-    a draft of its own at γ = 1: plain Thompson sampling on acceptance.
+    (the least played of them), so no arm is compared before its cost is measured. A `StepCosts` that
+    the engine tells which steps changed draft also prices a switch: an arm of another draft than the
+    last one played is compared at its switching cost (`StepCosts.cost`), so drafts that differ little are
+    not swapped at a catch-up's price. Unbound, every arm is a draft of its own at γ = 1: plain Thompson
+    sampling on acceptance.
     The engines feed it `update_step` per row (`learns_from_steps`); `update(arm, r)` counts r as r
     accepted tokens of one trial, as `ThompsonSampling` does.
     """
@@ -518,16 +521,36 @@ class GammaThompsonSampling(ThompsonSampling):
     def _reset_state(self) -> None:
         super()._reset_state()
         self.plays = np.zeros((self._rows, self.n_arms))
+        self.last_draft = np.full(self._rows, -1.0)  # the draft of each row's last played arm (-1: none yet)
 
     def _arrays(self) -> dict[str, np.ndarray]:
-        return {**super()._arrays(), "plays": self.plays}
+        return {**super()._arrays(), "plays": self.plays, "last_draft": self.last_draft}
+
+    def on_request_start(self, rows: Any = None) -> None:
+        """A request boundary: as `Policy.on_request_start`, and a request's first step is no switch (every
+        draft starts from the prompt)."""
+        super().on_request_start(rows)
+        mask = self._rows_mask(rows)
+        self.last_draft[slice(None) if mask is None else mask] = -1.0
 
     def arm_costs(self) -> np.ndarray:
-        """Each arm's current cost, [n_arms] (NaN where not measured yet)."""
+        """Each arm's current cost over all its steps, [n_arms] (NaN where not measured yet)."""
         if self._costs is None:
             return np.ones(self.n_arms)
         values = getattr(self._costs, "costs", self._costs)
         return np.array([np.nan if value is None else float(value) for value in values])
+
+    def _row_costs(self) -> np.ndarray:
+        """[rows, arms]: each arm's cost from where each row is, its switching cost where its draft is not
+        the row's last one (a `StepCosts` source), else `arm_costs`."""
+        flat = self.arm_costs()
+        cost = getattr(self._costs, "cost", None)
+        if not callable(cost):
+            return np.broadcast_to(flat, (self._rows, self.n_arms))
+        by_kind = {kind: np.array([np.nan if (c := cost(arm, kind)) is None else c for arm in range(self.n_arms)])
+                   for kind in (False, True)}
+        switched = (self.last_draft[:, None] >= 0) & (self._arm_draft[None, :] != self.last_draft[:, None])
+        return np.where(switched, by_kind[True], by_kind[False])
 
     def draft_posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """Beta parameters (alpha, beta) of each draft's per-token acceptance, arrays [rows, drafts]."""
@@ -544,13 +567,13 @@ class GammaThompsonSampling(ThompsonSampling):
         below = rate < 1.0
         tokens = np.where(below, -np.expm1(exponent * np.log(np.where(below, rate, 0.5))) /
                           np.where(below, 1.0 - rate, 1.0), exponent)
-        costs = self.arm_costs()
-        unknown = np.isnan(costs)
+        unknown = np.isnan(self.arm_costs())
         if unknown.any():  # measure every arm's cost before comparing: the least played unknown arm
             arms = np.argmin(np.where(unknown, self.plays, np.inf), axis=1)
         else:
-            arms = np.argmax(tokens / costs, axis=1)
+            arms = np.argmax(tokens / self._row_costs(), axis=1)
         self.plays[np.arange(self._rows), arms] += 1
+        self.last_draft = self._arm_draft[arms].astype(float)
         return arms
 
 

@@ -299,6 +299,7 @@ class SpeculativeDecoder:
         active = [budget > 0 for budget in budgets]
         num_generated = [0] * batch
         step = 0
+        previous_draft: int | None = None  # the draft of the step before (a step that changes it catches up)
         while any(active):
             step_start = _clock(sync)
             active_rows = [row for row in range(batch) if active[row]]
@@ -337,8 +338,11 @@ class SpeculativeDecoder:
             self.drafts[self.arms[arm][0]].rollback(
                 [length + max(count - 1, 0) for length, count in zip(previous_lengths, kept)]
             )
+            draft = self.arms[arm][0]
             if self.step_costs is not None:  # the step's wall time so far: its cost for the throughput reward
-                self.step_costs.observe(arm, _clock(sync) - step_start)
+                switched = None if previous_draft is None else draft != previous_draft
+                self.step_costs.observe(arm, _clock(sync) - step_start, switched)
+            previous_draft = draft
             self._update_policy(arm, [num_accepted[row] for row in active_rows], gamma)
 
             latency = _clock(sync) - step_start

@@ -349,6 +349,7 @@ class _Launch:
     launched: float   # host perf_counter at launch
     host_s: float     # host time of the launch call (the whole step on a CPU, where it is synchronous)
     captured: bool    # a graph was captured: the step's time is not its cost
+    switched: bool | None  # its draft differs from the previous step's (None: the request's first step)
 
 
 class _Session:
@@ -633,7 +634,7 @@ class _Session:
                 latency = time.perf_counter() - launch.launched
             if decoder.step_costs is not None and not launch.captured:
                 # the step's cost: device time between step ends on CUDA, its synchronous launch on a CPU
-                decoder.step_costs.observe(arm, latency if cuda else launch.host_s)
+                decoder.step_costs.observe(arm, latency if cuda else launch.host_s, launch.switched)
             outcome = pinned[slot].tolist()
             accepted, kept = [row[-2] for row in outcome], [row[-1] for row in outcome]
             rows = [row for row in range(self.batch) if active[row]]
@@ -656,6 +657,7 @@ class _Session:
 
         finished = not any(active)
         step = 0
+        previous_draft: int | None = None
         while not finished:
             if step - read >= lag:
                 finished = consume()
@@ -683,7 +685,9 @@ class _Session:
             done_host[slot].copy_(b.done, non_blocking=True)
             if cuda:
                 events[slot].record()
-            issued.append(_Launch(step, arm, gamma, launched, host_s, captured > 0))
+            issued.append(_Launch(step, arm, gamma, launched, host_s, captured > 0,
+                                  None if previous_draft is None else draft != previous_draft))
+            previous_draft = draft
             step += 1
         while read < len(issued):  # drain: steps launched after the last row finished append nothing
             consume()

@@ -137,6 +137,11 @@ class StepCosts:
     on the CPU zoo: the bandit then ran at 0.73-0.79x the best fixed γ); relative to the best arm, the best
     sits near 0.5 and a γ at half its rate near 0.25. The scale moves while estimates settle, then
     holds still.
+
+    A step that changes draft may cost more than one that keeps it (the new draft catches up on the
+    tokens it missed). `observe(arm, seconds, switched)` with `switched` True or False also feeds a
+    moving average for that kind of step, and `cost(arm, switched)` reads it (`GammaThompsonSampling`
+    does, so it weighs a switch against staying).
     """
 
     def __init__(self, n_arms: int, smoothing: float = 0.1, fixed: Sequence[float] | None = None) -> None:
@@ -148,6 +153,8 @@ class StepCosts:
         self.fixed = fixed is not None
         self.costs: list[float | None] = [None] * n_arms
         self.tokens: list[float | None] = [None] * n_arms
+        self.stay_costs: list[float | None] = [None] * n_arms  # steps that kept the previous step's draft
+        self.switch_costs: list[float | None] = [None] * n_arms  # steps that changed draft
         if fixed is not None:
             values = _check_cost(list(fixed), "arm_costs", allow_zero=False) if len(fixed) else np.zeros(0)
             if values.shape != (n_arms,):
@@ -157,11 +164,30 @@ class StepCosts:
     def _average(self, previous: float | None, value: float) -> float:
         return value if previous is None else previous + self.smoothing * (value - previous)
 
-    def observe(self, arm: int, seconds: float) -> None:
-        """One measured step of `arm` (ignored with fixed costs, or when not a finite time > 0)."""
+    def observe(self, arm: int, seconds: float, switched: bool | None = None) -> None:
+        """One measured step of `arm` (ignored with fixed costs, or when not a finite time > 0);
+        `switched`: whether its draft differs from the previous step's (None: not known, e.g. a
+        request's first step)."""
         if self.fixed or not (isinstance(seconds, (int, float)) and np.isfinite(seconds) and seconds > 0):
             return
         self.costs[arm] = self._average(self.costs[arm], float(seconds))
+        if switched is not None:
+            kind = self.switch_costs if switched else self.stay_costs
+            kind[arm] = self._average(kind[arm], float(seconds))
+
+    def cost(self, arm: int, switched: bool) -> float | None:
+        """The arm's expected step cost when its step changes draft (`switched`) or keeps it: that kind's
+        moving average; else the arm's other estimates, shifted by the mean gap between switching and
+        staying over the arms that measured both (no gap known: none); None before any measurement."""
+        own = (self.switch_costs if switched else self.stay_costs)[arm]
+        if own is not None or self.fixed:
+            return own if own is not None else self.costs[arm]
+        both = [(go, stay) for go, stay in zip(self.switch_costs, self.stay_costs) if go is not None and stay is not None]
+        gap = float(np.mean([go - stay for go, stay in both])) if both else 0.0
+        other = (self.stay_costs if switched else self.switch_costs)[arm]
+        if other is not None:
+            return max(other + (gap if switched else -gap), 1e-12)
+        return self.costs[arm]
 
     def rates(self) -> list[float | None]:
         """Each arm's estimated tokens per unit cost (None until it has a cost and a step)."""

@@ -953,7 +953,9 @@ if adaptive is not None:
 # keeps one Beta posterior per draft, fed by every γ of that draft, draws an acceptance α̃ per draft, and plays the
 # arm with the most expected tokens per unit of measured step cost, $(1 + α̃ + \dots + α̃^γ)/c$; an arm whose cost is
 # not measured yet is played first. The choice still reads only the past, so Theorem 1 holds (the exactness tests run
-# it like every other policy). Below, both policies on the same stream, decoder and warm-up, each starting with no
+# it like every other policy). The runs below predate one later addition: the engines now tell the step costs which
+# steps changed draft, and gamma-ts compares another draft at its switching cost (a catch-up included); that version
+# has been measured on the CPU zoo only (`results/adaptive_gamma_cpu.json`, the design notes' adaptive-γ section). Below, both policies on the same stream, decoder and warm-up, each starting with no
 # cost measured, from `results/real_pool_gamma_ts_h200.json`; the run-to-run movement is read from the contestants
 # that this run and the fourth build's share (same weights).
 
