@@ -356,8 +356,12 @@ PLAN_VARIANTS: dict[str, dict[str, int]] = {
     "accept_once_tiles8_pdl": {"accept_once": 1, "lanes": 1, "sample_max_tiles": 8, "pdl": 1},
     "stats_bv2048_pdl": {"accept_once": 1, "lanes": 1, "sample_block_v": 256, "sample_max_tiles": 4,
                          "stats_block_v": 2048, "stats_max_tiles": 2, "pdl": 1},
-    # a diagnostic, never chosen: what approximate log/exp would save (its tokens may differ at near-ties)
+    # diagnostics, never chosen: what approximate log/exp would save (their tokens may differ at near-ties), in
+    # the default plan and in stats_bv2048's, whose sampling kernel takes ~50 µs at B = 64, V = 128k: how much of
+    # that is the per-element math
     "diagnostic_fast_math": {"precise": 0},
+    "diagnostic_fast_math_bv2048": {"accept_once": 1, "lanes": 1, "sample_block_v": 256, "sample_max_tiles": 4,
+                                    "stats_block_v": 2048, "stats_max_tiles": 2, "precise": 0},
 }
 
 
