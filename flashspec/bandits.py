@@ -484,7 +484,7 @@ class GammaThompsonSampling(ThompsonSampling):
     per-arm costs; with no costs every arm costs 1. An arm whose cost is not known yet is played first
     (the least played of them), so no arm is compared before its cost is measured. A `StepCosts` that
     the engine tells which steps changed draft also prices a switch: an arm of another draft than the
-    last one played is compared at its switching cost (`StepCosts.cost`), so drafts that differ little are
+    last one played is compared at its switching cost (`StepCosts.costs_when`), so drafts that differ little are
     not swapped at a catch-up's price. Unbound, every arm is a draft of its own at γ = 1: plain Thompson
     sampling on acceptance.
     The engines feed it `update_step` per row (`learns_from_steps`); `update(arm, r)` counts r as r
@@ -540,17 +540,15 @@ class GammaThompsonSampling(ThompsonSampling):
         values = getattr(self._costs, "costs", self._costs)
         return np.array([np.nan if value is None else float(value) for value in values])
 
-    def _row_costs(self) -> np.ndarray:
+    def _row_costs(self, flat: np.ndarray) -> np.ndarray:
         """[rows, arms]: each arm's cost from where each row is, its switching cost where its draft is not
-        the row's last one (a `StepCosts` source), else `arm_costs`."""
-        flat = self.arm_costs()
-        cost = getattr(self._costs, "cost", None)
-        if not callable(cost):
+        the row's last one (a `StepCosts` source), else `flat` (`arm_costs`)."""
+        costs_when = getattr(self._costs, "costs_when", None)
+        if not callable(costs_when):
             return np.broadcast_to(flat, (self._rows, self.n_arms))
-        by_kind = {kind: np.array([np.nan if (c := cost(arm, kind)) is None else c for arm in range(self.n_arms)])
-                   for kind in (False, True)}
+        stay, go = (np.array([np.nan if c is None else c for c in costs_when(kind)]) for kind in (False, True))
         switched = (self.last_draft[:, None] >= 0) & (self._arm_draft[None, :] != self.last_draft[:, None])
-        return np.where(switched, by_kind[True], by_kind[False])
+        return np.where(switched, go, stay)
 
     def draft_posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """Beta parameters (alpha, beta) of each draft's per-token acceptance, arrays [rows, drafts]."""
@@ -567,11 +565,12 @@ class GammaThompsonSampling(ThompsonSampling):
         below = rate < 1.0
         tokens = np.where(below, -np.expm1(exponent * np.log(np.where(below, rate, 0.5))) /
                           np.where(below, 1.0 - rate, 1.0), exponent)
-        unknown = np.isnan(self.arm_costs())
+        flat = self.arm_costs()
+        unknown = np.isnan(flat)
         if unknown.any():  # measure every arm's cost before comparing: the least played unknown arm
             arms = np.argmin(np.where(unknown, self.plays, np.inf), axis=1)
         else:
-            arms = np.argmax(tokens / self._row_costs(), axis=1)
+            arms = np.argmax(tokens / self._row_costs(flat), axis=1)
         self.plays[np.arange(self._rows), arms] += 1
         self.last_draft = self._arm_draft[arms].astype(float)
         return arms

@@ -335,10 +335,8 @@ class SpeculativeDecoder:
 
             previous_lengths = list(state.lengths)
             state.append(out.tokens, kept, cache)
-            self.drafts[self.arms[arm][0]].rollback(
-                [length + max(count - 1, 0) for length, count in zip(previous_lengths, kept)]
-            )
             draft = self.arms[arm][0]
+            self.drafts[draft].rollback([length + max(count - 1, 0) for length, count in zip(previous_lengths, kept)])
             if self.step_costs is not None:  # the step's wall time so far: its cost for the throughput reward
                 switched = None if previous_draft is None else draft != previous_draft
                 self.step_costs.observe(arm, _clock(sync) - step_start, switched)

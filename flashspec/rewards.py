@@ -140,8 +140,8 @@ class StepCosts:
 
     A step that changes draft may cost more than one that keeps it (the new draft catches up on the
     tokens it missed). `observe(arm, seconds, switched)` with `switched` True or False also feeds a
-    moving average for that kind of step, and `cost(arm, switched)` reads it (`GammaThompsonSampling`
-    does, so it weighs a switch against staying).
+    moving average for that kind of step, and `cost(arm, switched)` / `costs_when(switched)` read it
+    (`GammaThompsonSampling` does, so it weighs a switch against staying).
     """
 
     def __init__(self, n_arms: int, smoothing: float = 0.1, fixed: Sequence[float] | None = None) -> None:
@@ -179,11 +179,21 @@ class StepCosts:
         """The arm's expected step cost when its step changes draft (`switched`) or keeps it: that kind's
         moving average; else the arm's other estimates, shifted by the mean gap between switching and
         staying over the arms that measured both (no gap known: none); None before any measurement."""
+        return self._cost(arm, switched, self._switch_gap())
+
+    def costs_when(self, switched: bool) -> list[float | None]:
+        """`cost(arm, switched)` of every arm (the gap computed once)."""
+        gap = self._switch_gap()
+        return [self._cost(arm, switched, gap) for arm in range(len(self.costs))]
+
+    def _switch_gap(self) -> float:
+        both = [(go, stay) for go, stay in zip(self.switch_costs, self.stay_costs) if go is not None and stay is not None]
+        return float(np.mean([go - stay for go, stay in both])) if both else 0.0
+
+    def _cost(self, arm: int, switched: bool, gap: float) -> float | None:
         own = (self.switch_costs if switched else self.stay_costs)[arm]
         if own is not None or self.fixed:
             return own if own is not None else self.costs[arm]
-        both = [(go, stay) for go, stay in zip(self.switch_costs, self.stay_costs) if go is not None and stay is not None]
-        gap = float(np.mean([go - stay for go, stay in both])) if both else 0.0
         other = (self.stay_costs if switched else self.switch_costs)[arm]
         if other is not None:
             return max(other + (gap if switched else -gap), 1e-12)

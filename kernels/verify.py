@@ -200,14 +200,14 @@ class PreparedVerify:
     """
 
     plan: LaunchPlan
-    stats_grid: tuple[int, int, int] | None
-    stats_args: tuple | None
-    stats_meta: dict | None
-    sample_grid: tuple[int, int] | None
-    sample_args: tuple | None
-    sample_meta: dict | None
     tokens: torch.Tensor
     num_accepted: torch.Tensor
+    stats_grid: tuple[int, int, int] | None = None
+    stats_args: tuple | None = None
+    stats_meta: dict | None = None
+    sample_grid: tuple[int, int] | None = None
+    sample_args: tuple | None = None
+    sample_meta: dict | None = None
     fused_grid: tuple[int, int] | None = None
     fused_args: tuple | None = None
     fused_meta: dict | None = None
@@ -513,13 +513,8 @@ def _bind_fused(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, sha
                 BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_S=plan.block_s3,
                 STATS_BLOCK_V=plan.stats_block_v, BLOCK_V=plan.sample_block_v, num_warps=plan.stats_warps,
                 **_COMPILE_OPTIONS)
-    return PreparedVerify(
-        plan=plan, stats_grid=None, stats_args=None, stats_meta=None,
-        sample_grid=None, sample_args=None, sample_meta=None,
-        tokens=out_tokens, num_accepted=out_accepted,
-        fused_grid=(row_blocks, plan.fused_splits), fused_args=args, fused_meta=meta,
-        key=entry,
-    )
+    return PreparedVerify(plan=plan, tokens=out_tokens, num_accepted=out_accepted,
+                          fused_grid=(row_blocks, plan.fused_splits), fused_args=args, fused_meta=meta, key=entry)
 
 
 def _bind_coop(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int, int],
@@ -538,10 +533,5 @@ def _bind_coop(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, shap
                 PRECISE=plan.precise and not interpreting(), PREFIX_IN_MEMORY=prefix_in_memory, LANES=plan.lanes,
                 BLOCK_P=plan.block_p, BLOCK_S=plan.block_s4, BLOCK_V=plan.coop_block_v, num_warps=plan.coop_warps,
                 **_COMPILE_OPTIONS, **({} if interpreting() else {"launch_cooperative_grid": True}))
-    return PreparedVerify(
-        plan=plan, stats_grid=None, stats_args=None, stats_meta=None,
-        sample_grid=None, sample_args=None, sample_meta=None,
-        tokens=out_tokens, num_accepted=out_accepted,
-        coop_grid=(batch, plan.coop_splits), coop_args=args, coop_meta=meta,
-        key=entry,
-    )
+    return PreparedVerify(plan=plan, tokens=out_tokens, num_accepted=out_accepted,
+                          coop_grid=(batch, plan.coop_splits), coop_args=args, coop_meta=meta, key=entry)
