@@ -67,9 +67,11 @@ def run_verify(args: argparse.Namespace, command: list[str]) -> int:
         return 2
     started = gpu_record(command, args.git_sha)
     print(json.dumps(started, indent=1))
+    variants = bench.PLAN_VARIANTS if args.variants is None else {name: bench.PLAN_VARIANTS[name]
+                                                                   for name in args.variants}
     settings = {"benchmark": "verify", "batch": args.batch, "vocab": args.vocab, "gamma": args.gamma,
                 "host_loop": not args.skip_host_loop, "plan_sweep": not args.skip_sweep, "smoke": args.smoke,
-                "plan_variants": bench.PLAN_VARIANTS, "budget_s": args.budget_s, "targets": TARGETS, "notes": NOTES}
+                "plan_variants": variants, "budget_s": args.budget_s, "targets": TARGETS, "notes": NOTES}
     results: dict[str, Any] = {"floors": None, "correctness": None, "points": [], "points_failed": [], "table": None,
                                "verdicts": None, "plan_choice": None, "plan_sweep": None, "elapsed_s": {}}
 
@@ -93,7 +95,7 @@ def run_verify(args: argparse.Namespace, command: list[str]) -> int:
         for batch in args.batch:
             try:
                 point = bench.bench_point(batch, args.gamma, vocab, results["floors"],
-                                          host_loop=not args.skip_host_loop)
+                                          host_loop=not args.skip_host_loop, variants=variants)
             except Exception as error:  # noqa: BLE001 -- recorded; the other points still run
                 results["points_failed"].append({"batch": batch, "vocab": vocab, "error": f"{type(error).__name__}: {error}"})
                 print(f"B={batch} V={vocab} failed: {error}", flush=True)
@@ -149,10 +151,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--skip-sweep", action="store_true", help="leave out the tile sweep at B=64, V=128256")
     parser.add_argument("--budget-s", type=float, default=170.0,
                         help="the optional tile sweep starts only before this many seconds of the run")
+    parser.add_argument("--variants", nargs="+", default=None, metavar="NAME",
+                        help="time only these launch-plan variants (default: all of flashspec.bench.PLAN_VARIANTS)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes, host-clock times, no graphs: tests the driver without a GPU")
     parser.add_argument("--git-sha", default=None, help="commit measured (default: $FLASHSPEC_GIT_SHA or git rev-parse)")
     args = parser.parse_args(argv)
+    unknown = sorted(set(args.variants or ()) - set(bench.PLAN_VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; known: {sorted(bench.PLAN_VARIANTS)}")
     args.batch = args.batch or ([1, 2] if args.smoke else [1, 8, 64])
     args.vocab = args.vocab or ([40] if args.smoke else [32000, 128256])
     args.gamma = args.gamma or (2 if args.smoke else 4)

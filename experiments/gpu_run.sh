@@ -6,12 +6,20 @@
 # (bench_fast --compile, random TinyLlama/68m shapes), bench-zoo (trained GPU zoo, B=1 and 8),
 # verify (flashspec bench verify), prefill (experiments/prefill_profile.py: where a request's prefill goes), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
 # bitsandbytes must be importable). TESTS: the test files of the tests phase. Time limits (s): TESTS_LIMIT, BENCH_LIMIT, NF4_LIMIT, VERIFY_LIMIT, PREFILL_LIMIT; PREFILL_ARGS: more
-# prefill_profile options (e.g. --compile default, as the real-pool runs).
+# prefill_profile options (e.g. --compile default, as the real-pool runs); VERIFY_ARGS: more bench verify options (e.g.
+# --variants ... --skip-sweep). TRITON_TARBALL: a .tar.xz of another Triton's package folder (carried: the device has
+# no network), unpacked under $HOME and put first on PYTHONPATH, so every phase runs that Triton (e.g. 3.9, whose
+# thread-block cluster reductions the device's own 3.6 cannot compile).
 set -uo pipefail
 : "${OUT:?set OUT}" "${FLASHSPEC_GIT_SHA:?set FLASHSPEC_GIT_SHA to the commit being measured}"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 if [ -z "${FLASHSPEC_INSTALLED:-}" ]; then  # gpu_lanes.sh installs once for its lanes
   pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+fi
+if [ -n "${TRITON_TARBALL:-}" ]; then
+  mkdir -p "$HOME/triton_alt" && tar xJf "$TRITON_TARBALL" -C "$HOME/triton_alt" || exit 1
+  export PYTHONPATH="$HOME/triton_alt${PYTHONPATH:+:$PYTHONPATH}"
+  python -c "import triton; print('triton', triton.__version__, triton.__file__)" | tee "$OUT/triton.txt"
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.txt"
 sha=${FLASHSPEC_GIT_SHA:0:7}
@@ -34,7 +42,7 @@ for name in "$@"; do
                --batches 1 8 --new-tokens 128 --out "$OUT/bench_fast_zoo_gpu_compile_h200.json" ;;
     bench-nf4) phase bench_fast_nf4_h200 "${NF4_LIMIT:-240}" python experiments/bench_fast.py --quantization nf4 --compile "${COMPILE_MODE:-default}" \
                --batches 1 --new-tokens 128 --out "$OUT/bench_fast_nf4_h200.json" ;;
-    verify) phase "verify_h200_$sha" "${VERIFY_LIMIT:-300}" python -m flashspec.cli bench verify --out "$OUT/verify_h200.json" ;;
+    verify) phase "verify_h200_$sha" "${VERIFY_LIMIT:-300}" python -m flashspec.cli bench verify --out "$OUT/verify_h200.json" ${VERIFY_ARGS:-} ;;
     prefill) phase "prefill_profile_h200_$sha" "${PREFILL_LIMIT:-150}" python -m experiments.prefill_profile \
                --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/prefill_profile_h200.json" ${PREFILL_ARGS:-} ;;
     *) echo "unknown phase $name" >&2; exit 2 ;;

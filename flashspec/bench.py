@@ -356,6 +356,14 @@ PLAN_VARIANTS: dict[str, dict[str, int]] = {
     "accept_once_tiles8_pdl": {"accept_once": 1, "lanes": 1, "sample_max_tiles": 8, "pdl": 1},
     "stats_bv2048_pdl": {"accept_once": 1, "lanes": 1, "sample_block_v": 256, "sample_max_tiles": 4,
                          "stats_block_v": 2048, "stats_max_tiles": 2, "pdl": 1},
+    # one launch, one program per row over a thread-block cluster of 4, 8 or 16 blocks (SM90+, Triton >= 3.9):
+    # the blocks meet in distributed shared memory, not global memory; 512 logits of the tile per block at 4
+    # warps, or 1024 at 8
+    "cluster_c4": {"cluster": 1, "cluster_ctas": 4},
+    "cluster_c8": {"cluster": 1, "cluster_ctas": 8},
+    "cluster_c16": {"cluster": 1, "cluster_ctas": 16},
+    "cluster_c8_w8": {"cluster": 1, "cluster_ctas": 8, "cluster_block_v": 1024, "cluster_warps": 8},
+    "cluster_c16_w8": {"cluster": 1, "cluster_ctas": 16, "cluster_block_v": 1024, "cluster_warps": 8},
     # diagnostics, never chosen: what approximate log/exp would save (their tokens may differ at near-ties), in
     # the default plan and in stats_bv2048's, whose sampling kernel takes ~50 µs at B = 64, V = 128k: how much of
     # that is the per-element math
@@ -373,6 +381,9 @@ def is_diagnostic(overrides: dict[str, int]) -> bool:
 def _plan_record(prepared) -> dict:
     """The grid and block sizes of a prepared step, for the results file."""
     plan = prepared.plan
+    if plan.cluster:
+        return {"cluster": True, "fused": False, "grid": list(prepared.cluster_grid), "ctas": plan.cluster_ctas,
+                "block_v": plan.cluster_block_v, "warps": plan.cluster_warps}
     if plan.coop:
         return {"coop": True, "fused": False, "lanes": plan.lanes, "grid": list(prepared.coop_grid),
                 "chunk": plan.coop_chunk, "block_v": plan.coop_block_v, "warps": plan.coop_warps}
@@ -403,6 +414,12 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
     row: dict = {"overrides": dict(overrides)}
     try:
         prepared = prepare_verify(*inputs, params, key, fused=fused, tuning=tuning)
+        if overrides.get("cluster", 0) and not prepared.plan.cluster:  # would time another plan under its name
+            import triton
+
+            row["error"] = (f"unavailable: the cluster plan needs an SM90+ GPU and Triton >= 3.9 "
+                            f"(Triton {triton.__version__} here)")
+            return row
         tokens, accepted = prepared.run()
         _sync()
         row.update(launches=prepared.plan.launches, plan=_plan_record(prepared), registers=prepared.registers())
@@ -416,7 +433,7 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
     row["graph_warm_us"], graph_error = _attempt(lambda: _graph_warm_us(step))
     if graph_error:
         row["graph_error"] = graph_error
-    if not prepared.plan.fused:
+    if not (prepared.plan.fused or prepared.plan.cluster):  # the cluster plan has no chain through global memory
         row.update(_chain_floor(inputs[0], prepared.plan))
     return row
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from flashspec.kernels.shims import PDL_AVAILABLE, _cdiv, interpreting
+from flashspec.kernels.shims import CLUSTERS_AVAILABLE, PDL_AVAILABLE, _cdiv, interpreting
 
 
 @dataclass(frozen=True)
@@ -43,15 +43,25 @@ class LaunchPlan:
     coop_warps: int = 4
     block_s4: int = 1  # next power of two >= coop_splits
     pdl: bool = False  # two launches, the second a programmatic dependent launch (SM90+): it starts early, waits on-GPU
+    cluster: bool = False  # one launch, one program per row spread over a thread-block cluster (`_cluster_kernel`)
+    cluster_ctas: int = 1  # blocks per program (the cluster size; 1 interpreted)
+    cluster_block_v: int = 0  # the program's vocabulary tile, split across its blocks
+    cluster_warps: int = 4  # warps per block
 
     @property
     def launches(self) -> int:
-        return 1 if self.fused or self.coop else 2
+        return 1 if self.fused or self.coop or self.cluster else 2
 
 
 @functools.lru_cache(maxsize=16)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=16)
+def _has_clusters(device_index: int) -> bool:
+    """Reductions across a thread-block cluster's blocks: an SM90+ GPU and a Triton that lowers them (>= 3.9)."""
+    return CLUSTERS_AVAILABLE and torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 @functools.lru_cache(maxsize=16)
@@ -118,7 +128,16 @@ GPU_PLAN = {
     # start at once, and it waits on the GPU (griddepcontrol) for the stats launch's writes, so its launch
     # overlaps the stats pass instead of following it
     "pdl": 0,
+    # 1: one launch at T > 0 (kernels/cluster_pass.py), one program per row whose blocks form a thread-block
+    # cluster of `cluster_ctas` (2, 4, 8 or 16) and reduce through distributed shared memory (SM90+, Triton >= 3.9;
+    # elsewhere the plan stays as it would be without it)
+    "cluster": 0,
+    "cluster_ctas": 8,
+    "cluster_block_v": 512,  # each block's share of the program's tile ([γ+1 rounded up to a power of two,
+    # cluster_ctas * cluster_block_v] logits per load): 32 logits per thread at 4 warps
+    "cluster_warps": 4,
 }
+CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 16 is beyond the portable 8: Hopper allows it
 
 # Per-shape overrides of GPU_PLAN on a GPU, keyed by (batch bucket, vocabulary bucket) (`shape_bucket`).
 # From results/verify_h200.json: its "plan_choice" is the fastest variant per measured (B, V) by warm
@@ -187,6 +206,12 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         coop_block_v = block_v or min(config["coop_block_v"], triton.next_power_of_2(vocab))
         coop_capacity = config["coop_programs_per_sm"] * _num_sms(index)
         pdl = bool(config["pdl"]) and _has_pdl(index)
+        cluster = bool(config["cluster"]) and _has_clusters(index)
+        cluster_ctas = int(config["cluster_ctas"])
+        if cluster_ctas not in CLUSTER_SIZES:
+            raise ValueError(f"cluster_ctas={cluster_ctas}: a thread-block cluster has 1, 2, 4, 8 or 16 blocks")
+        cluster_block_v = block_v or min(config["cluster_block_v"] * cluster_ctas, triton.next_power_of_2(vocab))
+        cluster_warps = int(config["cluster_warps"])
     else:
         stats_block_v = sample_block_v = block_v or min(4096, triton.next_power_of_2(vocab))
         tile = 1 << 16
@@ -201,6 +226,8 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         coop_block_v = stats_block_v
         coop_capacity = 1 << 30  # interpreted, the cooperative kernel runs as two launches: no residency limit
         pdl = False  # grid dependency control is GPU-only
+        cluster = bool(tuning and dict(tuning).get("cluster", 0))
+        cluster_ctas, cluster_block_v, cluster_warps = 1, stats_block_v, 4  # the interpreter runs one block
     if block_b is None:  # compiled: independent of B, so B does not trigger a recompile
         block_b = max(1, tile // stats_block_v)
         if interpreting() or device.type != "cuda":
@@ -219,6 +246,7 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
     if coop and not greedy and not two_asked:
         coop_fit = _coop_splits(batch, vocab, coop_block_v, coop_capacity, num_splits)
     coop_chunk, coop_splits = coop_fit or (0, 1)
+    cluster = cluster and not greedy and not two_asked and not fused
     return LaunchPlan(
         block_b=block_b,
         stats_block_v=stats_block_v,
@@ -239,11 +267,15 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         precise=precise,
         lanes=lanes,
         accept_once=accept_once and not greedy and not fused,
-        coop=coop_fit is not None and not fused,
+        coop=coop_fit is not None and not fused and not cluster,
         coop_splits=coop_splits,
         coop_chunk=coop_chunk,
         coop_block_v=coop_block_v if coop_fit else 0,
         coop_warps=8 if coop_block_v * triton.next_power_of_2(gamma + 1) > 4096 else 4,
         block_s4=triton.next_power_of_2(coop_splits),
-        pdl=pdl and not fused and coop_fit is None,
+        pdl=pdl and not fused and coop_fit is None and not cluster,
+        cluster=cluster,
+        cluster_ctas=cluster_ctas if cluster else 1,
+        cluster_block_v=cluster_block_v if cluster else 0,
+        cluster_warps=cluster_warps,
     )

@@ -85,6 +85,45 @@ def _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_
 
 
 @device_function
+def _race_position(target_ptr, draft_ptr, rows, row_ok, num_accepted, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum,
+                   n_token, first, gamma, vocab, scale, sample_prefix,
+                   CHUNK: tl.constexpr, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, PRECISE: tl.constexpr,
+                   LANES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
+    """The races of V-chunk [first, first + CHUNK) of the one position each row samples from (its first
+    rejection n, or the bonus position γ): (residual winner, its index, p's winner, its index) per row. A row
+    emits the residual's winner, or p's where the residual race found nothing anywhere (p <= q everywhere)."""
+    rows64 = rows.to(tl.int64)
+    rejected = num_accepted < gamma
+    n64 = num_accepted.to(tl.int64)
+    target_row = (rows64 * (gamma + 1) + n64) * vocab
+    if HAS_DRAFT:
+        draft_row = (rows64 * gamma + tl.minimum(n64, gamma - 1)) * vocab
+    else:
+        draft_row = target_row  # unused: q is one-hot at n_token
+    noise_base = krng.base_hash(sample_prefix, rows, num_accepted)
+    # Only a row that rejected needs the residual; the race over p is needed only as the fallback of a row
+    # whose residual race found nothing in this chunk (p <= q everywhere in it: the reduction of the chunks reads
+    # p's winners only when no chunk has a residual winner). A block that accepted everything races once.
+    if _max(tl.where(rejected & row_ok, 1, 0), axis=0) > 0:
+        best_w, best_w_idx = _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_q_max,
+                                   n_q_log_sum, n_token, rejected, row_ok, noise_base, first, vocab, scale,
+                                   CHUNK, SCALE_MODE, HAS_DRAFT, True, PRECISE, LANES, BLOCK_B, BLOCK_V)
+        if _min(tl.where((best_w > float("-inf")) | ~row_ok, 1, 0), axis=0) == 0:
+            best_p, best_p_idx = _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum,
+                                       n_q_max, n_q_log_sum, n_token, rejected, row_ok, noise_base, first, vocab,
+                                       scale, CHUNK, SCALE_MODE, HAS_DRAFT, False, PRECISE, LANES, BLOCK_B, BLOCK_V)
+        else:  # never read: every row's residual race found a winner
+            best_p = tl.full([BLOCK_B], float("-inf"), tl.float32)
+            best_p_idx = tl.zeros([BLOCK_B], tl.int32)
+    else:
+        best_w, best_w_idx = _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_q_max,
+                                   n_q_log_sum, n_token, rejected, row_ok, noise_base, first, vocab, scale,
+                                   CHUNK, SCALE_MODE, HAS_DRAFT, False, PRECISE, LANES, BLOCK_B, BLOCK_V)
+        best_p, best_p_idx = best_w, best_w_idx
+    return best_w, best_w_idx, best_p, best_p_idx
+
+
+@device_function
 def _drafted(tokens_ptr, rows64, row_ok, positions, gamma):
     """The drafted tokens [BLOCK_B, BLOCK_P] of the rows (0 past γ), as int64."""
     return tl.load(tokens_ptr + rows64[:, None] * gamma + positions,
@@ -134,9 +173,7 @@ def _accept_sampled(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, drafted, 
                     stats_mask, gamma, vocab, num_stat_splits, scale, accept_prefix,
                     SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, PRECISE: tl.constexpr,
                     VOLATILE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_S: tl.constexpr):
-    """`_accept` at T > 0: accept x_j when log u_j <= log p(x_j) - log q(x_j), each from its row's partials."""
-    rows64 = rows.to(tl.int64)
-    is_draft = positions < gamma
+    """`_accept` at T > 0: each row's log-sum-exp from its partials, then `_accept_from_lse`."""
     p3 = tl.arange(0, BLOCK_P)[None, :, None]
     s3 = tl.arange(0, BLOCK_S)[None, None, :]
     p_max, p_log_sum = _combine_lse(
@@ -144,10 +181,6 @@ def _accept_sampled(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, drafted, 
         tl.load(part_sum_ptr + target_stats, mask=stats_mask, other=0.0, volatile=VOLATILE),
         PRECISE,
     )
-    token_ok = row_ok[:, None] & is_draft & (drafted >= 0) & (drafted < vocab)
-    target_at_token = tl.load(target_ptr + (rows64[:, None] * (gamma + 1) + positions) * vocab + drafted,
-                              mask=token_ok, other=float("-inf"))
-    log_p_x = (_scale(target_at_token.to(tl.float32), scale, SCALE_MODE) - p_max) - p_log_sum
     if HAS_DRAFT:
         draft_stats = target_stats + (gamma + 1) * num_stat_splits
         draft_mask = row_ok[:, None, None] & (p3 < gamma) & (s3 < num_stat_splits)
@@ -156,6 +189,28 @@ def _accept_sampled(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, drafted, 
             tl.load(part_sum_ptr + draft_stats, mask=draft_mask, other=0.0, volatile=VOLATILE),
             PRECISE,
         )
+    else:
+        q_max, q_log_sum = p_max, p_log_sum  # unused: q is one-hot at the drafted token
+    return _accept_from_lse(target_ptr, draft_ptr, drafted, rows, row_ok, positions, p_max, p_log_sum, q_max,
+                            q_log_sum, gamma, vocab, scale, accept_prefix, SCALE_MODE, HAS_DRAFT, PRECISE,
+                            BLOCK_B, BLOCK_P)
+
+
+@device_function
+def _accept_from_lse(target_ptr, draft_ptr, drafted, rows, row_ok, positions, p_max, p_log_sum, q_max, q_log_sum,
+                     gamma, vocab, scale, accept_prefix,
+                     SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, PRECISE: tl.constexpr,
+                     BLOCK_B: tl.constexpr, BLOCK_P: tl.constexpr):
+    """The accept test at T > 0 given each row's (max, log-sum) [BLOCK_B, BLOCK_P] of the target (and draft)
+    rows: accept x_j when log u_j <= log p(x_j) - log q(x_j). Returns n = the first rejection in [0, γ] and, at
+    n, the target's and draft's (max, log-sum) (or, without draft logits, the drafted token q is one-hot at)."""
+    rows64 = rows.to(tl.int64)
+    is_draft = positions < gamma
+    token_ok = row_ok[:, None] & is_draft & (drafted >= 0) & (drafted < vocab)
+    target_at_token = tl.load(target_ptr + (rows64[:, None] * (gamma + 1) + positions) * vocab + drafted,
+                              mask=token_ok, other=float("-inf"))
+    log_p_x = (_scale(target_at_token.to(tl.float32), scale, SCALE_MODE) - p_max) - p_log_sum
+    if HAS_DRAFT:
         draft_at_token = tl.load(draft_ptr + (rows64[:, None] * gamma + positions) * vocab + drafted,
                                  mask=token_ok, other=float("-inf"))
         log_q_x = (_scale(draft_at_token.to(tl.float32), scale, SCALE_MODE) - q_max) - q_log_sum
@@ -230,34 +285,10 @@ def _sample_program(target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_pt
                        emitted, gamma, vocab)
     else:
         # ---- residual (n < γ) or bonus (n = γ) race over this program's V-chunk of position n
-        rejected = num_accepted < gamma
-        n64 = num_accepted.to(tl.int64)
-        target_row = (rows64 * (gamma + 1) + n64) * vocab
-        if HAS_DRAFT:
-            draft_row = (rows64 * gamma + tl.minimum(n64, gamma - 1)) * vocab
-        else:
-            draft_row = target_row  # unused: q is one-hot at n_token
-        noise_base = krng.base_hash(sample_prefix, rows, num_accepted)
-        first = split.to(tl.int64) * CHUNK
-        # Only a row that rejected needs the residual; the race over p is needed only as the fallback of a row
-        # whose residual race found nothing in this chunk (p <= q everywhere in it: the reduction below reads
-        # p's winners only when no chunk has a residual winner). A block that accepted everything races once.
-        if _max(tl.where(rejected & row_ok, 1, 0), axis=0) > 0:
-            best_w, best_w_idx = _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_q_max,
-                                       n_q_log_sum, n_token, rejected, row_ok, noise_base, first, vocab, scale,
-                                       CHUNK, SCALE_MODE, HAS_DRAFT, True, PRECISE, LANES, BLOCK_B, BLOCK_V)
-            if _min(tl.where((best_w > float("-inf")) | ~row_ok, 1, 0), axis=0) == 0:
-                best_p, best_p_idx = _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum,
-                                           n_q_max, n_q_log_sum, n_token, rejected, row_ok, noise_base, first, vocab,
-                                           scale, CHUNK, SCALE_MODE, HAS_DRAFT, False, PRECISE, LANES, BLOCK_B, BLOCK_V)
-            else:  # never read: every row's residual race found a winner
-                best_p = tl.full([BLOCK_B], float("-inf"), tl.float32)
-                best_p_idx = tl.zeros([BLOCK_B], tl.int32)
-        else:
-            best_w, best_w_idx = _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_q_max,
-                                       n_q_log_sum, n_token, rejected, row_ok, noise_base, first, vocab, scale,
-                                       CHUNK, SCALE_MODE, HAS_DRAFT, False, PRECISE, LANES, BLOCK_B, BLOCK_V)
-            best_p, best_p_idx = best_w, best_w_idx
+        best_w, best_w_idx, best_p, best_p_idx = _race_position(
+            target_ptr, draft_ptr, rows, row_ok, num_accepted, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token,
+            split.to(tl.int64) * CHUNK, gamma, vocab, scale, sample_prefix,
+            CHUNK, SCALE_MODE, HAS_DRAFT, PRECISE, LANES, BLOCK_B, BLOCK_V)
 
         if SPLIT:
             race_w = (rows64 * 2) * num_splits + split

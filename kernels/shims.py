@@ -25,6 +25,16 @@ except ImportError:  # pragma: no cover -- an older Triton: plans never ask for 
 
 from flashspec.kernels.rng import device_function
 
+
+def _triton_version() -> tuple[int, int]:
+    major, minor = (triton.__version__.split(".") + ["0"])[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+# Reductions across the blocks of a thread-block cluster (`num_ctas` > 1) lower from Triton 3.9 on; 3.6 fails
+# to compile them (experiments/cluster_reduce_probe.py)
+CLUSTERS_AVAILABLE = _triton_version() >= (3, 9)
+
 # How a logit is scaled by the temperature, chosen to round exactly as torch does it:
 # torch divides on the CPU and multiplies by float32(1/T) on CUDA (a CPU-scalar divisor).
 SCALE_NONE = 0

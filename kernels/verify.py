@@ -27,8 +27,12 @@ start at once and it waits on the GPU for the stats launch's writes, so its laun
 Or one cooperative launch, `_coop_kernel` (kernels/coop_pass.py), at T > 0: grid (rows, V-splits), every
 program resident at once; each loads its chunk of all 2γ+1 rows in one round trip, stores the partials,
 waits at a per-row barrier, then runs launch 2's program on its own chunk. One launch and one dependent
-round trip fewer than the two launches, with the same tokens. `make_plan` picks one of the three per shape
-(`plan.SHAPE_PLANS`, from the benchmark).
+round trip fewer than the two launches, with the same tokens.
+
+Or one cluster launch, `_cluster_kernel` (kernels/cluster_pass.py), at T > 0 on SM90+ with Triton >= 3.9: one
+program per row, spread over the blocks of a thread-block cluster, whose reductions meet in distributed shared
+memory instead of global memory: no partials, tickets or barriers in global memory at all. `make_plan` picks
+one of the four per shape (`plan.SHAPE_PLANS`, from the benchmark).
 
 Both kernels take BLOCK_B rows per program: 1 on a GPU with a real vocabulary; many when the
 vocabulary is tiny or when Triton runs in its CPU interpreter, where each program costs
@@ -46,6 +50,7 @@ import triton
 
 from flashspec import rng
 from flashspec.kernels import rng as krng
+from flashspec.kernels.cluster_pass import _cluster_kernel
 from flashspec.kernels.coop_pass import _coop_kernel, barrier_phases
 from flashspec.kernels.fused_pass import _fused_kernel
 from flashspec.kernels.plan import GPU_PLAN, SHAPE_PLANS, LaunchPlan, make_plan  # noqa: F401  (re-exported: the benchmark tunes them)
@@ -182,6 +187,7 @@ _STATS_ACCEPT_LAUNCHER = _Launcher(_stats_accept_kernel)
 _SAMPLE_LAUNCHER = _Launcher(_sample_kernel)
 _FUSED_LAUNCHER = _Launcher(_fused_kernel)
 _COOP_LAUNCHER = _Launcher(_coop_kernel)
+_CLUSTER_LAUNCHER = _Launcher(_cluster_kernel)
 
 
 try:  # what Triton's own launcher uses
@@ -214,6 +220,9 @@ class PreparedVerify:
     coop_grid: tuple[int, int] | None = None
     coop_args: tuple | None = None
     coop_meta: dict | None = None
+    cluster_grid: tuple[int] | None = None
+    cluster_args: tuple | None = None
+    cluster_meta: dict | None = None
     key: int | None = None  # `_entry_id`: stands for each launch's device and specialisation (None: per launch)
     keep: tuple = ()  # the tensors whose raw addresses the launches hold (a warm step's): alive while this is
 
@@ -232,8 +241,13 @@ class PreparedVerify:
         for meta in barrier_phases(self.coop_meta):
             _COOP_LAUNCHER(self.coop_grid, self.coop_args, meta, self.key)
 
+    def launch_cluster(self) -> None:
+        _CLUSTER_LAUNCHER(self.cluster_grid, self.cluster_args, self.cluster_meta, self.key)
+
     def registers(self) -> dict:
         """`_Launcher.registers` of each kernel this step launches (call after a run)."""
+        if self.plan.cluster:
+            return {"cluster": _CLUSTER_LAUNCHER.registers(self.cluster_args, self.cluster_meta, self.key)}
         if self.plan.fused:
             return {"fused": _FUSED_LAUNCHER.registers(self.fused_args, self.fused_meta, self.key)}
         if self.plan.coop:
@@ -247,6 +261,8 @@ class PreparedVerify:
             self.launch_fused()
         elif self.plan.coop:
             self.launch_coop()
+        elif self.plan.cluster:
+            self.launch_cluster()
         else:
             self.launch_stats()
             self.launch_sample()
@@ -352,7 +368,8 @@ def prepare_verify(
     outputs = (memory[:batch * (gamma + 1)].view(batch, gamma + 1),
                memory[layout.accepted // 2:layout.accepted // 2 + batch])
     work = layout.addresses(memory.data_ptr()) if warm else layout.views(memory)
-    bind = _bind_fused if plan.fused else _bind_coop if plan.coop else _bind_two_launches
+    bind = (_bind_fused if plan.fused else _bind_coop if plan.coop else _bind_cluster if plan.cluster
+            else _bind_two_launches)
     prepared = bind(plan, inputs, outputs, work, shape, scale, flags, prefix, entry)
     # raw addresses do not keep their tensors alive (a contiguous or truncated copy made here would be freed
     # on return): the step holds them
@@ -381,6 +398,8 @@ def _launchers(plan: LaunchPlan) -> tuple[_Launcher, ...]:
         return (_FUSED_LAUNCHER,)
     if plan.coop:
         return (_COOP_LAUNCHER,)
+    if plan.cluster:
+        return (_CLUSTER_LAUNCHER,)
     return (_STATS_ACCEPT_LAUNCHER if plan.accept_once else _STATS_LAUNCHER, _SAMPLE_LAUNCHER)
 
 
@@ -417,8 +436,10 @@ class _WorkLayout:
 def _work_layout(batch: int, gamma: int, plan: LaunchPlan, greedy: bool) -> _WorkLayout:
     """The single allocation of a step under `plan` (a pure function of the shape, so cached)."""
     splits = plan.fused_splits if plan.fused else plan.coop_splits if plan.coop else plan.stats_splits
-    stats = _round16(batch * (2 * gamma + 1) * splits)
-    if plan.coop:
+    stats = 16 if plan.cluster else _round16(batch * (2 * gamma + 1) * splits)  # the cluster plan keeps them on chip
+    if plan.cluster:
+        race = 0
+    elif plan.coop:
         race = _round16(batch * 2 * plan.coop_splits)
     else:
         race = _round16(batch * 2 * plan.sample_splits) if not plan.fused and plan.sample_splits > 1 else 0
@@ -535,3 +556,21 @@ def _bind_coop(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, shap
                 **_COMPILE_OPTIONS, **({} if interpreting() else {"launch_cooperative_grid": True}))
     return PreparedVerify(plan=plan, tokens=out_tokens, num_accepted=out_accepted,
                           coop_grid=(batch, plan.coop_splits), coop_args=args, coop_meta=meta, key=entry)
+
+
+def _bind_cluster(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int, int],
+                  scale: float, flags: dict, prefix: tuple, entry: int) -> PreparedVerify:
+    """The one cluster launch (`kernels/cluster_pass.py`): a program per row, `plan.cluster_ctas` blocks each.
+    It needs no work buffers and no counters: its blocks meet on chip."""
+    target, draft, tokens_in = inputs
+    out_tokens, out_accepted = outputs
+    batch, gamma, vocab = shape
+    accept_prefix, sample_prefix, prefix_in_memory = prefix
+    args = (target, draft, tokens_in, out_tokens, out_accepted, gamma, vocab, scale, accept_prefix, sample_prefix)
+    meta = dict(ROW=_cdiv(vocab, plan.cluster_block_v) * plan.cluster_block_v, SCALE_MODE=flags["SCALE_MODE"],
+                HAS_DRAFT=flags["HAS_DRAFT"], PRECISE=plan.precise and not interpreting(),
+                PREFIX_IN_MEMORY=prefix_in_memory, BLOCK_P=plan.block_p, BLOCK_V=plan.cluster_block_v,
+                num_warps=plan.cluster_warps, **_COMPILE_OPTIONS,
+                **({} if interpreting() else {"num_ctas": plan.cluster_ctas}))
+    return PreparedVerify(plan=plan, tokens=out_tokens, num_accepted=out_accepted,
+                          cluster_grid=(batch,), cluster_args=args, cluster_meta=meta, key=entry)

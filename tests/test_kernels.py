@@ -25,8 +25,11 @@ import triton.language as tl  # noqa: E402
 
 from flashspec.kernels import make_plan, verify_triton  # noqa: E402
 from flashspec.kernels import rng as krng  # noqa: E402
+from flashspec.kernels.shims import CLUSTERS_AVAILABLE  # noqa: E402
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+# compiled, the cluster plan needs SM90+ and Triton >= 3.9; elsewhere its tests run the plan it falls back to
+CLUSTERS_ON_DEVICE = ON_GPU and CLUSTERS_AVAILABLE and torch.cuda.get_device_capability()[0] >= 9
 DEVICE = torch.device("cuda" if ON_GPU else "cpu")
 gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs a CUDA GPU (compiled Triton)")
 BF16_REASON = "the Triton interpreter computes bf16 wrong (it upcasts); bf16 is checked on a GPU only"
@@ -122,8 +125,10 @@ def test_triton_equals_torch_reference(batch, gamma, vocab, temperature, truncat
     assert_backends_agree(target, draft, tokens, params, seed, **({"fused": True} if fused else {}))
 
 
-# the launch plans every kernel test runs (the cooperative one at T > 0; greedy, its plan is the two launches)
-PLANS = {"default": {}, "fused": {"fused": True}, "coop": {"tuning": (("coop", 1),)}}
+# the launch plans every kernel test runs (the cooperative and the cluster one at T > 0; greedy, their plan is the
+# two launches; interpreted, the cluster plan's program runs as one block)
+PLANS = {"default": {}, "fused": {"fused": True}, "coop": {"tuning": (("coop", 1),)},
+         "cluster": {"tuning": (("cluster", 1),)}}
 # and, where programs loop over several tiles or the accept test's place matters, the race that keeps per-lane
 # winners (GPU_PLAN["lanes"]) and the accept test run once per row block by the stats launch ("accept_once")
 TILED_PLANS = {**PLANS, "lanes": {"tuning": (("lanes", 1),)},
@@ -165,8 +170,11 @@ def test_long_rows_split_into_several_chunks(params: SamplingParams, with_draft:
     shape = dict(block_b=2, block_v=16, num_splits=3) if plan == "fused" else dict(block_b=8, block_v=16, num_splits=3)
     chosen = make_plan(5, 3, 100, DEVICE, params.greedy, **shape, **TILED_PLANS[plan])
     coop = plan == "coop" and not params.greedy
-    assert chosen.coop == coop and chosen.launches == (1 if plan == "fused" or coop else 2)
+    cluster = plan == "cluster" and not params.greedy and (not ON_GPU or CLUSTERS_ON_DEVICE)
+    assert chosen.coop == coop and chosen.cluster == cluster
+    assert chosen.launches == (1 if plan == "fused" or coop or cluster else 2)
     assert not coop or (chosen.coop_splits == 3 and chosen.coop_chunk == 48)
+    assert not cluster or chosen.cluster_block_v == 16  # a whole row per program, in seven tiles
     if plan in ("lanes", "accept_once"):  # elsewhere the shape's SHAPE_PLANS entry decides (on a GPU)
         assert chosen.lanes
         assert chosen.accept_once == (plan == "accept_once" and not params.greedy)
@@ -329,7 +337,7 @@ def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: 
                 out_tokens, out_accepted = prepared.run()
                 assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)
             args = (prepared.fused_args if prepared.plan.fused else prepared.coop_args if prepared.plan.coop
-                    else prepared.sample_args)
+                    else prepared.cluster_args if prepared.plan.cluster else prepared.sample_args)
             assert all(isinstance(arg, int) for arg in args[:3]), "the second step should bind addresses"
     # a strided input is copied inside prepare_verify and bound by address: the step must keep the copy alive
     expected = verify_reference(target, draft, tokens, params, rng.Key.from_seed(5))
@@ -385,6 +393,7 @@ def gpu_planner(monkeypatch):
     monkeypatch.setattr(plan_module, "interpreting", lambda: False)
     monkeypatch.setattr(plan_module, "_num_sms", lambda index: 132)
     monkeypatch.setattr(plan_module, "_has_pdl", lambda index: True)
+    monkeypatch.setattr(plan_module, "_has_clusters", lambda index: True)
     plan_module.make_plan.cache_clear()
     yield plan_module
     plan_module.make_plan.cache_clear()
@@ -413,7 +422,12 @@ def test_gpu_plans_of_every_benchmark_variant_are_valid(gpu_planner, batch: int,
         for chunk, splits, block_v, most in chunks:
             assert chunk % block_v == 0 and (splits - 1) * chunk < vocab <= splits * chunk and splits <= most
         assert chosen.block_s3 >= chosen.fused_splits and chosen.block_s >= chosen.stats_splits
-        assert chosen.launches == (1 if chosen.fused or chosen.coop else 2)
+        assert chosen.cluster == bool(overrides.get("cluster", 0))
+        if chosen.cluster:  # a program per row, its tile split evenly over its cluster's blocks
+            assert chosen.cluster_ctas == overrides["cluster_ctas"]
+            per_block = overrides.get("cluster_block_v", gpu_planner.GPU_PLAN["cluster_block_v"])
+            assert chosen.cluster_block_v == per_block * chosen.cluster_ctas
+        assert chosen.launches == (1 if chosen.fused or chosen.coop or chosen.cluster else 2)
         assert chosen.pdl == (bool(overrides.get("pdl", 0)) and chosen.launches == 2)
     default = gpu_planner.make_plan(batch, 4, vocab, device, False)
     assert not default.fused  # an empty SHAPE_PLANS runs GPU_PLAN: two launches
@@ -462,7 +476,8 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
     assert [p["batch"] for p in results["points"]] == [1, 3]
     for point in results["points"]:
         assert set(point["variants"]) == set(PLAN_VARIANTS)
-        assert all(row["tokens_equal_reference"] for row in point["variants"].values()), point["variants"]
+        assert all(row["tokens_equal_reference"] for row in point["variants"].values() if "error" not in row), \
+            point["variants"]
         assert point["honest_torch_us"] > 0 and point["honest_over_triton"] is not None
         assert point["best_variant"] in PLAN_VARIANTS and not is_diagnostic(PLAN_VARIANTS[point["best_variant"]])
         assert "honest_torch_graph_error" in point or "honest_torch_graph_warm_us" in point
@@ -471,9 +486,15 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
         assert all("chain_floor_us" in row for row in point["variants"].values() if row["launches"] == 2)
         for name, row in point["variants"].items():  # each variant runs the plan it names
             overrides = PLAN_VARIANTS[name]
+            if "error" in row:  # compiled, the cluster plan needs SM90+ and Triton >= 3.9: it says so
+                assert overrides.get("cluster") and ON_GPU and not CLUSTERS_ON_DEVICE, (name, row)
+                assert row["error"].startswith("unavailable"), row
+                continue
             assert row["plan"].get("coop", False) == bool(overrides.get("coop", 0)), (name, row["plan"])
+            assert row["plan"].get("cluster", False) == bool(overrides.get("cluster", 0)), (name, row["plan"])
             assert row["plan"]["fused"] == bool(overrides.get("fused", 0)), (name, row["plan"])
-            assert row["launches"] == (1 if overrides.get("coop") or overrides.get("fused") else 2), name
+            one_launch = overrides.get("coop") or overrides.get("fused") or overrides.get("cluster")
+            assert row["launches"] == (1 if one_launch else 2), name
     assert set(results["verdicts"]) == set(TARGETS)
     assert results["verdicts"]["honest_over_eager_at_batch_64"]["as_run"]["verdict"] == "NOT MEASURED"
     assert results["plan_choice"]["paste"].startswith("SHAPE_PLANS")
@@ -518,6 +539,8 @@ def test_launch_key_determines_every_launch_specialisation() -> None:
             yield kernels._FUSED_LAUNCHER, prepared.fused_args, prepared.fused_meta
         elif prepared.plan.coop:
             yield kernels._COOP_LAUNCHER, prepared.coop_args, prepared.coop_meta
+        elif prepared.plan.cluster:
+            yield kernels._CLUSTER_LAUNCHER, prepared.cluster_args, prepared.cluster_meta
         else:
             stats = kernels._STATS_ACCEPT_LAUNCHER if prepared.plan.accept_once else kernels._STATS_LAUNCHER
             yield stats, prepared.stats_args, prepared.stats_meta
@@ -532,7 +555,7 @@ def test_launch_key_determines_every_launch_specialisation() -> None:
 
     seen: dict = {}
     plans = [{}, {"fused": True}, {"tuning": (("lanes", 1),)}, {"tuning": (("accept_once", 1), ("lanes", 1))},
-             {"tuning": (("coop", 1),)}]
+             {"tuning": (("coop", 1),)}, {"tuning": (("cluster", 1),)}]
     cases = itertools.product([1, 3, 16], [1, 4], [16, 33], [torch.float32, torch.float16],
                               [0.0, 0.7, 1.0, "top_k"], [True, False], [False, True], [False, True], plans)
     for index, (batch, gamma, vocab, dtype, temperature, with_draft, misaligned, device_key, plan) in enumerate(cases):
@@ -561,7 +584,8 @@ def test_work_layout_addresses_match_its_views_aligned_and_disjoint() -> None:
 
     from flashspec.kernels import verify as kernels
 
-    plans = [{}, {"fused": True}, {"tuning": (("accept_once", 1), ("lanes", 1))}, {"tuning": (("coop", 1),)}]
+    plans = [{}, {"fused": True}, {"tuning": (("accept_once", 1), ("lanes", 1))}, {"tuning": (("coop", 1),)},
+             {"tuning": (("cluster", 1),)}]
     for batch, gamma, splits, greedy, options in itertools.product([1, 5, 64], [1, 4], [1, 3], [False, True], plans):
         plan = make_plan(batch, gamma, 4096, torch.device("cpu"), greedy, num_splits=splits,
                          fused=options.get("fused"), tuning=options.get("tuning"))

@@ -1,0 +1,104 @@
+"""Verification in one launch of one program per row, the program spread over a thread-block cluster.
+
+Every other plan splits a row's vocabulary over programs that meet through global memory: partials stored,
+a ticket or a barrier taken, partials read back, and, for the sample, winners stored and reduced by the last
+program. Each meeting is a dependent round trip to L2, and the chain of them, not the bytes, set the time of
+the step at small B (`chain_probe`). Here one program owns the whole row -- its 2γ+1 logit rows -- and the
+GPU spreads it over `num_ctas` blocks of a thread-block cluster (SM90+, Triton >= 3.9): the program's tiles
+are split across the blocks, and its reductions across them run through distributed shared memory, never
+global memory.
+
+So the program makes as few cross-block reductions as it can: pass 1 keeps a running (max, sum of exp) per
+lane over the whole vocabulary and reduces across lanes once, at the end (`_combine_lse` over the lanes, as
+over V-chunks elsewhere); the accept test reads two logits per candidate; pass 2 runs `_race_position` over
+the whole row of the one sampled position with per-lane winners (`LANES`), reduced once. Two reductions of
+substance per step and no atomics. The same accept test and race as the other plans; the log-sum-exp is summed
+in a different order, so tokens equal theirs except where a rounding decides (the exactness tests hold it
+to the same reference).
+
+Triton's interpreter runs the program as one block (`num_ctas` changes where the work runs, not what it
+computes), so the tests check this kernel on the CPU. See `flashspec.kernels.verify` for the whole step."""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+from triton.language import core as tlcore  # noqa: F401  (the interpreter patches it through this module's globals)
+
+from flashspec.kernels.rng import device_function
+from flashspec.kernels.sample_pass import _accept_from_lse, _drafted, _race_position, _write_outputs
+from flashspec.kernels.shims import _combine_lse, _scale
+
+
+@device_function
+def _lane_lse(lane_max, lane_sum, x):
+    """Fold a tile into per-lane (max, sum exp(x - max)) with one exp per element; -inf safe."""
+    above = x > lane_max
+    gap = tl.where(above, lane_max - x, x - lane_max)  # -|x - max|, NaN only where both are -inf
+    scaled = tl.where(x == float("-inf"), 0.0, tl.exp(gap))
+    lane_sum = tl.where(above, lane_sum * scaled + 1.0, lane_sum + scaled)
+    return tl.maximum(lane_max, x), lane_sum
+
+
+@device_function
+def _row_lse(logits_ptr, rows, row_ok, vocab, scale, ROW: tl.constexpr, SCALE_MODE: tl.constexpr,
+             PRECISE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr):
+    """(max, log sum exp(x - max)) [1, BLOCK_P] of the logit rows starting at `rows` [BLOCK_P] (int64
+    element offsets; `row_ok` masks the padding), over the whole vocabulary: per-lane running partials,
+    reduced across lanes once."""
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    lane_max = tl.full([BLOCK_P, BLOCK_V], float("-inf"), tl.float32)
+    lane_sum = tl.zeros([BLOCK_P, BLOCK_V], tl.float32)
+    for start in range(0, ROW, BLOCK_V):
+        cols = start + lanes
+        x = tl.load(logits_ptr + rows[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < vocab)[None, :],
+                    other=float("-inf"))
+        lane_max, lane_sum = _lane_lse(lane_max, lane_sum, _scale(x.to(tl.float32), scale, SCALE_MODE))
+    return _combine_lse(lane_max[None, :, :], lane_sum[None, :, :], PRECISE)
+
+
+@triton.jit(do_not_specialize=["accept_prefix", "sample_prefix"])
+def _cluster_kernel(
+    target_ptr,  # [B, γ+1, V] target logits, contiguous
+    draft_ptr,  # [B, γ, V] draft logits, contiguous (not read unless HAS_DRAFT)
+    tokens_ptr,  # [B, γ] drafted token ids, contiguous
+    out_tokens_ptr,  # [B, γ+1] int64 out
+    out_accepted_ptr,  # [B] int64 out
+    gamma,  # γ
+    vocab,  # V
+    scale,  # T or float32(1/T), as for _stats_kernel
+    accept_prefix,  # as for _sample_kernel
+    sample_prefix,
+    ROW: tl.constexpr,  # V rounded up to a multiple of BLOCK_V
+    SCALE_MODE: tl.constexpr,
+    HAS_DRAFT: tl.constexpr,
+    PRECISE: tl.constexpr,
+    PREFIX_IN_MEMORY: tl.constexpr,
+    BLOCK_P: tl.constexpr,  # power of two >= γ+1
+    BLOCK_V: tl.constexpr,  # vocabulary tile of the whole program (split across its cluster's blocks)
+):
+    if PREFIX_IN_MEMORY:
+        accept_prefix = tl.load(accept_prefix)
+        sample_prefix = tl.load(sample_prefix)
+    rows = tl.program_id(0) + tl.zeros([1], tl.int32)  # one batch row, as a [BLOCK_B = 1] block
+    row_ok = rows >= 0
+    row64 = tl.program_id(0).to(tl.int64)  # int64 offsets: B·(γ+1)·V overflows int32 past 2**31
+    positions = tl.arange(0, BLOCK_P)
+    p_max, p_log_sum = _row_lse(target_ptr, (row64 * (gamma + 1) + positions) * vocab, positions <= gamma, vocab,
+                                scale, ROW, SCALE_MODE, PRECISE, BLOCK_P, BLOCK_V)
+    if HAS_DRAFT:
+        q_max, q_log_sum = _row_lse(draft_ptr, (row64 * gamma + positions) * vocab, positions < gamma, vocab,
+                                    scale, ROW, SCALE_MODE, PRECISE, BLOCK_P, BLOCK_V)
+    else:
+        q_max, q_log_sum = p_max, p_log_sum  # unused: q is one-hot at the drafted token
+    positions = positions[None, :]
+    drafted = _drafted(tokens_ptr, rows.to(tl.int64), row_ok, positions, gamma)
+    num_accepted, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token = _accept_from_lse(
+        target_ptr, draft_ptr, drafted, rows, row_ok, positions, p_max, p_log_sum, q_max, q_log_sum,
+        gamma, vocab, scale, accept_prefix, SCALE_MODE, HAS_DRAFT, PRECISE, 1, BLOCK_P)
+    best_w, best_w_idx, best_p, best_p_idx = _race_position(
+        target_ptr, draft_ptr, rows, row_ok, num_accepted, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token,
+        row64 * 0, gamma, vocab, scale, sample_prefix, ROW, SCALE_MODE, HAS_DRAFT, PRECISE, True, 1, BLOCK_V)
+    # max(0, p - q) can round to zero everywhere when p == q: fall back to p (the limit)
+    emitted = tl.where(best_w > float("-inf"), best_w_idx, best_p_idx)
+    _write_outputs(out_tokens_ptr, out_accepted_ptr, rows.to(tl.int64), row_ok, positions, drafted, num_accepted,
+                   emitted, gamma, vocab)
