@@ -18,6 +18,11 @@ if [ -z "${FLASHSPEC_INSTALLED:-}" ]; then  # gpu_lanes.sh installs once for its
 fi
 if [ -n "${TRITON_TARBALL:-}" ]; then
   mkdir -p "$HOME/triton_alt" && tar xJf "$TRITON_TARBALL" -C "$HOME/triton_alt" || exit 1
+  # a tarball trimmed to fit a carry: no AMD backend (drop its entry point) and one ptxas (Triton >= 3.9 asks for
+  # ptxas-blackwell on SM90+; the legacy ptxas compiles SM90 too)
+  sed -i '/amd/d' "$HOME"/triton_alt/triton-*.dist-info/entry_points.txt
+  bin="$HOME/triton_alt/triton/backends/nvidia/bin"
+  [ -e "$bin/ptxas-blackwell" ] || export TRITON_PTXAS_BLACKWELL_PATH="$bin/ptxas"
   export PYTHONPATH="$HOME/triton_alt${PYTHONPATH:+:$PYTHONPATH}"
   python -c "import triton; print('triton', triton.__version__, triton.__file__)" | tee "$OUT/triton.txt"
 fi
