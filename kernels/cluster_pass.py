@@ -8,8 +8,8 @@ GPU spreads it over `num_ctas` blocks of a thread-block cluster (SM90+, Triton >
 are split across the blocks, and its reductions across them run through distributed shared memory, never
 global memory.
 
-So the program makes as few cross-block reductions as it can: pass 1 keeps a running (max, sum of exp) per
-lane over the whole vocabulary and reduces across lanes once, at the end (`_combine_lse` over the lanes, as
+So the program makes as few cross-block reductions as it can: pass 1 loads the target's and the draft's tiles
+together, keeps a running (max, sum of exp) per lane over the whole vocabulary and reduces across lanes once, at the end (`_combine_lse` over the lanes, as
 over V-chunks elsewhere); the accept test reads two logits per candidate; pass 2 runs `_race_position` over
 the whole row of the one sampled position with per-lane winners (`LANES`), reduced once. Two reductions of
 substance per step and no atomics. The same accept test and race as the other plans; the log-sum-exp is summed
@@ -40,20 +40,34 @@ def _lane_lse(lane_max, lane_sum, x):
 
 
 @device_function
-def _row_lse(logits_ptr, rows, row_ok, vocab, scale, ROW: tl.constexpr, SCALE_MODE: tl.constexpr,
-             PRECISE: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr):
-    """(max, log sum exp(x - max)) [1, BLOCK_P] of the logit rows starting at `rows` [BLOCK_P] (int64
-    element offsets; `row_ok` masks the padding), over the whole vocabulary: per-lane running partials,
-    reduced across lanes once."""
+def _rows_lse(target_ptr, draft_ptr, target_rows, draft_rows, target_ok, draft_ok, vocab, scale,
+              ROW: tl.constexpr, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, PRECISE: tl.constexpr,
+              STAGES: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_V: tl.constexpr):
+    """(max, log sum exp(x - max)) [1, BLOCK_P] of the target rows and of the draft rows starting at
+    `target_rows` / `draft_rows` [BLOCK_P] (int64 element offsets; the masks cover the padding), over the whole
+    vocabulary in one loop (both rows' tiles in flight at once): per-lane running partials, reduced across lanes
+    once. STAGES: tiles the compiler may prefetch ahead (software pipelining)."""
     lanes = tl.arange(0, BLOCK_V).to(tl.int64)
-    lane_max = tl.full([BLOCK_P, BLOCK_V], float("-inf"), tl.float32)
-    lane_sum = tl.zeros([BLOCK_P, BLOCK_V], tl.float32)
-    for start in range(0, ROW, BLOCK_V):
+    p_lane_max = tl.full([BLOCK_P, BLOCK_V], float("-inf"), tl.float32)
+    p_lane_sum = tl.zeros([BLOCK_P, BLOCK_V], tl.float32)
+    q_lane_max = tl.full([BLOCK_P, BLOCK_V], float("-inf"), tl.float32)
+    q_lane_sum = tl.zeros([BLOCK_P, BLOCK_V], tl.float32)
+    for start in tl.range(0, ROW, BLOCK_V, num_stages=STAGES):
         cols = start + lanes
-        x = tl.load(logits_ptr + rows[:, None] + cols[None, :], mask=row_ok[:, None] & (cols < vocab)[None, :],
+        col_ok = (cols < vocab)[None, :]
+        x = tl.load(target_ptr + target_rows[:, None] + cols[None, :], mask=target_ok[:, None] & col_ok,
                     other=float("-inf"))
-        lane_max, lane_sum = _lane_lse(lane_max, lane_sum, _scale(x.to(tl.float32), scale, SCALE_MODE))
-    return _combine_lse(lane_max[None, :, :], lane_sum[None, :, :], PRECISE)
+        if HAS_DRAFT:
+            y = tl.load(draft_ptr + draft_rows[:, None] + cols[None, :], mask=draft_ok[:, None] & col_ok,
+                        other=float("-inf"))
+            q_lane_max, q_lane_sum = _lane_lse(q_lane_max, q_lane_sum, _scale(y.to(tl.float32), scale, SCALE_MODE))
+        p_lane_max, p_lane_sum = _lane_lse(p_lane_max, p_lane_sum, _scale(x.to(tl.float32), scale, SCALE_MODE))
+    p_max, p_log_sum = _combine_lse(p_lane_max[None, :, :], p_lane_sum[None, :, :], PRECISE)
+    if HAS_DRAFT:
+        q_max, q_log_sum = _combine_lse(q_lane_max[None, :, :], q_lane_sum[None, :, :], PRECISE)
+    else:
+        q_max, q_log_sum = p_max, p_log_sum  # unused: q is one-hot at the drafted token
+    return p_max, p_log_sum, q_max, q_log_sum
 
 
 @triton.jit(do_not_specialize=["accept_prefix", "sample_prefix"])
@@ -73,6 +87,7 @@ def _cluster_kernel(
     HAS_DRAFT: tl.constexpr,
     PRECISE: tl.constexpr,
     PREFIX_IN_MEMORY: tl.constexpr,
+    STAGES: tl.constexpr,  # software-pipelining depth of the log-sum-exp loop
     BLOCK_P: tl.constexpr,  # power of two >= γ+1
     BLOCK_V: tl.constexpr,  # vocabulary tile of the whole program (split across its cluster's blocks)
 ):
@@ -83,13 +98,10 @@ def _cluster_kernel(
     row_ok = rows >= 0
     row64 = tl.program_id(0).to(tl.int64)  # int64 offsets: B·(γ+1)·V overflows int32 past 2**31
     positions = tl.arange(0, BLOCK_P)
-    p_max, p_log_sum = _row_lse(target_ptr, (row64 * (gamma + 1) + positions) * vocab, positions <= gamma, vocab,
-                                scale, ROW, SCALE_MODE, PRECISE, BLOCK_P, BLOCK_V)
-    if HAS_DRAFT:
-        q_max, q_log_sum = _row_lse(draft_ptr, (row64 * gamma + positions) * vocab, positions < gamma, vocab,
-                                    scale, ROW, SCALE_MODE, PRECISE, BLOCK_P, BLOCK_V)
-    else:
-        q_max, q_log_sum = p_max, p_log_sum  # unused: q is one-hot at the drafted token
+    p_max, p_log_sum, q_max, q_log_sum = _rows_lse(
+        target_ptr, draft_ptr, (row64 * (gamma + 1) + positions) * vocab, (row64 * gamma + positions) * vocab,
+        positions <= gamma, positions < gamma, vocab, scale, ROW, SCALE_MODE, HAS_DRAFT, PRECISE, STAGES, BLOCK_P,
+        BLOCK_V)
     positions = positions[None, :]
     drafted = _drafted(tokens_ptr, rows.to(tl.int64), row_ok, positions, gamma)
     num_accepted, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token = _accept_from_lse(

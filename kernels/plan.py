@@ -47,6 +47,7 @@ class LaunchPlan:
     cluster_ctas: int = 1  # blocks per program (the cluster size; 1 interpreted)
     cluster_block_v: int = 0  # the program's vocabulary tile, split across its blocks
     cluster_warps: int = 4  # warps per block
+    cluster_stages: int = 1  # software-pipelining depth of its log-sum-exp loop
 
     @property
     def launches(self) -> int:
@@ -136,6 +137,7 @@ GPU_PLAN = {
     "cluster_block_v": 512,  # each block's share of the program's tile ([γ+1 rounded up to a power of two,
     # cluster_ctas * cluster_block_v] logits per load): 32 logits per thread at 4 warps
     "cluster_warps": 4,
+    "cluster_stages": 3,  # tiles its log-sum-exp loop prefetches ahead (Triton's num_stages; 1: none)
 }
 CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 16 is beyond the portable 8: Hopper allows it
 
@@ -212,6 +214,7 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
             raise ValueError(f"cluster_ctas={cluster_ctas}: a thread-block cluster has 1, 2, 4, 8 or 16 blocks")
         cluster_block_v = block_v or min(config["cluster_block_v"] * cluster_ctas, triton.next_power_of_2(vocab))
         cluster_warps = int(config["cluster_warps"])
+        cluster_stages = int(config["cluster_stages"])
     else:
         stats_block_v = sample_block_v = block_v or min(4096, triton.next_power_of_2(vocab))
         tile = 1 << 16
@@ -227,7 +230,7 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         coop_capacity = 1 << 30  # interpreted, the cooperative kernel runs as two launches: no residency limit
         pdl = False  # grid dependency control is GPU-only
         cluster = bool(tuning and dict(tuning).get("cluster", 0))
-        cluster_ctas, cluster_block_v, cluster_warps = 1, stats_block_v, 4  # the interpreter runs one block
+        cluster_ctas, cluster_block_v, cluster_warps, cluster_stages = 1, stats_block_v, 4, 1  # one block
     if block_b is None:  # compiled: independent of B, so B does not trigger a recompile
         block_b = max(1, tile // stats_block_v)
         if interpreting() or device.type != "cuda":
@@ -278,4 +281,5 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         cluster_ctas=cluster_ctas if cluster else 1,
         cluster_block_v=cluster_block_v if cluster else 0,
         cluster_warps=cluster_warps,
+        cluster_stages=cluster_stages,
     )

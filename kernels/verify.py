@@ -569,7 +569,8 @@ def _bind_cluster(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, s
     args = (target, draft, tokens_in, out_tokens, out_accepted, gamma, vocab, scale, accept_prefix, sample_prefix)
     meta = dict(ROW=_cdiv(vocab, plan.cluster_block_v) * plan.cluster_block_v, SCALE_MODE=flags["SCALE_MODE"],
                 HAS_DRAFT=flags["HAS_DRAFT"], PRECISE=plan.precise and not interpreting(),
-                PREFIX_IN_MEMORY=prefix_in_memory, BLOCK_P=plan.block_p, BLOCK_V=plan.cluster_block_v,
+                PREFIX_IN_MEMORY=prefix_in_memory, STAGES=plan.cluster_stages, BLOCK_P=plan.block_p,
+                BLOCK_V=plan.cluster_block_v,
                 num_warps=plan.cluster_warps, **_COMPILE_OPTIONS,
                 **({} if interpreting() else {"num_ctas": plan.cluster_ctas}))
     return PreparedVerify(plan=plan, tokens=out_tokens, num_accepted=out_accepted,
