@@ -356,19 +356,14 @@ PLAN_VARIANTS: dict[str, dict[str, int]] = {
     "accept_once_tiles8_pdl": {"accept_once": 1, "lanes": 1, "sample_max_tiles": 8, "pdl": 1},
     "stats_bv2048_pdl": {"accept_once": 1, "lanes": 1, "sample_block_v": 256, "sample_max_tiles": 4,
                          "stats_block_v": 2048, "stats_max_tiles": 2, "pdl": 1},
-    # one launch, one program per row over a thread-block cluster of 2, 4 or 8 blocks (SM90+, Triton >= 3.9):
-    # the blocks meet in distributed shared memory, not global memory; 512 logits of the tile per block at 4
-    # warps, or 1024 at 8; the log-sum-exp loop prefetching 3 tiles ahead, or none, or 5. (16 blocks, Hopper's
-    # non-portable most: Triton 3.9 took over 10 minutes to compile this kernel for it on a CPU, unfinished)
-    "cluster_c2": {"cluster": 1, "cluster_ctas": 2},
-    "cluster_c4": {"cluster": 1, "cluster_ctas": 4},
+    # one launch, one program per row over a thread-block cluster of 8 blocks (SM90+, Triton >= 3.9): the
+    # blocks meet in distributed shared memory, not global memory; 512 logits of the tile per block at 4 warps,
+    # or 1024 at 8; the log-sum-exp loop prefetching 3 tiles ahead, or none. The H200 runs of 2, 4 and 8 blocks
+    # (results/verify_h200_cluster_*.json) found it 3-10x slower than two launches at every point.
     "cluster_c8": {"cluster": 1, "cluster_ctas": 8},
-    "cluster_c4_w8": {"cluster": 1, "cluster_ctas": 4, "cluster_block_v": 1024, "cluster_warps": 8},
     "cluster_c8_w8": {"cluster": 1, "cluster_ctas": 8, "cluster_block_v": 1024, "cluster_warps": 8},
     "cluster_c8_w8_s1": {"cluster": 1, "cluster_ctas": 8, "cluster_block_v": 1024, "cluster_warps": 8,
                          "cluster_stages": 1},
-    "cluster_c8_w8_s5": {"cluster": 1, "cluster_ctas": 8, "cluster_block_v": 1024, "cluster_warps": 8,
-                         "cluster_stages": 5},
     # diagnostics, never chosen: what approximate log/exp would save (their tokens may differ at near-ties), in
     # the default plan and in stats_bv2048's, whose sampling kernel takes ~50 µs at B = 64, V = 128k: how much of
     # that is the per-element math
