@@ -359,7 +359,7 @@ PLAN_VARIANTS: dict[str, dict[str, int]] = {
     # one launch, one program per row over a thread-block cluster of 8 blocks (SM90+, Triton >= 3.9): the
     # blocks meet in distributed shared memory, not global memory; 512 logits of the tile per block at 4 warps,
     # or 1024 at 8; the log-sum-exp loop prefetching 3 tiles ahead, or none. The H200 runs of 2, 4 and 8 blocks
-    # (results/verify_h200_cluster_*.json) found it 3-10x slower than two launches at every point.
+    # (results/verify_cluster*_h200_triton39.json) found it several times slower than two launches at every point.
     "cluster_c8": {"cluster": 1, "cluster_ctas": 8},
     "cluster_c8_w8": {"cluster": 1, "cluster_ctas": 8, "cluster_block_v": 1024, "cluster_warps": 8},
     "cluster_c8_w8_s1": {"cluster": 1, "cluster_ctas": 8, "cluster_block_v": 1024, "cluster_warps": 8,
@@ -571,6 +571,25 @@ def shortest_chain_floor(point: dict, keep: Callable[[dict], bool] = lambda row:
     chains = [row["chain_floor_us"] for row in point.get("variants", {}).values()
               if keep(row) and row.get("chain_floor_us") is not None]
     return min(chains) if chains else None
+
+
+def best_replay(point: dict, keep: Callable[[dict], bool]) -> tuple[str, float] | None:
+    """(name, warm replay µs) of the fastest variant at a point among those whose overrides `keep` accepts and
+    that returned the reference's tokens (diagnostics excluded), or None if none was timed."""
+    timed = {name: row["graph_warm_us"] for name, row in point.get("variants", {}).items()
+             if keep(row["overrides"]) and row.get("graph_warm_us") is not None
+             and row.get("tokens_equal_reference", False) and not is_diagnostic(row["overrides"])}
+    if not timed:
+        return None
+    name = min(timed, key=timed.get)
+    return name, timed[name]
+
+
+def cluster_over_others(point: dict) -> float | None:
+    """The fastest cluster plan's warm replay over the fastest other plan's, at one point of one run."""
+    cluster = best_replay(point, lambda overrides: bool(overrides.get("cluster")))
+    other = best_replay(point, lambda overrides: not overrides.get("cluster"))
+    return None if cluster is None or other is None else cluster[1] / other[1]
 
 
 def point_ratios(point: dict) -> dict:

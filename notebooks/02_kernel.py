@@ -984,10 +984,123 @@ if small_points and all(shortest_chain(p, structures["coop"]) is not None and sh
         "chunks' winners must meet again), and each round trip through L2 costs, by the chain probes, a good part "
         "of a microsecond. "
         "What is left is to keep those meetings off global memory: one row's programs as one *thread-block "
-        "cluster*, reducing through distributed shared memory. " + cluster_text() + " No such kernel is built or "
-        "timed here."))
+        "cluster*, reducing through distributed shared memory. " + cluster_text() + " The next section builds "
+        "that kernel and times it."))
 else:
     print(f"cooperative and dependent-launch variants: {NOT_MEASURED} in this record")
+
+# %% [markdown]
+# ### The cluster kernel, built and timed
+#
+# `kernels/cluster_pass.py` is that kernel. One program owns a whole row, all 2γ+1 of its logit rows, and the
+# GPU spreads it over `num_ctas` blocks of a thread-block cluster (SM90+). Its reductions across those blocks run
+# through distributed shared memory; nothing meets in global memory, so there are no partials, tickets or
+# barriers there. Pass 1 keeps a running (max, sum of exp) per lane over the whole vocabulary and reduces across
+# lanes once. The accept test reads two logits per candidate. Pass 2 races over the one sampled position's row
+# with per-lane winners, reduced once. It shares the accept test and the race with the other plans
+# (`_accept_from_lse`, `_race_position`), and the kernel tests run it like every plan: in the interpreter (one
+# block) and, with Triton 3.9, on the H200.
+#
+# The H200 here has Triton 3.6, which cannot compile it. So `experiments/gpu_run.sh` ran a carried Triton 3.9:
+# its wheel, trimmed to fit one carry, put first on `PYTHONPATH`. Each run below timed the cluster variants beside
+# the two-launch plans, under that same Triton. The cell reads the runs' files.
+
+# %%
+cluster_runs = [provenance.load_result(path.stem)
+                for path in sorted(provenance.results_dir().glob("verify_cluster*_h200_triton39.json"))]
+cluster_ratios, cluster_correct = [], []
+for record in cluster_runs:
+    print(f"commit {record['provenance']['git_sha'][:7]}, Triton {record['provenance']['versions']['triton']}, "
+          f"{record['provenance']['hardware']['gpu']} (µs, warm CUDA-graph replay)")
+    print(f"{'B':>3} {'V':>7} {'floor':>6} {'best other plan':>36} {'best cluster plan':>26} {'ratio':>6}")
+    for point in record["results"]["points"]:
+        cluster_correct += [bool(row.get("tokens_equal_reference")) for row in point["variants"].values()
+                            if row["overrides"].get("cluster")]
+        ratio = bench.cluster_over_others(point)
+        if ratio is None:
+            continue
+        cluster_ratios.append((point["batch"], point["vocab"], ratio))
+        other = bench.best_replay(point, lambda overrides: not overrides.get("cluster"))
+        cluster = bench.best_replay(point, lambda overrides: bool(overrides.get("cluster")))
+        print(f"{point['batch']:>3} {point['vocab']:>7} {point['floor_us']:6.1f} {other[0]:>28} {other[1]:7.1f} "
+              f"{cluster[0]:>18} {cluster[1]:7.1f} {ratio:6.2f}")
+if cluster_ratios:
+    small_ratios = [r for b, _, r in cluster_ratios if b <= 8]
+    large_ratios = [r for b, _, r in cluster_ratios if b > 8]
+
+    def replays(record: dict, name: str, batch: int) -> dict[int, float]:
+        """Vocabulary -> warm replay of variant `name` at batch `batch` in one run."""
+        return {p["vocab"]: p["variants"][name]["graph_warm_us"] for p in record["results"]["points"]
+                if p["batch"] == batch and p["variants"].get(name, {}).get("graph_warm_us") is not None}
+
+    scaling = ""
+    for record in cluster_runs:  # a run that timed 2, 4 and 8 blocks side by side
+        blocks = {ctas: replays(record, f"cluster_c{ctas}", 1) for ctas in (2, 4, 8)}
+        by_blocks = [vocab for vocab in blocks[8] if all(vocab in blocks[c] for c in (2, 4))]
+        if by_blocks:
+            scaling = "; ".join(f"V = {vocab}: " + ", ".join(f"{blocks[c][vocab]:.0f}" for c in (2, 4, 8)) + " µs"
+                                for vocab in sorted(by_blocks)) + f", commit {record['provenance']['git_sha'][:7]}"
+    staged = [(p["variants"]["cluster_c8_w8"]["graph_warm_us"] / p["variants"]["cluster_c8_w8_s1"]["graph_warm_us"])
+              for record in cluster_runs for p in record["results"]["points"]
+              if p["variants"].get("cluster_c8_w8_s1", {}).get("graph_warm_us") is not None
+              and p["variants"].get("cluster_c8_w8", {}).get("graph_warm_us") is not None]
+    display(Markdown(
+        f"**The cluster kernel is correct and slow.** {sum(cluster_correct)} of {len(cluster_correct)} cluster "
+        "variant timings returned the reference's tokens on the H200. Its best variant's replay was "
+        f"{min(small_ratios):.1f}–{max(small_ratios):.1f}× the best other plan's at B ≤ 8"
+        + (f" and {min(large_ratios):.1f}–{max(large_ratios):.1f}× at B = 64" if large_ratios else "")
+        + (". It is never faster, so no shape's plan uses it" if min(r for _, _, r in cluster_ratios) > 1
+           else ". It is faster somewhere; `SHAPE_PLANS` has yet to take it up")
+        + ". Why it loses, from the variants' times: at B = 1 only the cluster's blocks stream the whole row"
+        + (f", and its replay falls with the blocks per cluster, 2, 4 and 8 ({scaling}), as a stream limited "
+           "per SM does" if scaling else "")
+        + ". At B = 64 every SM is busy and it is still slower, so the per-element cost of the per-lane partials "
+        "(two running values per logit, a padded power-of-two block of rows) counts too"
+        + (f". Prefetching three tiles ahead (`cluster_stages`) took {min(staged):.2f}–{max(staged):.2f}× the "
+           "replay without it" if staged else "")
+        + ". Triton 3.9 did not finish compiling the 16-block kernel in ten minutes on a CPU, so 16 is untimed. "
+        "The chain of global round trips is gone, and a few SMs doing a whole row's work replace it. A cluster "
+        "kernel that wins would have to split rows across clusters again (meeting in global memory once) or "
+        "stream through shared memory with bulk copies. Neither is built here."))
+else:
+    print(f"cluster kernel: {NOT_MEASURED} (no results/verify_cluster*_h200_triton39.json)")
+
+# %% [markdown]
+# Is the per-element math what is left at B = 64? The sampling kernel there hashes a counter to a uniform and
+# takes a log, an exp and a log1p for every logit of the sampled row. `diagnostic_fast_math_bv2048` is
+# `stats_bv2048` with the GPU's approximate `log` and `exp` (MUFU) instead of libdevice's correctly rounded ones.
+# Its tokens may differ at near-ties, so it is never chosen. The cell compares the two, and the default plan with
+# and without it, from one run:
+
+# %%
+fast_math_path = provenance.results_dir() / "verify_fast_math_h200_triton39.json"
+if fast_math_path.exists():
+    fast_math = provenance.load_result(fast_math_path.stem)
+    pairs = [("stats_bv2048", "diagnostic_fast_math_bv2048"), ("two_launch", "diagnostic_fast_math")]
+    print(f"commit {fast_math['provenance']['git_sha'][:7]}, Triton {fast_math['provenance']['versions']['triton']} "
+          "(µs, warm CUDA-graph replay)")
+    print(f"{'B':>3} {'V':>7} " + " ".join(f"{a:>14} {b:>28}" for a, b in pairs))
+    math_gain = []
+    for point in fast_math["results"]["points"]:
+        rows = point["variants"]
+        cells = []
+        for precise, fast in pairs:
+            slow_us, fast_us = rows[precise].get("graph_warm_us"), rows[fast].get("graph_warm_us")
+            cells.append(f"{slow_us:14.1f} {fast_us:28.1f}")
+            math_gain.append((point["batch"], precise, (slow_us - fast_us) / slow_us))
+        print(f"{point['batch']:>3} {point['vocab']:>7} " + " ".join(cells))
+    at_64 = [gain for batch, _, gain in math_gain if batch == 64]
+    display(Markdown(
+        "With approximate math the replay took "
+        f"{1 - max(g for _, _, g in math_gain):.2f}–{1 - min(g for _, _, g in math_gain):.2f}× the precise plan's"
+        + (f" ({1 - max(at_64):.2f}–{1 - min(at_64):.2f}× at B = 64)" if at_64 else "")
+        + ". "
+        + ("**The per-element math is not what holds these points at their replay times**: with the cheaper "
+           "math no point got more than 5% faster. Cheaper math, one of the routes this chapter's plans were built to "
+           "test, is closed by measurement." if max(g for _, _, g in math_gain) < 0.05 else
+           "Some point got more than 5% faster: there the per-element math is part of the time.")))
+else:
+    print(f"fast-math diagnostic: {NOT_MEASURED} (no results/verify_fast_math_h200_triton39.json)")
 
 # %% [markdown]
 # Where the time goes, from the same file. The gap between the eager step and the CUDA-graph replay of the *same

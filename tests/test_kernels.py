@@ -523,6 +523,29 @@ def test_plan_choice_skips_diagnostic_and_wrong_variants() -> None:
     assert "(8, 32768): {'sample_block_v': 256}" in plan_choice([point])["paste"]
 
 
+def test_cluster_over_others_compares_the_fastest_correct_plans() -> None:
+    """The book's cluster ratio: the fastest cluster variant's replay over the fastest other variant's, each among
+    variants that returned the reference's tokens and are not diagnostics; None when one side was not timed."""
+    from flashspec.bench import best_replay, cluster_over_others
+
+    def row(overrides: dict, replay: float | None, correct: bool = True) -> dict:
+        return {"overrides": overrides, "graph_warm_us": replay, "tokens_equal_reference": correct}
+
+    point = {"variants": {
+        "two_launch": row({}, 10.0),
+        "fast_but_wrong": row({"lanes": 1}, 5.0, correct=False),
+        "diagnostic_fast_math": row({"precise": 0}, 4.0),
+        "cluster_c8": row({"cluster": 1, "cluster_ctas": 8}, 30.0),
+        "cluster_c4": row({"cluster": 1, "cluster_ctas": 4}, 25.0),
+        "cluster_wrong": row({"cluster": 1, "cluster_ctas": 2}, 1.0, correct=False),
+    }}
+    assert best_replay(point, lambda o: bool(o.get("cluster"))) == ("cluster_c4", 25.0)
+    assert best_replay(point, lambda o: not o.get("cluster")) == ("two_launch", 10.0)
+    assert cluster_over_others(point) == 2.5
+    point["variants"]["cluster_c4"]["graph_warm_us"] = point["variants"]["cluster_c8"]["graph_warm_us"] = None
+    assert cluster_over_others(point) is None
+
+
 def test_launch_key_determines_every_launch_specialisation() -> None:
     """The compiled launch path caches binaries under `launch_key` instead of one spec per argument; that is
     sound only if equal launch keys always mean equal specialisations (every argument's spec and every

@@ -21,7 +21,7 @@ from flashspec import rng
 from flashspec.sampling import SamplingParams
 
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64", torch.int32: "i32"}
-COMPILER_OPTIONS = ("num_warps", "enable_fp_fusion", "launch_cooperative_grid", "launch_pdl")
+COMPILER_OPTIONS = ("num_warps", "num_ctas", "enable_fp_fusion", "launch_cooperative_grid", "launch_pdl")
 
 FRONT_END = r"""
 import inspect, json, sys
@@ -29,9 +29,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
 from triton._C.libtriton import ir
-from flashspec.kernels import chain_probe, coop_pass, fused_pass, sample_pass, stats_pass
+from flashspec.kernels import chain_probe, cluster_pass, coop_pass, fused_pass, sample_pass, stats_pass
 
-kernels = {name: getattr(module, name) for module in (chain_probe, coop_pass, fused_pass, sample_pass, stats_pass)
+kernels = {name: getattr(module, name) for module in (chain_probe, cluster_pass, coop_pass, fused_pass, sample_pass,
+                                                     stats_pass)
            for name in dir(module) if name.endswith("_kernel") or name.startswith("_chain_")}
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
@@ -71,6 +72,8 @@ def _launches(prepared, kernels) -> list[tuple]:
         return [(kernels._fused_kernel, prepared.fused_args, prepared.fused_meta)]
     if prepared.plan.coop:
         return [(kernels._coop_kernel, prepared.coop_args, prepared.coop_meta)]
+    if prepared.plan.cluster:
+        return [(kernels._cluster_kernel, prepared.cluster_args, prepared.cluster_meta)]
     stats = kernels._stats_accept_kernel if prepared.plan.accept_once else kernels._stats_kernel
     return [(stats, prepared.stats_args, prepared.stats_meta),
             (kernels._sample_kernel, prepared.sample_args, prepared.sample_meta)]
@@ -110,6 +113,7 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
     monkeypatch.setattr(plan_module, "interpreting", lambda: False)
     monkeypatch.setattr(plan_module, "_num_sms", lambda index: 132)
     monkeypatch.setattr(plan_module, "_has_pdl", lambda index: True)  # an H200
+    monkeypatch.setattr(plan_module, "_has_clusters", lambda index: True)  # with Triton >= 3.9
     plan_module.make_plan.cache_clear()
     gpu = torch.device("cuda", 0)
     gamma = 4
@@ -141,20 +145,20 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
                                          else kernels.SCALE_MULTIPLY, HAS_DRAFT=with_draft and not params.greedy,
                                          GREEDY=params.greedy)
                             bind = (kernels._bind_fused if plan.fused else kernels._bind_coop if plan.coop
-                                    else kernels._bind_two_launches)
+                                    else kernels._bind_cluster if plan.cluster else kernels._bind_two_launches)
                             prepared = bind(plan, (target, draft, tokens), outputs, layout.views(memory),
                                             (batch, gamma, vocab), 1.0 / 0.7, flags, prefix, None)
                             for kernel, args, meta in _launches(prepared, kernels):
                                 described = _describe(kernel, args, meta, plan.precise)
                                 launches.setdefault(_structure(described), described)
-                            # the benchmark's dependency-chain probe at the same grids
-                            for kernel, _, args, meta in chain_step(target, plan).launches:
+                            # the benchmark's dependency-chain probe at the same grids (the cluster plan has none)
+                            for kernel, _, args, meta in ([] if plan.cluster else chain_step(target, plan).launches):
                                 described = _describe(kernel, args, meta, plan.precise)
                                 launches.setdefault(_structure(described), described)
     finally:
         plan_module.make_plan.cache_clear()
     assert {d["kernel"] for d in launches.values()} == {"_stats_kernel", "_stats_accept_kernel", "_sample_kernel",
-                                                        "_fused_kernel", "_coop_kernel", "_chain_first",
+                                                        "_fused_kernel", "_coop_kernel", "_cluster_kernel", "_chain_first",
                                                         "_chain_second", "_chain_coop"}
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="0")
     done = subprocess.run([sys.executable, "-c", FRONT_END], input=json.dumps(list(launches.values())), env=env,
