@@ -461,6 +461,24 @@ def test_shape_buckets() -> None:
     assert shape_bucket(500, 256000) == (64, 131072)
 
 
+def test_verify_benchmark_variants_option(tmp_path, capsys) -> None:
+    """`--variants` times only the named plan variants (and records only them); an unknown name is refused with
+    the known names, before anything runs."""
+    import json
+
+    from experiments import bench_verify
+
+    with pytest.raises(SystemExit) as refused:
+        bench_verify.main(["--smoke", "--variants", "two_launch", "no_such_plan"])
+    assert refused.value.code == 2 and "no_such_plan" in capsys.readouterr().err
+    out = tmp_path / "verify.json"
+    assert bench_verify.main(["--smoke", "--batch", "2", "--variants", "two_launch", "cluster_c8",
+                              "--out", str(out)]) == 0
+    record = json.loads(out.read_text())
+    assert set(record["settings"]["plan_variants"]) == {"two_launch", "cluster_c8"}
+    assert set(record["results"]["points"][0]["variants"]) == {"two_launch", "cluster_c8"}
+
+
 def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
     """`flashspec bench verify --smoke`: the GPU benchmark's driver end to end on tiny shapes (host clock, no
     graphs) -- every plan variant returns the reference's tokens, verdicts and the plan table are written."""
