@@ -1066,6 +1066,39 @@ else:
     print(f"cluster kernel: {NOT_MEASURED} (no results/verify_cluster*_h200_triton39.json)")
 
 # %% [markdown]
+# The same runs re-timed the two-launch plans under Triton 3.9, the version CI pins. The cell compares each with
+# the same variant at the same point in this chapter's main record, which ran under the H200's own Triton:
+
+# %%
+main_variants = {(p["batch"], p["vocab"]): p.get("variants", {}) for p in points}
+version_ratios = []  # (batch, vocab, variant, Triton 3.9 replay / the main record's)
+for record in cluster_runs:
+    for point in record["results"]["points"]:
+        for name, row in point["variants"].items():
+            before = main_variants.get((point["batch"], point["vocab"]), {}).get(name, {})
+            if (not row["overrides"].get("cluster") and row.get("tokens_equal_reference")
+                    and row.get("graph_warm_us") is not None and before.get("graph_warm_us") is not None):
+                version_ratios.append((point["batch"], point["vocab"], name,
+                                       row["graph_warm_us"] / before["graph_warm_us"]))
+if version_ratios:
+    low = min(version_ratios, key=lambda r: r[3])
+    high = max(version_ratios, key=lambda r: r[3])
+    print(f"{len(version_ratios)} (point, variant) pairs: Triton 3.9 replay / Triton {origin['versions']['triton']} "
+          f"replay from {low[3]:.2f} ({low[2]} at B={low[0]} V={low[1]}) to {high[3]:.2f} ({high[2]} at "
+          f"B={high[0]} V={high[1]})")
+    faster = [r for r in version_ratios if r[3] < 0.8]
+    display(Markdown(
+        f"Of {len(version_ratios)} pairs, {len(faster)} replayed in under 0.8× their earlier time under Triton 3.9"
+        + (" (at (B, V) = " + ", ".join(f"({b}, {v})" for b, v in sorted({(b, v) for b, v, _, _ in faster})) + ")"
+           if faster else "")
+        + ". The runs are on other days and machines of the same kind, so a pair moving by a few tenths of a "
+        "microsecond says nothing; a plan taking a fraction of its time says the compiler changed it. The launch "
+        "plans (`SHAPE_PLANS`) were chosen under the H200's Triton and stay until a whole `flashspec bench verify` "
+        "runs under 3.9."))
+else:
+    print(f"Triton 3.9 against the main record: {NOT_MEASURED}")
+
+# %% [markdown]
 # Is the per-element math what is left at B = 64? The sampling kernel there hashes a counter to a uniform and
 # takes a log, an exp and a log1p for every logit of the sampled row. `diagnostic_fast_math_bv2048` is
 # `stats_bv2048` with the GPU's approximate `log` and `exp` (MUFU) instead of libdevice's correctly rounded ones.
