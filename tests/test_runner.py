@@ -88,7 +88,9 @@ def random_rows(lengths: list[int], seed: int) -> list[list[int]]:
 
 
 def max_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a.float() - b.float()).abs().max())
+    """The largest difference, relative to the largest |b| (and absolute below 1): float32 GEMMs round differently
+    with the CPU's kernels (AVX2 against AVX-512) and the number of rows, by a few ulps of the logits' scale."""
+    return float((a.float() - b.float()).abs().max()) / max(1.0, float(b.float().abs().max()))
 
 
 # ------------------------------------------------------------------------------------------ logits
@@ -203,7 +205,7 @@ def test_logits_index_and_dtype():
     full = runner.forward(tokens, positions, 16)
     picked = runner.forward(tokens, positions, 16, logits_index=torch.tensor([[5], [2]]))
     assert full.dtype == picked.dtype == torch.float64
-    assert torch.allclose(picked[:, 0], torch.stack([full[0, 5], full[1, 2]]))
+    assert max_error(picked[:, 0], torch.stack([full[0, 5], full[1, 2]])) <= 1e-6
 
 
 def test_fewer_rows_than_the_cache():
