@@ -574,15 +574,11 @@ def shortest_chain_floor(point: dict, keep: Callable[[dict], bool] = lambda row:
 
 
 def best_replay(point: dict, keep: Callable[[dict], bool]) -> tuple[str, float] | None:
-    """(name, warm replay µs) of the fastest variant at a point among those whose overrides `keep` accepts and
-    that returned the reference's tokens (diagnostics excluded), or None if none was timed."""
-    timed = {name: row["graph_warm_us"] for name, row in point.get("variants", {}).items()
-             if keep(row["overrides"]) and row.get("graph_warm_us") is not None
-             and row.get("tokens_equal_reference", False) and not is_diagnostic(row["overrides"])}
-    if not timed:
-        return None
-    name = min(timed, key=timed.get)
-    return name, timed[name]
+    """(name, warm replay µs) of the fastest variant at a point among those whose overrides `keep` accepts (as
+    `_best` picks: correct tokens, no diagnostics), or None if none was timed."""
+    variants = point.get("variants", {})
+    name = _best({n: row for n, row in variants.items() if keep(row["overrides"])}, "graph_warm_us")
+    return None if name is None else (name, variants[name]["graph_warm_us"])
 
 
 def cluster_over_others(point: dict) -> float | None:

@@ -280,6 +280,6 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         cluster=cluster,
         cluster_ctas=cluster_ctas if cluster else 1,
         cluster_block_v=cluster_block_v if cluster else 0,
-        cluster_warps=cluster_warps,
-        cluster_stages=cluster_stages,
+        cluster_warps=cluster_warps if cluster else 4,  # other plans keep the defaults: no key of theirs moves
+        cluster_stages=cluster_stages if cluster else 1,
     )

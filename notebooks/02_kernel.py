@@ -896,12 +896,10 @@ else:
 
 # %%
 def best_of(point: dict, keep) -> tuple[str | None, dict]:
-    """The variant with the smallest warm replay among those `keep(overrides)` selects (correct tokens only)."""
-    rows = {name: row for name, row in point.get("variants", {}).items()
-            if keep(row["overrides"]) and row.get("graph_warm_us") is not None
-            and row.get("tokens_equal_reference", True) and not bench.is_diagnostic(row["overrides"])}
-    name = min(rows, key=lambda n: rows[n]["graph_warm_us"]) if rows else None
-    return name, rows.get(name, {})
+    """The variant with the smallest warm replay among those `keep(overrides)` selects (`bench.best_replay`), and
+    its row."""
+    found = bench.best_replay(point, keep)
+    return (None, {}) if found is None else (found[0], point["variants"][found[0]])
 
 
 def shortest_chain(point: dict, keep) -> float | None:
