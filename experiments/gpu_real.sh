@@ -7,7 +7,8 @@
 #   call 2: FLASHSPEC_GIT_SHA=<sha> bash experiments/gpu_real.sh second .carry/b
 #           joins the halves, checks the SHA-256, converts once, runs experiments/real_pool.py
 # Env: TRAIN_BUDGET_S (fit the distillation steps to this many seconds; default: the size's own steps),
-# POOL_ARGS (more real_pool.py options), POOL_LIMIT (seconds, default 500).
+# POOL_ARGS (more real_pool.py options), POOL_LIMIT (seconds, default 500), SHAPE_SMOKE=0 (the first call
+# runs the GPU tests only, not the random-weight pool on SmolLM2's shapes: a shorter first call).
 set -uo pipefail
 : "${OUT:?set OUT}" "${FLASHSPEC_GIT_SHA:?set FLASHSPEC_GIT_SHA to the commit being measured}"
 stage=$1 carried=$2
@@ -22,6 +23,7 @@ sha=${FLASHSPEC_GIT_SHA:0:7}
 if [ "$stage" = first ]; then
   timeout 120 python -m pytest -q -p no:cacheprovider tests/test_real.py tests/test_distill.py >"$OUT/real_tests_$sha.log" 2>&1
   echo "tests rc=$?"; tail -n 3 "$OUT/real_tests_$sha.log"
+  [ "${SHAPE_SMOKE:-1}" = 0 ] && exit 0
   timeout 300 python experiments/real_pool.py --size smollm2 --teacher smollm2-shape --train-budget-s 15 \
     --requests 3 --block 1 --new-tokens 32 --repeats 1 --eval-tokens 4096 --git-sha "$FLASHSPEC_GIT_SHA" \
     --out "$OUT/real_pool_shape_h200.json" >"$OUT/real_pool_shape.log" 2>&1
