@@ -7,7 +7,8 @@
 #   call 2: FLASHSPEC_GIT_SHA=<sha> bash experiments/gpu_real.sh second .carry/b
 #           joins the halves, checks the SHA-256, converts once, runs experiments/real_pool.py
 # Env: TRAIN_BUDGET_S (fit the distillation steps to this many seconds; default: the size's own steps),
-# POOL_ARGS (more real_pool.py options), POOL_LIMIT (seconds, default 500), SHAPE_SMOKE=0 (the first call
+# POOL_ARGS (more real_pool.py options), POOL_LIMIT (seconds per run, default 500), POOL_RUNS (runs of
+# real_pool.py, default 1; each after the first loads the pool from the cache and writes *_runN.json), SHAPE_SMOKE=0 (the first call
 # runs the GPU tests only, not the random-weight pool on SmolLM2's shapes: a shorter first call).
 set -uo pipefail
 : "${OUT:?set OUT}" "${FLASHSPEC_GIT_SHA:?set FLASHSPEC_GIT_SHA to the commit being measured}"
@@ -38,7 +39,11 @@ from flashspec import real
 real.load_gguf_model(real.SMOLLM2, device="cpu", gguf_path=sys.argv[1])  # checks the SHA-256, converts, caches
 print("SmolLM2 converted and cached")
 EOF
-# shellcheck disable=SC2086  # POOL_ARGS is a list of options
-timeout "${POOL_LIMIT:-500}" python experiments/real_pool.py ${TRAIN_BUDGET_S:+--train-budget-s "$TRAIN_BUDGET_S"} \
-  --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/real_pool_h200.json" ${POOL_ARGS:-} 2>&1 | grep -v "Loading weights\|Writing model" >"$OUT/real_pool.log"
-echo "real_pool rc=${PIPESTATUS[0]}"; tail -n 25 "$OUT/real_pool.log"
+for run in $(seq 1 "${POOL_RUNS:-1}"); do  # later runs load the pool from the cache: more samples of the parts
+  suffix=$([ "$run" = 1 ] || echo "_run$run")
+  # shellcheck disable=SC2086  # POOL_ARGS is a list of options
+  timeout "${POOL_LIMIT:-500}" python experiments/real_pool.py ${TRAIN_BUDGET_S:+--train-budget-s "$TRAIN_BUDGET_S"} \
+    --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/real_pool_h200$suffix.json" ${POOL_ARGS:-} 2>&1 \
+    | grep -v "Loading weights\|Writing model" >"$OUT/real_pool$suffix.log"
+  echo "real_pool$suffix rc=${PIPESTATUS[0]}"; tail -n 25 "$OUT/real_pool$suffix.log"
+done

@@ -475,14 +475,19 @@ class GammaThompsonSampling(ThompsonSampling):
     acceptance α_d, and its likelihood (n successes, then a failure unless n = γ) does not depend on γ,
     so the arms of one draft share one posterior: Beta(prior + successes, prior + failures) summed over
     them. To select, draw α̃_d from each draft's posterior and play the arm with the most expected tokens
-    per unit of step cost, (1 + α̃ + ... + α̃^γ_a) / c_a. Independent arms with a throughput reward must
+    per unit of step cost, (1 + α̃ + ... + α̃^γ_a) / c̃_a. Independent arms with a throughput reward must
     learn each γ from its own steps; here a step at γ = 2 also tells what γ = 6 would give.
+    Measured costs are drawn too: c̃_a = c_a exp(σ z / √n_a), z standard normal, σ the pooled spread of log
+    step times (`StepCosts.spread`) and n_a the steps behind the estimate (at most the moving average's
+    effective count). With point costs one slow step of the best arm (on a shared GPU, ~3 % of steps)
+    could shut it out for good: its estimate only moves when it is played. Every arm is first played
+    until `min_cost_steps` steps measure it.
 
     The arm structure and costs come from `bind_arms(arms, costs)`, which the engines call at the start of
     every `generate`, or from the `arms=` argument: `arms` is a list of (draft index, γ) and `costs` a
     `flashspec.rewards.StepCosts` (read at every select, so measured costs count as they arrive) or fixed
-    per-arm costs; with no costs every arm costs 1. An arm whose cost is not known yet is played first
-    (the least played of them), so no arm is compared before its cost is measured. A `StepCosts` that
+    per-arm costs; with no costs every arm costs 1. An arm measured by fewer than `min_cost_steps` steps
+    is played first (the least played of them), so no arm is compared before its cost is measured. A `StepCosts` that
     the engine tells which steps changed draft also prices a switch: an arm of another draft than the
     last one played is compared at its switching cost (`StepCosts.costs_when`), so drafts that differ little are
     not swapped at a catch-up's price. Unbound, every arm is a draft of its own at γ = 1: plain Thompson
@@ -494,7 +499,11 @@ class GammaThompsonSampling(ThompsonSampling):
     name = "gamma-ts"
     learns_from_steps: ClassVar[bool] = True  # engines give it step outcomes, not a throughput reward
 
-    def __init__(self, n_arms: int, *, arms: Any = None, **kwargs: Any) -> None:
+    def __init__(self, n_arms: int, *, arms: Any = None, min_cost_steps: int = 3, **kwargs: Any) -> None:
+        if isinstance(min_cost_steps, bool) or not isinstance(min_cost_steps, (int, np.integer)) or min_cost_steps < 1:
+            raise ValueError(f"min_cost_steps must be an int >= 1 (steps that measure an arm's cost before it is "
+                             f"compared), got {min_cost_steps!r}")
+        self.min_cost_steps = int(min_cost_steps)
         self._arm_draft = np.arange(int(n_arms)) if isinstance(n_arms, (int, np.integer)) else np.zeros(0, int)
         self._arm_gamma = np.ones_like(self._arm_draft)
         self._costs: Any = None
@@ -540,15 +549,34 @@ class GammaThompsonSampling(ThompsonSampling):
         values = getattr(self._costs, "costs", self._costs)
         return np.array([np.nan if value is None else float(value) for value in values])
 
+    def _measured(self) -> bool:
+        """Whether the costs come from measured steps (a `StepCosts` without fixed costs)."""
+        return callable(getattr(self._costs, "costs_when", None)) and not self._costs.fixed
+
+    def _under_measured(self) -> np.ndarray:
+        """[arms]: True where fewer than `min_cost_steps` steps measured the arm (never with known costs)."""
+        if self._costs is None:
+            return np.zeros(self.n_arms, dtype=bool)
+        if not self._measured():
+            return np.isnan(self.arm_costs())
+        return np.array(self._costs.steps["all"]) < self.min_cost_steps
+
     def _row_costs(self, flat: np.ndarray) -> np.ndarray:
         """[rows, arms]: each arm's cost from where each row is, its switching cost where its draft is not
-        the row's last one (a `StepCosts` source), else `flat` (`arm_costs`)."""
-        costs_when = getattr(self._costs, "costs_when", None)
-        if not callable(costs_when):
+        the row's last one (a `StepCosts` source), else `flat` (`arm_costs`); measured costs are drawn
+        about their estimate (the class docstring)."""
+        if not self._measured():
             return np.broadcast_to(flat, (self._rows, self.n_arms))
-        stay, go = (np.array([np.nan if c is None else c for c in costs_when(kind)]) for kind in (False, True))
         switched = (self.last_draft[:, None] >= 0) & (self._arm_draft[None, :] != self.last_draft[:, None])
-        return np.where(switched, go, stay)
+        stay, go = (np.array([np.nan if c is None else c for c in self._costs.costs_when(kind)]) for kind in (False, True))
+        costs = np.where(switched, go, stay)
+        spread = self._costs.spread()
+        if not spread:
+            return costs
+        effective = (2.0 - self._costs.smoothing) / self._costs.smoothing  # a moving average's sample size
+        steps = np.where(switched, *(np.array(self._costs.steps_when(kind), dtype=float) for kind in (True, False)))
+        scale = spread / np.sqrt(np.clip(steps, 1.0, effective))
+        return costs * np.exp(scale * self.rng.standard_normal(costs.shape))
 
     def draft_posterior(self) -> tuple[np.ndarray, np.ndarray]:
         """Beta parameters (alpha, beta) of each draft's per-token acceptance, arrays [rows, drafts]."""
@@ -566,8 +594,8 @@ class GammaThompsonSampling(ThompsonSampling):
         tokens = np.where(below, -np.expm1(exponent * np.log(np.where(below, rate, 0.5))) /
                           np.where(below, 1.0 - rate, 1.0), exponent)
         flat = self.arm_costs()
-        unknown = np.isnan(flat)
-        if unknown.any():  # measure every arm's cost before comparing: the least played unknown arm
+        unknown = self._under_measured()
+        if unknown.any():  # measure every arm's cost before comparing: the least played such arm
             arms = np.argmin(np.where(unknown, self.plays, np.inf), axis=1)
         else:
             arms = np.argmax(tokens / self._row_costs(flat), axis=1)

@@ -159,7 +159,7 @@ class FastSpeculativeDecoder:
         policy, policy_kwargs: as for `SpeculativeDecoder`.
         gamma: drafted tokens per step (fixed: it is part of the captured graphs).
         gammas, arm_costs: as for `SpeculativeDecoder`: arms are (draft, γ) pairs learning from the
-            throughput reward. Measured costs are an exponential moving average of each arm's step
+            throughput reward. Measured costs are a running median of each arm's step
             time as the host already reads it, `lag` steps late: on CUDA the device time between
             consecutive step ends (the recorded events; no extra sync), on a CPU the step's own
             (synchronous) launch time; a step that captured a graph is not timed (capture is not

@@ -18,6 +18,8 @@ All functions work on Python numbers or numpy arrays (elementwise) and reject ba
 """
 from __future__ import annotations
 
+import collections
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -124,9 +126,9 @@ def expected_throughput(alpha: Any, gamma: int, draft_cost: Any, target_cost: An
 class StepCosts:
     """Each arm's step cost and tokens per step, and the relative throughput reward of a step.
 
-    Costs: measured (`fixed=None`), `observe(arm, seconds)` feeds each arm's exponential moving
-    average of step seconds (weight `smoothing` on the newest), which smooths timer noise and follows
-    slow drifts; or fixed, known per-arm costs (any unit, e.g. from a benchmark), observations
+    Costs: measured (`fixed=None`), `observe(arm, seconds)` feeds each arm's running median of step
+    seconds over the steps a moving average of weight `smoothing` spans (below), which smooths timer
+    noise and follows slow drifts; or fixed, known per-arm costs (any unit, e.g. from a benchmark), observations
     ignored, so a seeded run is reproducible.
 
     `reward(arm, num_accepted, gamma)`: the step's tokens per unit cost, mean(n + 1) / c_arm, over
@@ -142,6 +144,14 @@ class StepCosts:
     tokens it missed). `observe(arm, seconds, switched)` with `switched` True or False also feeds a
     moving average for that kind of step, and `cost(arm, switched)` / `costs_when(switched)` read it
     (`GammaThompsonSampling` does, so it weighs a switch against staying).
+
+    Measured costs are medians, not means: each estimate is the median of the arm's last `window` steps
+    of its kind, `window` = (2 - smoothing) / smoothing, the number of steps a moving average of that
+    weight effectively spans (19 at the default 0.1). One slow step, a host stall, moves a median little
+    and a mean a lot, and the arm played most meets most of them. `steps_when(switched)` counts the
+    steps behind each estimate, and `spread()` is the pooled standard deviation of log step times
+    about their arm's estimate, so a policy can draw costs as well as acceptance, and re-measure an
+    arm it would otherwise judge once and never again.
     """
 
     def __init__(self, n_arms: int, smoothing: float = 0.1, fixed: Sequence[float] | None = None) -> None:
@@ -155,6 +165,10 @@ class StepCosts:
         self.tokens: list[float | None] = [None] * n_arms
         self.stay_costs: list[float | None] = [None] * n_arms  # steps that kept the previous step's draft
         self.switch_costs: list[float | None] = [None] * n_arms  # steps that changed draft
+        self.steps = {kind: [0] * n_arms for kind in ("all", "stay", "switch")}  # steps behind each estimate
+        self.window = max(1, round((2.0 - self.smoothing) / self.smoothing))
+        self._recent: dict[tuple[str, int], collections.deque[float]] = {}  # each estimate's last `window` steps
+        self._log_var: float | None = None  # moving average of squared log deviations from the arm's estimate
         if fixed is not None:
             values = _check_cost(list(fixed), "arm_costs", allow_zero=False) if len(fixed) else np.zeros(0)
             if values.shape != (n_arms,):
@@ -164,16 +178,40 @@ class StepCosts:
     def _average(self, previous: float | None, value: float) -> float:
         return value if previous is None else previous + self.smoothing * (value - previous)
 
+    def _update(self, kind: str, values: list[float | None], arm: int, seconds: float) -> None:
+        """Feed one step to `values[arm]`, the median of that kind's last `window` steps of the arm."""
+        self.steps[kind][arm] += 1
+        recent = self._recent.setdefault((kind, arm), collections.deque(maxlen=self.window))
+        recent.append(seconds)
+        values[arm] = float(np.median(recent))
+
     def observe(self, arm: int, seconds: float, switched: bool | None = None) -> None:
         """One measured step of `arm` (ignored with fixed costs, or when not a finite time > 0);
         `switched`: whether its draft differs from the previous step's (None: not known, e.g. a
         request's first step)."""
         if self.fixed or not (isinstance(seconds, (int, float)) and np.isfinite(seconds) and seconds > 0):
             return
-        self.costs[arm] = self._average(self.costs[arm], float(seconds))
+        seconds = float(seconds)
+        estimate = self.costs[arm] if switched is None else self.cost(arm, switched)
+        if estimate is not None:  # how far a step strays from its arm's estimate, pooled over arms
+            self._log_var = self._average(self._log_var, math.log(seconds / estimate) ** 2)
+        self._update("all", self.costs, arm, seconds)
         if switched is not None:
-            kind = self.switch_costs if switched else self.stay_costs
-            kind[arm] = self._average(kind[arm], float(seconds))
+            kind = "switch" if switched else "stay"
+            self._update(kind, self.switch_costs if switched else self.stay_costs, arm, seconds)
+
+    def spread(self) -> float | None:
+        """Pooled standard deviation of a step's log time about its arm's estimate (None before two steps of
+        an arm; 0 with fixed costs)."""
+        if self.fixed:
+            return 0.0
+        return None if self._log_var is None else math.sqrt(self._log_var)
+
+    def steps_when(self, switched: bool) -> list[int]:
+        """How many steps stand behind each arm's `costs_when(switched)` estimate (the kind it reads)."""
+        kind, other = ("switch", "stay") if switched else ("stay", "switch")
+        return [self.steps[kind][arm] or self.steps[other][arm] or self.steps["all"][arm]
+                for arm in range(len(self.costs))]
 
     def cost(self, arm: int, switched: bool) -> float | None:
         """The arm's expected step cost when its step changes draft (`switched`) or keeps it: that kind's
