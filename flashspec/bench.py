@@ -654,7 +654,7 @@ def honest_graph_timings(points: list[dict], sampler: str, device: str | None = 
 
 def plan_choice(points: list[dict]) -> dict:
     """The fastest variant per measured point (warm graph replay) as `SHAPE_PLANS` entries, and the
-    dict to paste into flashspec/kernels/plan.py."""
+    dict to paste into flashspec/kernels/plan.py as the running Triton version's table."""
     from flashspec.kernels.plan import shape_bucket
 
     table: dict[tuple[int, int], dict[str, int]] = {}
@@ -667,7 +667,11 @@ def plan_choice(points: list[dict]) -> dict:
         table.setdefault(bucket, point["variants"][best]["overrides"])
         chosen[f"B={point['batch']} V={point['vocab']}"] = {"variant": best, "by": point.get("best_variant_by"),
                                                             "bucket": list(bucket)}
-    paste = "SHAPE_PLANS: dict[tuple[int, int], dict[str, int]] = {\n" + "".join(
+    import triton
+
+    from flashspec.kernels.plan import triton_version
+
+    paste = f"SHAPE_PLANS_BY_TRITON[{triton_version(triton.__version__)}] = {{\n" + "".join(
         f"    {bucket}: {overrides},\n" for bucket, overrides in sorted(table.items())) + "}"
     return {"by": "warm CUDA-graph replay, else eager where no graph was timed (ties: the first variant listed)",
             "chosen": chosen, "paste": paste}

@@ -1,7 +1,7 @@
 """Launch plans of the verify kernels: block sizes, V-splits and one launch or two, a pure function of the
 shapes and the device. `GPU_PLAN` holds the compiled-plan constants; `SHAPE_PLANS` overrides them (and picks
 the two launches, the fused single launch or the cooperative one) per (batch, vocabulary) bucket, from the
-benchmark's record."""
+benchmark's record under the installed Triton's version (`SHAPE_PLANS_BY_TRITON`)."""
 from __future__ import annotations
 
 import functools
@@ -141,23 +141,56 @@ GPU_PLAN = {
 }
 CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 16 is beyond the portable 8: Hopper allows it
 
-# Per-shape overrides of GPU_PLAN on a GPU, keyed by (batch bucket, vocabulary bucket) (`shape_bucket`).
-# From results/verify_h200.json: its "plan_choice" is the fastest variant per measured (B, V) by warm
-# CUDA-graph replay, and `flashspec bench verify` prints it as a dict to paste here. A shape with no entry
-# runs GPU_PLAN as it is. These came from the H200 run at commit 70751e3 (every variant's tokens equal the
-# reference there; the fused single launch was slowest at every point). Later runs timed the cooperative
-# launch and the programmatic dependent launch too; neither beat these entries by more than one plan moves
-# between two runs, so the entries stay (chapter 02 reads the comparison from the record).
-SHAPE_PLANS: dict[tuple[int, int], dict[str, int]] = {
-    (1, 32768): {'sample_block_v': 128, 'sample_max_tiles': 8},
-    (1, 131072): {'sample_block_v': 256, 'sample_max_tiles': 4},
-    (8, 32768): {'accept_once': 1, 'lanes': 1},
-    (8, 131072): {'accept_once': 1, 'lanes': 1, 'sample_block_v': 256, 'sample_max_tiles': 4, 'stats_block_v': 2048,
-                  'stats_max_tiles': 2},
-    (64, 32768): {'accept_once': 1, 'lanes': 1, 'sample_max_tiles': 8},
-    (64, 131072): {'accept_once': 1, 'lanes': 1, 'sample_block_v': 256, 'sample_max_tiles': 4, 'stats_block_v': 2048,
-                   'stats_max_tiles': 2},
+# Per-shape overrides of GPU_PLAN on a GPU, keyed by (batch bucket, vocabulary bucket) (`shape_bucket`), one table
+# per Triton version they were measured under: the same plan compiles to other code under another Triton (under
+# 3.9 some two-launch plans replayed in 0.4x their 3.6 time), so the fastest plan can differ. Each table is a
+# benchmark record's "plan_choice", the fastest variant per measured (B, V) by warm CUDA-graph replay on the H200,
+# which `flashspec bench verify` prints ready to paste here. Every variant's tokens equalled the reference's there.
+# (3, 6): results/verify_h200_70751e3.json (the device's own Triton). Later 3.6 runs timed the cooperative and the
+#   programmatic dependent launches too; neither beat these entries by more than one plan moves between two runs,
+#   so the entries stay (chapter 02 reads the comparison from the records).
+# (3, 9): results/verify_triton39_h200.json (commit 7e93be7, a carried Triton 3.9.0, the version CI pins). Its
+#   run replayed the (3, 6) entries too (its default plans), and chapter 02 sets the two choices side by side.
+SHAPE_PLANS_BY_TRITON: dict[tuple[int, int], dict[tuple[int, int], dict[str, int]]] = {
+    (3, 6): {
+        (1, 32768): {'sample_block_v': 128, 'sample_max_tiles': 8},
+        (1, 131072): {'sample_block_v': 256, 'sample_max_tiles': 4},
+        (8, 32768): {'accept_once': 1, 'lanes': 1},
+        (8, 131072): {'accept_once': 1, 'lanes': 1, 'sample_block_v': 256, 'sample_max_tiles': 4,
+                      'stats_block_v': 2048, 'stats_max_tiles': 2},
+        (64, 32768): {'accept_once': 1, 'lanes': 1, 'sample_max_tiles': 8},
+        (64, 131072): {'accept_once': 1, 'lanes': 1, 'sample_block_v': 256, 'sample_max_tiles': 4,
+                       'stats_block_v': 2048, 'stats_max_tiles': 2},
+    },
+    (3, 9): {
+        (1, 32768): {'sample_block_v': 256, 'sample_max_tiles': 4, 'pdl': 1},
+        (1, 131072): {'sample_block_v': 256, 'sample_max_tiles': 4, 'pdl': 1},
+        (8, 32768): {},
+        (8, 131072): {'lanes': 1, 'sample_max_tiles': 8},
+        (64, 32768): {'lanes': 1, 'sample_max_tiles': 8},
+        (64, 131072): {'accept_once': 1, 'lanes': 1, 'pdl': 1},
+    },
 }
+
+
+def triton_version(version: str) -> tuple[int, int]:
+    """(major, minor) of a Triton version string ("3.9.0", "3.6.0+git1234")."""
+    parts = version.split("+")[0].split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError) as error:
+        raise ValueError(f"cannot read a Triton version from {version!r} (expected 'MAJOR.MINOR...')") from error
+
+
+def shape_plans_for(version: str) -> dict[tuple[int, int], dict[str, int]]:
+    """The plan table measured under the newest Triton not newer than `version` (the oldest table for a Triton
+    older than every measured one)."""
+    wanted = triton_version(version)
+    measured = sorted(SHAPE_PLANS_BY_TRITON)
+    return SHAPE_PLANS_BY_TRITON[max((v for v in measured if v <= wanted), default=measured[0])]
+
+
+SHAPE_PLANS: dict[tuple[int, int], dict[str, int]] = shape_plans_for(triton.__version__)  # the installed Triton's
 BATCH_BUCKETS = (1, 8, 64)  # a batch falls in the first bucket >= it, past the last one in the last
 VOCAB_BUCKETS = (32768, 131072)
 

@@ -408,6 +408,13 @@ else:
                     f"{max(cluster_ratios):.1f}× the best other plan's at each point "
                     "(chapter 2, \"The cluster kernel, built and timed\"; "
                     + ", ".join(f"`results/{path.name}`" for path in cluster_files) + ")") if cluster_ratios else ""
+    whole39 = committed("verify_triton39_h200.json")
+    if whole39 is not None:  # the whole benchmark under the Triton CI pins
+        bar39 = whole39["results"]["verdicts"]["graph_over_floor_max"]["with_plan_choice"]
+        cluster_text += (f"; a whole benchmark under Triton {whole39['provenance']['versions']['triton']}, the version CI "
+                         f"pins, gives the replay bar {bar39['verdict']} too ({bar39['measured']:.2f}× at the worst "
+                         "point with its own plan choice, which became that version's launch-plan table; "
+                         "`results/verify_triton39_h200.json`, chapter 2, \"The whole benchmark under Triton 3.9\")")
     add_claim(
         KERNEL_CLAIM,
         ("reproduced" if eager_met and floor_met else "half reproduced" if eager_met or floor_met
@@ -948,6 +955,21 @@ def adaptive_speed_note() -> str:
             "for the generalist alone: there it did not match the best fixed choice")
 
 
+def priced_note() -> str:
+    """gamma-ts pricing a change of draft, two samples of one build, if committed."""
+    runs = [committed(name) for name in ("real_pool_gamma_ts_priced_h200.json",
+                                         "real_pool_gamma_ts_priced_rerun_h200.json")]
+    parts = [run["results"]["adaptive_gamma"] for run in runs if run is not None]
+    if not parts:
+        return ""
+    ours = [part["adaptive_by_policy"]["gamma-ts"]["vs_best_fixed"] for part in parts]
+    return (f". With a change of draft priced, {len(parts)} samples of one build made {min(ours):.2f}–{max(ours):.2f}× "
+            "the best fixed γ, the policy moving far more than the fixed contestants: it took each arm's cost as a "
+            "point estimate, so an arm judged on a few slow steps could be shut out. It now draws costs too (tested "
+            "in simulation); that version's H200 run was cut by the device limit and is unmeasured "
+            "(`results/real_pool_gamma_ts_priced_h200.json`, `results/real_pool_gamma_ts_priced_rerun_h200.json`)")
+
+
 if REAL_GAMMA_TS is None:
     add_claim(GAMMA_TS_CLAIM, "pending: `--parts adaptive_gamma` of `experiments/real_pool.py` on a GPU",
               f"{REAL_GAMMA_TS_FILE} (not committed yet)")
@@ -972,7 +994,7 @@ else:
            f"{movement:.1%}, and gamma-ts is {gap:.1%} below the best fixed γ"),
         f"{real_source(REAL_GAMMA_TS, REAL_GAMMA_TS_FILE)}, `adaptive_gamma` (T = 1, the blocks stream, "
         f"{REAL_GAMMA_TS['settings']['requests']} requests, every graph captured before timing, each policy starting "
-        "with no cost measured)" + adaptive_speed_note() + "; chapter 5")
+        "with no cost measured)" + adaptive_speed_note() + priced_note() + "; chapter 5")
     print_wrapped(f"gamma-ts: {ours['vs_best_fixed']:.3f}x the best fixed γ; Thompson {theirs['vs_best_fixed']:.3f}x")
 
 # %% [markdown]

@@ -515,7 +515,7 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
             assert row["launches"] == (1 if one_launch else 2), name
     assert set(results["verdicts"]) == set(TARGETS)
     assert results["verdicts"]["honest_over_eager_at_batch_64"]["as_run"]["verdict"] == "NOT MEASURED"
-    assert results["plan_choice"]["paste"].startswith("SHAPE_PLANS")
+    assert results["plan_choice"]["paste"].startswith("SHAPE_PLANS_BY_TRITON[(")
     assert record["settings"]["targets"] == TARGETS
 
 
@@ -539,6 +539,35 @@ def test_plan_choice_skips_diagnostic_and_wrong_variants() -> None:
     assert point["best_variant"] == "two_launch_sample_bv256" and point["best_variant_eager"] == "two_launch"
     assert point["best_graph_warm_over_floor"] == 2.5 and point["honest_over_best_eager"] == 400.0 / 45.0
     assert "(8, 32768): {'sample_block_v': 256}" in plan_choice([point])["paste"]
+
+
+PLAN_RECORDS = {(3, 6): "verify_h200_70751e3", (3, 9): "verify_triton39_h200"}  # where each plan table came from
+
+
+def test_shape_plans_follow_the_installed_triton() -> None:
+    """One launch-plan table per Triton version measured, each the plan choice of a committed H200 record made
+    under that version; a Triton reads the newest table not newer than it (older than all: the oldest)."""
+    import triton
+
+    from flashspec import provenance
+    from flashspec.bench import PLAN_VARIANTS, plan_choice
+    from flashspec.kernels import plan
+
+    assert plan.triton_version("3.9.0") == (3, 9) and plan.triton_version("3.6.0+git1a2b3c") == (3, 6)
+    with pytest.raises(ValueError, match="cannot read a Triton version from 'nightly'"):
+        plan.triton_version("nightly")
+    tables = plan.SHAPE_PLANS_BY_TRITON
+    assert plan.shape_plans_for("3.9.0") is tables[(3, 9)] and plan.shape_plans_for("3.10.1") is tables[(3, 9)]
+    assert plan.shape_plans_for("3.8.0") is tables[(3, 6)] and plan.shape_plans_for("3.0.0") is tables[(3, 6)]
+    assert plan.SHAPE_PLANS is plan.shape_plans_for(triton.__version__)
+    buckets = {(b, v) for b in plan.BATCH_BUCKETS for v in plan.VOCAB_BUCKETS}
+    assert set(tables) == set(PLAN_RECORDS)
+    for version, table in tables.items():
+        assert set(table) == buckets and all(entry in PLAN_VARIANTS.values() for entry in table.values()), version
+        record = provenance.load_result(PLAN_RECORDS[version])
+        assert plan.triton_version(record["provenance"]["versions"]["triton"]) == version
+        choice = plan_choice(record["results"]["points"])["paste"]
+        assert all(f"{bucket}: {entry}," in choice for bucket, entry in table.items()), (version, choice)
 
 
 def test_cluster_over_others_compares_the_fastest_correct_plans() -> None:
