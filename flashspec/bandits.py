@@ -479,16 +479,16 @@ class GammaThompsonSampling(ThompsonSampling):
     learn each γ from its own steps; here a step at γ = 2 also tells what γ = 6 would give.
     Measured costs are drawn too: c̃_a = c_a exp(σ z / √n_a), z standard normal, σ the pooled spread of log
     step times (`StepCosts.spread`) and n_a the steps behind the estimate (at most the moving average's
-    effective count). With point costs one slow step of the best arm (on a shared GPU, ~3 % of steps)
-    could shut it out for good: its estimate only moves when it is played. Every arm is first played
-    until `min_cost_steps` steps measure it.
+    effective count). With point costs, a few slow steps of the best arm could shut it out for good: its
+    estimate only moves when it is played. Every arm is first played until `min_cost_steps` steps
+    measure it.
 
     The arm structure and costs come from `bind_arms(arms, costs)`, which the engines call at the start of
     every `generate`, or from the `arms=` argument: `arms` is a list of (draft index, γ) and `costs` a
     `flashspec.rewards.StepCosts` (read at every select, so measured costs count as they arrive) or fixed
     per-arm costs; with no costs every arm costs 1. An arm measured by fewer than `min_cost_steps` steps
-    is played first (the least played of them), so no arm is compared before its cost is measured. A `StepCosts` that
-    the engine tells which steps changed draft also prices a switch: an arm of another draft than the
+    is played first (the least played of them), so no arm is compared before its cost is measured. A
+    `StepCosts` that the engine tells which steps changed draft also prices a switch: an arm of another draft than the
     last one played is compared at its switching cost (`StepCosts.costs_when`), so drafts that differ little are
     not swapped at a catch-up's price. Unbound, every arm is a draft of its own at γ = 1: plain Thompson
     sampling on acceptance.
@@ -568,7 +568,8 @@ class GammaThompsonSampling(ThompsonSampling):
         if not self._measured():
             return np.broadcast_to(flat, (self._rows, self.n_arms))
         switched = (self.last_draft[:, None] >= 0) & (self._arm_draft[None, :] != self.last_draft[:, None])
-        stay, go = (np.array([np.nan if c is None else c for c in self._costs.costs_when(kind)]) for kind in (False, True))
+        stay, go = (np.array([np.nan if c is None else c for c in self._costs.costs_when(kind)])
+                    for kind in (False, True))
         costs = np.where(switched, go, stay)
         spread = self._costs.spread()
         if not spread:
