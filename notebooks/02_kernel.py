@@ -513,9 +513,10 @@ for batch in (1, 8, 64):
 # launch**: each program writes the partials of its slice of all $2\gamma+1$ rows, and the last program of each row
 # (the same atomic ticket) runs the accept test and streams the one position it samples over the whole row itself —
 # one launch fewer, but one program streams that row alone. Both plans give the same tokens for the same slices;
-# `flashspec.kernels.plan.SHAPE_PLANS` picks one per batch size and vocabulary from the benchmark's record. Counter-based uniforms are
-# generated inside the kernels (no uniform tensors in memory), offsets are int64, padded lanes are $-\infty$, and
-# the sample has the empty-residual fallback of step 4.
+# `flashspec.kernels.plan.SHAPE_PLANS` picks one per batch size and vocabulary from the benchmark's record under the
+# installed Triton's version (`SHAPE_PLANS_BY_TRITON`). Counter-based uniforms are generated inside the kernels (no
+# uniform tensors in memory), offsets are int64, padded lanes are $-\infty$, and the sample has the empty-residual
+# fallback of step 4.
 #
 # That is the temperature-only path. With top-k or top-p, `flashspec.kernels` first truncates the logits in PyTorch,
 # outside the two launches: it divides a float32 copy of the target and of the draft logits by $T$, masks the tokens
@@ -712,7 +713,8 @@ display(plots.plot_verify_benchmark(verify_record))
 # The targets, with the verdicts computed from the measurements. The bars: the warm graph replay within 2× the
 # floor at every point; the eager step at least 10× faster than the honest baseline at $B \le 8$ and 3× at
 # $B = 64$. `with_plan_choice` is the fastest launch plan the run measured at each point (one launch or two, tile
-# sizes) — what the default becomes once its `plan_choice` is copied into `flashspec.kernels.plan.SHAPE_PLANS`.
+# sizes) — what the default becomes once its `plan_choice` is copied into `flashspec.kernels.plan.SHAPE_PLANS_BY_TRITON`
+# as that Triton version's table.
 # The eager bars compare two host-bound timings that move between runs; a record that keeps each timing's 20th and
 # 80th percentiles is also judged at both ends of that spread, and a bar the ends disagree on is `WITHIN SPREAD`,
 # not a pass or a miss. A record without spreads is judged on medians only; the cell then compares its honest
