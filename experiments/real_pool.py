@@ -16,7 +16,8 @@ Every timed stream of parts 3, 4 and 6 is first served once untimed, with the sa
 the graphs it replays are captured before timing; each records `graph_captures`, the CUDA graphs captured inside
 its timing anyway (a policy rewarded by step times can leave the replay's arms).
 
-Every part is written to the JSON as soon as it is done; a part that fails records its error.
+Every part is written to the JSON as soon as it is done (the speed part per sampling setting, the adaptive-γ part
+per contestant, marked "partial" until it ends); a part that fails records its error beside what it wrote.
 
     python experiments/real_pool.py --out results/real_pool_h200.json
 """
@@ -150,8 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[real_pool] {name} ...", flush=True)
         try:
             value = work()
-        except Exception as error:  # noqa: BLE001  record it, go on with the other parts
-            results[name] = {"error": f"{type(error).__name__}: {error}", "traceback": traceback.format_exc()[-3000:]}
+        except Exception as error:  # noqa: BLE001  record it (beside what the part wrote so far), go on
+            so_far = results.get(name) if isinstance(results.get(name), dict) else {}
+            results[name] = {**so_far, "error": f"{type(error).__name__}: {error}",
+                             "traceback": traceback.format_exc()[-3000:]}
             print(results[name]["traceback"], flush=True)
             value = None
         else:
@@ -341,12 +344,18 @@ def main(argv: list[str] | None = None) -> int:
         sampling_t = 1.0
         kept = ("tokens_per_s", "tokens_per_step", "mean_acceptance", "graph_captures")
         out: dict[str, Any] = {"fixed": {}}
+
+        def keep_so_far() -> None:  # a run cut by its time limit keeps every contestant that finished
+            results["adaptive_gamma"] = {**out, "partial": True}
+            write()
+
         for gamma in args.gammas:
             decoder = fast if gamma == args.gamma else FastSpeculativeDecoder(
                 pool.target, list(drafts.values()), policy="fixed", gamma=gamma, compile=args.compile)
             run = switching.serve_stream(pool.target, drafts, blocks, make_policy("thompson", len(names), seed=0),
                                          gamma, args.new_tokens, sampling_t, decoder=decoder, warm_up="all")
             out["fixed"][str(gamma)] = {k: run[k] for k in kept}
+            keep_so_far()
         decoder = FastSpeculativeDecoder(pool.target, list(drafts.values()), policy="fixed", gamma=max(args.gammas),
                                          gammas=args.gammas, compile=args.compile)
         arms = len(decoder.arms)
@@ -364,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
             entry["gamma_share_per_domain"] = chosen_gamma_per_domain(run, blocks, arm_gammas)
             entry["vs_best_fixed"] = entry["tokens_per_s"] / out["fixed"][best]["tokens_per_s"]
             out["adaptive_by_policy"][policy] = entry
+            keep_so_far()
         first = args.gamma_policies[0]
         out["adaptive"] = out["adaptive_by_policy"][first]  # the first policy's run, under its older name
         out["adaptive_vs_best_fixed"] = out["adaptive"]["vs_best_fixed"]

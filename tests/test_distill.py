@@ -147,6 +147,20 @@ def test_a_gpu_pool_refuses_to_build_on_a_cpu_by_default(micro_cache: Path, monk
     assert "needs a CUDA GPU" in capsys.readouterr().err
 
 
+def test_real_pool_keeps_the_contestants_a_failed_or_cut_part_finished(micro_cache: Path, tmp_path: Path) -> None:
+    """The adaptive-γ part writes each contestant as it finishes, marked partial: a device call cut by its time
+    limit keeps them, and a failure records its error beside them."""
+    from experiments import real_pool
+
+    out = tmp_path / "pool.json"
+    real_pool.main(["--size", "micro-distill", "--out", str(out), "--requests", "2", "--block", "1", "--new-tokens", "4",
+                    "--device", "cpu", "--gammas", "2", "--parts", "adaptive_gamma",
+                    "--gamma-policies", "thompson", "no-such-policy"])
+    part = json.loads(out.read_text())["results"]["adaptive_gamma"]
+    assert part["partial"] is True and list(part["fixed"]) == ["2"] and list(part["adaptive_by_policy"]) == ["thompson"]
+    assert "no-such-policy" in part["error"]
+
+
 def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, tmp_path: Path) -> None:
     from experiments import real_pool
 
