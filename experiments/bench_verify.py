@@ -31,7 +31,10 @@ NOTES = ("floor_us = max(empty_launch_us, logit_bytes / bandwidth): one empty Tr
          "(kernels.plan.SHAPE_PLANS at the measured commit), triton_api_us is fs.verify(backend='triton') with its "
          "argument checks. honest_torch_us is flashspec.baseline.verify_pytorch (softmax, gather, rand, "
          "multinomial), timed the same way (do_bench of one call); honest_race_* is the same with an exponential "
-         "race (capturable); torch_us is the bit-exact reference, the correctness oracle. variants: every "
+         "race (capturable); torch_us is the bit-exact reference, the correctness oracle. *_latency_us (and a "
+         "variant's latency_us): one call from an idle GPU to its last kernel's end, the host's launch included (L2 "
+         "flushed and the device synchronised before each call, CUDA events around it); the eager bars are judged "
+         "on it where recorded, since do_bench overlaps the host's launch with its L2 flush. variants: every "
          "launch-plan variant (GPU_PLAN overrides); plan_choice: the fastest by warm graph replay per point.")
 
 

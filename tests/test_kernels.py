@@ -497,6 +497,7 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
         assert all(row["tokens_equal_reference"] for row in point["variants"].values() if "error" not in row), \
             point["variants"]
         assert point["honest_torch_us"] > 0 and point["honest_over_triton"] is not None
+        assert point["honest_torch_latency_us"] > 0 and point["honest_over_triton_latency"] is not None
         assert point["best_variant"] in PLAN_VARIANTS and not is_diagnostic(PLAN_VARIANTS[point["best_variant"]])
         assert "honest_torch_graph_error" in point or "honest_torch_graph_warm_us" in point
         # the dependency-chain floor, for every two-launch plan: a CUDA graph replay on a GPU, an error on a CPU
@@ -515,6 +516,7 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
             assert row["launches"] == (1 if one_launch else 2), name
     assert set(results["verdicts"]) == set(TARGETS)
     assert results["verdicts"]["honest_over_eager_at_batch_64"]["as_run"]["verdict"] == "NOT MEASURED"
+    assert results["verdicts"]["honest_over_eager_min_for_batch_le_8"]["timing"].startswith("one call from an idle")
     assert results["plan_choice"]["paste"].startswith("SHAPE_PLANS_BY_TRITON[(")
     assert record["settings"]["targets"] == TARGETS
 
@@ -729,3 +731,29 @@ def test_verdicts_judge_the_eager_bars_at_both_ends_of_the_spread() -> None:
     del old["honest_torch_us_spread"]
     old.update(bench.point_ratios(old))
     assert bench.verdicts([old])["honest_over_eager_min_for_batch_le_8"]["as_run"]["verdict"] == "PASS"  # 1000/87.5
+    assert bars["honest_over_eager_at_batch_64"]["timing"].startswith("do_bench")
+
+
+def test_eager_bars_use_the_launch_included_latency_where_recorded() -> None:
+    """A record with each call's latency from an idle GPU judges the eager bars on it (do_bench's times overlap
+    the host's launch with its L2 flush); one without it keeps do_bench's times."""
+    from flashspec import bench
+
+    row = {"batch": 8, "vocab": 32000, "floor_us": 3.0, "triton_us": 20.0, "honest_torch_us": 500.0,
+           "torch_us": 1.0, "floor_bytes_us": 1.0, "honest_torch_us_spread": [480.0, 520.0],
+           "triton_us_spread": [18.0, 22.0],  # 25x by do_bench
+           "honest_torch_latency_us": 600.0, "honest_torch_latency_us_spread": [580.0, 620.0],
+           "triton_latency_us": 80.0, "triton_latency_us_spread": [75.0, 85.0],  # 7.5x from an idle GPU
+           "variants": {"two_launch": {"overrides": {}, "eager_us": 20.0, "eager_us_spread": [18.0, 22.0],
+                                       "latency_us": 50.0, "latency_us_spread": [45.0, 55.0], "graph_warm_us": 9.0,
+                                       "tokens_equal_reference": True}}}
+    row.update(bench.point_ratios(row))
+    bar = bench.verdicts([row])["honest_over_eager_min_for_batch_le_8"]
+    assert bar["timing"] == "one call from an idle GPU, launch included"
+    assert bar["as_run"]["measured"] == pytest.approx(7.5) and bar["as_run"]["verdict"] == "MISS"
+    assert bar["with_plan_choice"]["measured"] == pytest.approx(12.0) and bar["with_plan_choice"]["verdict"] == "PASS"
+    assert bar["as_run"]["range"] == pytest.approx([580 / 85, 620 / 75])
+    for key in ("honest_torch_latency_us", "triton_latency_us"):
+        del row[key]
+    row.update(bench.point_ratios(row))
+    assert bench.verdicts([row])["honest_over_eager_min_for_batch_le_8"]["as_run"]["measured"] == pytest.approx(25.0)
