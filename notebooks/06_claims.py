@@ -385,8 +385,10 @@ else:
     def shown(name: str) -> str:
         row = verdicts[name]["with_plan_choice"]
         spread = row.get("range")
+        timing = verdicts[name].get("timing")  # how the eager step was timed, where the record says
         return (f"{row['verdict']} ({row['measured']:.2f}"
-                + (f", {spread[0]:.2f}–{spread[1]:.2f} within the spread" if spread else "") + ")")
+                + (f", {spread[0]:.2f}–{spread[1]:.2f} within the spread" if spread else "")
+                + (f"; timing: {timing}" if timing else "") + ")")
 
     eager_met = all(verdicts[name]["with_plan_choice"]["verdict"] == "PASS"
                     for name in ("honest_over_eager_min_for_batch_le_8", "honest_over_eager_at_batch_64"))
