@@ -478,8 +478,7 @@ class GammaThompsonSampling(ThompsonSampling):
     per unit of step cost, (1 + α̃ + ... + α̃^γ_a) / c̃_a. Independent arms with a throughput reward must
     learn each γ from its own steps; here a step at γ = 2 also tells what γ = 6 would give.
     Measured costs are drawn too: c̃_a = c_a exp(σ z / √n_a), z standard normal, σ the pooled spread of log
-    step times (`StepCosts.spread`) and n_a the steps behind the estimate (at most the moving average's
-    effective count). With point costs, a few slow steps of the best arm could shut it out for good: its
+    step times (`StepCosts.spread`) and n_a the steps behind the estimate (at most its `window`). With point costs, a few slow steps of the best arm could shut it out for good: its
     estimate only moves when it is played. Every arm is first played until `min_cost_steps` steps
     measure it.
 
@@ -574,9 +573,8 @@ class GammaThompsonSampling(ThompsonSampling):
         spread = self._costs.spread()
         if not spread:
             return costs
-        effective = (2.0 - self._costs.smoothing) / self._costs.smoothing  # a moving average's sample size
         steps = np.where(switched, *(np.array(self._costs.steps_when(kind), dtype=float) for kind in (True, False)))
-        scale = spread / np.sqrt(np.clip(steps, 1.0, effective))
+        scale = spread / np.sqrt(np.clip(steps, 1.0, self._costs.window))  # the estimate's steps, at most its window
         return costs * np.exp(scale * self.rng.standard_normal(costs.shape))
 
     def draft_posterior(self) -> tuple[np.ndarray, np.ndarray]:

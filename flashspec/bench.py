@@ -108,9 +108,6 @@ def _do_bench_spread_us(fn: Callable[[], object], warmup_ms: float = 25, rep_ms:
     return 1e3 * float(median), [1e3 * float(low), 1e3 * float(high)]
 
 
-L2_FLUSH_BYTES = 256 * 2**20  # what triton.testing.do_bench writes to flush the L2 cache between calls
-
-
 def _latency_spread_us(fn: Callable[[], object], reps: int = 50) -> tuple[float, list[float]]:
     """(median, [20th, 80th percentile]) µs of one call from an idle GPU to the end of its last kernel, the host's
     launch included: the L2 flushed and the device synchronised before each call, CUDA events around it. The eager
@@ -120,12 +117,15 @@ def _latency_spread_us(fn: Callable[[], object], reps: int = 50) -> tuple[float,
     on either side from run to run. Without a GPU (the CPU smoke run): `_do_bench_spread_us`'s host-timed calls."""
     if not _on_gpu():
         return _do_bench_spread_us(fn)
-    flush = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda")
+    from triton.runtime import driver
+
+    device = driver.active
+    cache = device.get_empty_cache_for_benchmark()  # the buffer do_bench writes to flush the L2
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     fn()
     samples = []
     for _ in range(reps):
-        flush.zero_()
+        device.clear_cache(cache)
         torch.cuda.synchronize()
         start.record()
         fn()
