@@ -10,6 +10,7 @@ import argparse
 import cProfile
 import json
 import pstats
+import statistics
 import time
 
 import torch
@@ -18,6 +19,19 @@ from flashspec import provenance, rng
 from flashspec.bench import make_inputs
 from flashspec.kernels import prepare_verify
 from flashspec.sampling import SamplingParams
+
+
+def _wall_us(fn, calls: int) -> float:
+    """Host wall-clock µs per call of `calls` back-to-back calls, median of 5 rounds, synchronised after each."""
+    rounds = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        rounds.append((time.perf_counter() - started) / calls * 1e6)
+    torch.cuda.synchronize()
+    return statistics.median(rounds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -37,14 +51,17 @@ def main(argv: list[str] | None = None) -> int:
     def step():
         return prepare_verify(target, draft, tokens, params, key).run()
 
+    def prepare():
+        return prepare_verify(target, draft, tokens, params, key)
+
+    prepared = prepare()
     for _ in range(50):
         step()
     torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(args.calls):
-        step()
-    wall_us = (time.perf_counter() - started) / args.calls * 1e6
-    torch.cuda.synchronize()
+    wall_us = _wall_us(step, args.calls)
+    split = {"prepare_us_per_call": _wall_us(prepare, args.calls),  # the host work before the launches
+             "run_us_per_call": _wall_us(prepared.run, args.calls),  # the launches of one prepared step
+             "launches_per_step": prepared.plan.launches}
     profiler = cProfile.Profile()
     profiler.enable()
     for _ in range(args.calls):
@@ -59,10 +76,11 @@ def main(argv: list[str] | None = None) -> int:
     rows.sort(key=lambda row: -row["own_us_per_step"])
     record = {"provenance": provenance.record("python experiments/verify_host_profile.py", args.git_sha),
               "settings": vars(args) | {"gamma": 4, "dtype": "bfloat16", "temperature": 1.0},
-              "results": {"wall_us_per_call_unprofiled": wall_us, "top_own_time": rows[:40]}}
+              "results": {"wall_us_per_call_unprofiled": wall_us, **split, "top_own_time": rows[:40]}}
     with open(args.out, "w") as handle:
         json.dump(record, handle, indent=1)
-    print(f"wall {wall_us:.1f} us per call (unprofiled)")
+    print(f"wall {wall_us:.1f} us per call (unprofiled): prepare {split['prepare_us_per_call']:.1f}, "
+          f"run {split['run_us_per_call']:.1f} ({split['launches_per_step']} launches)")
     for row in rows[:25]:
         print(f"{row['own_us_per_step']:8.2f} us own {row['cumulative_us_per_step']:8.2f} cum "
               f"{row['calls_per_step']:5.1f}x  {row['function']}")
