@@ -128,6 +128,19 @@ def chosen_gamma_per_domain(run: dict[str, Any], requests: list[switching.Reques
     return {d: {str(g): n / sum(per.values()) for g, n in sorted(per.items())} for d, per in counts.items()}
 
 
+def step_ms_by_gamma(run: dict[str, Any], arm_gammas: list[int]) -> dict[str, dict[str, float]]:
+    """Each γ's measured step times in a served stream (ms): steps, mean, median and 90th percentile. A policy
+    that weighs costs wants the mean (tokens per second is tokens over total time); the median shows how far a
+    robust estimate of the same steps lies from it, and the fixed-γ decoders' rows show what a γ costs where it
+    is the only one."""
+    times: dict[int, list[float]] = {}
+    for arm, seconds in zip(run["arm_trace"], run["latency_trace"]):
+        times.setdefault(arm_gammas[arm], []).append(1e3 * seconds)
+    return {str(gamma): {"steps": len(ms), "mean_ms": statistics.fmean(ms), "median_ms": statistics.median(ms),
+                         "p90_ms": statistics.quantiles(ms, n=10)[-1] if len(ms) > 1 else ms[0]}
+            for gamma, ms in sorted(times.items())}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device) if args.device else fs.models.default_device()
@@ -355,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             run = switching.serve_stream(pool.target, drafts, blocks, make_policy("thompson", len(names), seed=0),
                                          gamma, args.new_tokens, sampling_t, decoder=decoder, warm_up="all")
             out["fixed"][str(gamma)] = {k: run[k] for k in kept}
+            out["fixed"][str(gamma)]["step_ms"] = step_ms_by_gamma(run, [gamma] * len(decoder.arms))[str(gamma)]
             keep_so_far()
         decoder = FastSpeculativeDecoder(pool.target, list(drafts.values()), policy="fixed", gamma=max(args.gammas),
                                          gammas=args.gammas, compile=args.compile)
@@ -371,6 +385,10 @@ def main(argv: list[str] | None = None) -> int:
                                          args.new_tokens, sampling_t, decoder=decoder, warm_up="all")
             entry = {k: run[k] for k in kept}
             entry["gamma_share_per_domain"] = chosen_gamma_per_domain(run, blocks, arm_gammas)
+            entry["step_ms_by_gamma"] = step_ms_by_gamma(run, arm_gammas)
+            # what the policy's cost source believed at the end (each arm's running median), per (draft, γ)
+            entry["cost_estimates_ms"] = {f"{names[draft]}@γ={gamma}": None if cost is None else 1e3 * cost
+                                          for (draft, gamma), cost in zip(decoder.arms, decoder.step_costs.costs)}
             entry["vs_best_fixed"] = entry["tokens_per_s"] / out["fixed"][best]["tokens_per_s"]
             out["adaptive_by_policy"][policy] = entry
             keep_so_far()

@@ -121,7 +121,7 @@ def serve_stream(target: torch.nn.Module, drafts: dict[str, torch.nn.Module], re
     the replay, then `FastSpeculativeDecoder.capture_graphs` over every length the stream's rows can reach,
     so the timed stream captures nothing whatever the policy picks (a fast decoder only).
     Returns totals, tokens/s (generation wall time only), acceptance, the per-step arm trace with the
-    request index of each step, and `graph_captures`: CUDA graphs captured inside the timed stream
+    request index and the measured latency (`StepRecord.latency_s`) of each step, and `graph_captures`: CUDA graphs captured inside the timed stream
     (`FastSpeculativeDecoder.graphs_captured`: 0 when it runs without graphs; None for the eager engine).
     """
     from flashspec.drafters import ModelDrafter
@@ -156,7 +156,7 @@ def serve_stream(target: torch.nn.Module, drafts: dict[str, torch.nn.Module], re
         "mean_acceptance": stats.acceptance_rate(run["accepted"], run["drafted"]),
         "token_acceptance": stats.token_acceptance_from_counts(run["accepted"], run["rejections"]),
         "arm_share": {name: float(np.mean(arms == a)) for a, name in enumerate(drafts)},
-        **{key: run[key] for key in ("arm_trace", "accepted_trace", "request_of_step")},
+        **{key: run[key] for key in ("arm_trace", "accepted_trace", "request_of_step", "latency_trace")},
         "graph_captures": None if captured_before is None else decoder.graphs_captured - captured_before,
     }
 
@@ -166,7 +166,7 @@ def _serve(decoder: Any, requests: list[Request], sampling: SamplingParams, max_
     """One pass over `requests` (request i with seed `seed` + i) under the decoder's policy: generation wall
     time, token and step counts, and the per-step traces."""
     device = decoder.device
-    arms, accepted_trace, request_of_step = [], [], []
+    arms, accepted_trace, request_of_step, latency_trace = [], [], [], []
     total_s = 0.0
     generated = accepted = drafted = rejections = steps = 0
     for index, request in enumerate(requests):
@@ -184,13 +184,14 @@ def _serve(decoder: Any, requests: list[Request], sampling: SamplingParams, max_
             arms.append(record.arm)
             accepted_trace.append(sum(record.num_accepted))
             request_of_step.append(index)
+            latency_trace.append(record.latency_s)
             accepted += sum(record.num_accepted)
             drafted += record.gamma * len(record.num_accepted)
             rejections += sum(1 for n in record.num_accepted if n < record.gamma)
             steps += 1
     return {"generated_tokens": generated, "seconds": total_s, "steps": steps, "accepted": accepted,
             "drafted": drafted, "rejections": rejections, "arm_trace": arms, "accepted_trace": accepted_trace,
-            "request_of_step": request_of_step}
+            "request_of_step": request_of_step, "latency_trace": latency_trace}
 
 
 def contestants(n_arms: int, draft_names: list[str], best_arm: dict[str, int],

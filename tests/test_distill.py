@@ -196,3 +196,13 @@ def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, 
     assert set(results["quality"]["acceptance_greedy"]) == {"python", "prose", "cpp", "general"}
     shares = results["adaptive_gamma"]["adaptive"]["gamma_share_per_domain"]
     assert all(abs(sum(per.values()) - 1) < 1e-9 for per in shares.values())
+    # each contestant's measured step times per γ, and what gamma-ts's cost source held at the end
+    gamma_part = results["adaptive_gamma"]
+    for gamma, run in gamma_part["fixed"].items():
+        assert run["step_ms"]["steps"] > 0 and 0 < run["step_ms"]["median_ms"] <= run["step_ms"]["p90_ms"], gamma
+    for run in by_policy.values():
+        assert set(run["step_ms_by_gamma"]) <= {"2", "4"} and sum(
+            row["steps"] for row in run["step_ms_by_gamma"].values()) > 0
+    estimates = by_policy["gamma-ts"]["cost_estimates_ms"]
+    assert len(estimates) == 8 and {key.split("@")[1] for key in estimates} == {"γ=2", "γ=4"}
+    assert all(ms is None or ms > 0 for ms in estimates.values())
