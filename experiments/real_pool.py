@@ -141,6 +141,18 @@ def step_ms_by_gamma(run: dict[str, Any], arm_gammas: list[int]) -> dict[str, di
             for gamma, ms in sorted(times.items())}
 
 
+def cost_estimates(costs: StepCosts, labels: list[str]) -> dict[str, Any]:
+    """What a policy's cost source believed at the end of a stream, per arm (`labels`): the running medians
+    over all steps, over steps that kept the draft and over steps that changed it (ms; None: not measured),
+    the steps behind each, and the pooled spread of log step times that gamma-ts draws costs with."""
+    def ms(values: list[float | None]) -> dict[str, float | None]:
+        return {label: None if value is None else 1e3 * value for label, value in zip(labels, values)}
+
+    return {"all_ms": ms(costs.costs), "stay_ms": ms(costs.stay_costs), "switch_ms": ms(costs.switch_costs),
+            "steps": {kind: dict(zip(labels, counts)) for kind, counts in costs.steps.items()},
+            "log_spread": costs.spread()}
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     device = torch.device(args.device) if args.device else fs.models.default_device()
@@ -386,9 +398,8 @@ def main(argv: list[str] | None = None) -> int:
             entry = {k: run[k] for k in kept}
             entry["gamma_share_per_domain"] = chosen_gamma_per_domain(run, blocks, arm_gammas)
             entry["step_ms_by_gamma"] = step_ms_by_gamma(run, arm_gammas)
-            # what the policy's cost source believed at the end (each arm's running median), per (draft, γ)
-            entry["cost_estimates_ms"] = {f"{names[draft]}@γ={gamma}": None if cost is None else 1e3 * cost
-                                          for (draft, gamma), cost in zip(decoder.arms, decoder.step_costs.costs)}
+            entry["cost_estimates"] = cost_estimates(decoder.step_costs,
+                                                     [f"{names[draft]}@γ={gamma}" for draft, gamma in decoder.arms])
             entry["vs_best_fixed"] = entry["tokens_per_s"] / out["fixed"][best]["tokens_per_s"]
             out["adaptive_by_policy"][policy] = entry
             keep_so_far()

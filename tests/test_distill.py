@@ -203,6 +203,9 @@ def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, 
     for run in by_policy.values():
         assert set(run["step_ms_by_gamma"]) <= {"2", "4"} and sum(
             row["steps"] for row in run["step_ms_by_gamma"].values()) > 0
-    estimates = by_policy["gamma-ts"]["cost_estimates_ms"]
-    assert len(estimates) == 8 and {key.split("@")[1] for key in estimates} == {"γ=2", "γ=4"}
-    assert all(ms is None or ms > 0 for ms in estimates.values())
+    estimates = by_policy["gamma-ts"]["cost_estimates"]
+    assert len(estimates["all_ms"]) == 8 and {key.split("@")[1] for key in estimates["all_ms"]} == {"γ=2", "γ=4"}
+    assert all(ms is None or ms > 0 for kind in ("all_ms", "stay_ms", "switch_ms") for ms in estimates[kind].values())
+    # every stream step fed the estimates (the warm-up's measurements were put back before timing)
+    assert sum(estimates["steps"]["all"].values()) >= sum(row["steps"] for row in by_policy["gamma-ts"]["step_ms_by_gamma"].values())
+    assert estimates["log_spread"] is None or estimates["log_spread"] >= 0
