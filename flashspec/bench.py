@@ -117,23 +117,60 @@ def _latency_spread_us(fn: Callable[[], object], reps: int = 50) -> tuple[float,
     on either side from run to run. Without a GPU (the CPU smoke run): `_do_bench_spread_us`'s host-timed calls."""
     if not _on_gpu():
         return _do_bench_spread_us(fn)
+    timer = _idle_call_timer()
+    fn()
+    return _median_spread([timer(fn) for _ in range(reps)])
+
+
+def _median_spread(samples: list[float]) -> tuple[float, list[float]]:
+    """(median, [20th, 80th percentile]) of some samples."""
+    quantiles = statistics.quantiles(samples, n=5)  # 20th, 40th, 60th, 80th percentiles
+    return statistics.median(samples), [quantiles[0], quantiles[-1]]
+
+
+def _idle_call_timer() -> Callable[[Callable[[], object]], float]:
+    """A function timing one call (µs) from an idle GPU with its launch included: the L2 flushed with the buffer
+    `do_bench` writes, the device synchronised, CUDA events around the call. Without a GPU: host-timed."""
+    if not _on_gpu():
+        def host_timed(fn: Callable[[], object]) -> float:
+            start = time.perf_counter()
+            fn()
+            return (time.perf_counter() - start) * 1e6
+        return host_timed
     from triton.runtime import driver
 
     device = driver.active
-    cache = device.get_empty_cache_for_benchmark()  # the buffer do_bench writes to flush the L2
+    cache = device.get_empty_cache_for_benchmark()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    fn()
-    samples = []
-    for _ in range(reps):
+
+    def timed(fn: Callable[[], object]) -> float:
         device.clear_cache(cache)
         torch.cuda.synchronize()
         start.record()
         fn()
         end.record()
         end.synchronize()
-        samples.append(1e3 * start.elapsed_time(end))
-    quantiles = statistics.quantiles(samples, n=5)  # 20th, 40th, 60th, 80th percentiles
-    return statistics.median(samples), [quantiles[0], quantiles[-1]]
+        return 1e3 * start.elapsed_time(end)
+    return timed
+
+
+def _paired_ratio(numerator: Callable[[], object], denominator: Callable[[], object],
+                  reps: int = 50) -> tuple[float, list[float]]:
+    """(median, [20th, 80th percentile]) of numerator's time over denominator's, each call timed as
+    `_latency_spread_us` times it, the two alternating call by call (which goes first alternating too).
+    Host-bound calls move with the host's speed, which drifts over a run: two medians taken minutes apart can
+    differ by more than the plans they compare (one plan timed twice in one H200 run took 70 and 120 µs), while
+    a pair's two calls meet the same host, so the ratio of each pair carries the comparison."""
+    timer = _idle_call_timer()
+    reps = reps if _on_gpu() else 5  # interpreted kernels (the CPU smoke run) take ~0.1 s a call
+    numerator(), denominator()
+    ratios = []
+    for rep in range(reps):
+        first, second = (numerator, denominator) if rep % 2 == 0 else (denominator, numerator)
+        a, b = timer(first), timer(second)
+        top, bottom = (a, b) if rep % 2 == 0 else (b, a)
+        ratios.append(top / bottom)
+    return _median_spread(ratios)
 
 
 def _wall_us(fn: Callable[[], object], calls: int) -> float:
@@ -427,21 +464,30 @@ def _plan_record(prepared) -> dict:
             "sample_warps": plan.sample_warps}
 
 
-def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides: dict[str, int],
-                  expected: tuple[torch.Tensor, torch.Tensor] | None) -> dict:
-    """One launch-plan variant at one point: its grid, eager step time (do_bench) and warm graph replay,
-    and whether it returns `expected` (the reference's tokens for `key`). A failure is recorded."""
+def variant_prepare(inputs: tuple, params: SamplingParams, key: rng.Key, overrides: dict[str, int]) -> Callable:
+    """`prepare_verify` of the inputs under a launch-plan variant's overrides, as a function of no arguments."""
     from flashspec.kernels import prepare_verify
 
     tuning = tuple(sorted(overrides.items()))
     fused = True if overrides.get("fused", 0) else None  # None: the tuning decides (fused=False forbids coop)
+    return lambda: prepare_verify(*inputs, params, key, fused=fused, tuning=tuning)
 
-    def step():
-        return prepare_verify(*inputs, params, key, fused=fused, tuning=tuning).run()
 
+def variant_step(inputs: tuple, params: SamplingParams, key: rng.Key, overrides: dict[str, int]) -> Callable[[], tuple]:
+    """One eager verify step under a variant's overrides: prepared and launched on every call."""
+    prepare = variant_prepare(inputs, params, key, overrides)
+    return lambda: prepare().run()
+
+
+def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides: dict[str, int],
+                  expected: tuple[torch.Tensor, torch.Tensor] | None) -> dict:
+    """One launch-plan variant at one point: its grid, eager step time (do_bench) and warm graph replay,
+    and whether it returns `expected` (the reference's tokens for `key`). A failure is recorded."""
+    prepare = variant_prepare(inputs, params, key, overrides)
+    step = variant_step(inputs, params, key, overrides)
     row: dict = {"overrides": dict(overrides)}
     try:
-        prepared = prepare_verify(*inputs, params, key, fused=fused, tuning=tuning)
+        prepared = prepare()
         if overrides.get("cluster", 0) and not prepared.plan.cluster:  # would time another plan under its name
             import triton
 
@@ -572,6 +618,19 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
     point.update(_chain_floor(target, two.plan if prepared.plan.fused else prepared.plan))
     point["variants"] = {name: bench_variant((target, draft, tokens), params, key, overrides, expected)
                          for name, overrides in variants.items()}
+    # the eager bars' ratios, each from calls of the honest baseline and of the step timed alternately
+    best = _best_variant(point["variants"])
+    paired = {"honest_over_triton_paired": triton_step}
+    if best is not None:
+        point["paired_best_variant"] = best
+        paired["honest_over_best_paired"] = variant_step((target, draft, tokens), params, key,
+                                                         point["variants"][best]["overrides"])
+    for name, step in paired.items():
+        measured, error = _attempt(lambda: _paired_ratio(honest_step, step))
+        if error:
+            point[name + "_error"] = error
+        else:
+            point[name], point[name + "_range"] = measured
     kernels.FAST_LAUNCH = False  # Triton's own launch path, for the host-overhead comparison
     try:
         point["triton_jit_launch_us"] = _do_bench_us(triton_step)
@@ -619,12 +678,17 @@ def cluster_over_others(point: dict) -> float | None:
     return None if cluster is None or other is None else cluster[1] / other[1]
 
 
+def _best_variant(variants: dict[str, dict]) -> str | None:
+    """The plan choice at a point: the fastest warm replay, else (no graph timed) the fastest eager step."""
+    return _best(variants, "graph_warm_us") or _best(variants, "eager_us")
+
+
 def point_ratios(point: dict) -> dict:
     """The ratios of one point: against the floor, the honest baseline over the Triton step, and the same for
     the best recorded variant (what the step costs once `SHAPE_PLANS` holds this point's choice)."""
     floor = point["floor_us"]
     variants = point.get("variants", {})
-    best = _best(variants, "graph_warm_us") or _best(variants, "eager_us")  # eager: no graph could be timed
+    best = _best_variant(variants)
     best_row = variants[best] if best else {}
     ratios = {
         "triton_over_floor": _ratio(point["triton_us"], floor),
@@ -746,13 +810,23 @@ def verdicts(points: list[dict], targets: dict[str, float] = TARGETS) -> dict:
         return row
 
     def eager_bar(name: str, chosen: list[dict]) -> dict:
-        """An eager bar on the launch-included latency where every point recorded it, else on do_bench's times."""
-        latency = bool(chosen) and all(p.get("honest_over_triton_latency") is not None for p in chosen)
-        keys = (("honest_over_triton_latency", "honest_over_best_latency") if latency
-                else ("honest_over_triton", "honest_over_best_eager"))
+        """An eager bar on paired launch-included calls where every point recorded them, else on the
+        launch-included latencies' medians, else on do_bench's times."""
+        def recorded(key: str) -> bool:
+            return bool(chosen) and all(p.get(key) is not None for p in chosen)
+
+        if recorded("honest_over_triton_paired"):
+            keys, timing = (("honest_over_triton_paired", "honest_over_best_paired"),
+                            "one call from an idle GPU, launch included, the honest baseline's and the step's "
+                            "calls alternating: the median of the pairs' ratios (range: their 20th-80th percentiles)")
+        elif recorded("honest_over_triton_latency"):
+            keys, timing = (("honest_over_triton_latency", "honest_over_best_latency"),
+                            "one call from an idle GPU, launch included")
+        else:
+            keys, timing = (("honest_over_triton", "honest_over_best_eager"),
+                            "do_bench: device time, plus any host launch time past its L2 flush")
         row = bar(name, chosen, *keys, min, lambda m, t: m >= t)
-        row["timing"] = ("one call from an idle GPU, launch included" if latency
-                         else "do_bench: device time, plus any host launch time past its L2 flush")
+        row["timing"] = timing
         return row
 
     return {

@@ -680,10 +680,12 @@ def plot_cost(record: dict) -> Figure:
     """Floor, honest PyTorch baseline, the Triton step eager and warm-replayed, per (B, V), log scale;
     a series the record lacks is drawn as nothing and labelled "not measured"."""
     rows = record["results"]["points"]
+    timing = (" (one call from an idle GPU)" if eager_key(record, "triton_us").endswith("_latency_us")
+              else " (do_bench median)")
     series = [
         ("floor (one launch or bytes / bandwidth)", "floor_us", "0.3"),
-        ("honest PyTorch verify (eager)", eager_key(record, "honest_torch_us"), "C1"),
-        ("Triton step, eager (launch included)", eager_key(record, "triton_us"), "C0"),
+        ("honest PyTorch verify, eager" + timing, eager_key(record, "honest_torch_us"), "C1"),
+        ("Triton step, eager" + timing, eager_key(record, "triton_us"), "C0"),
         ("Triton step, warm CUDA-graph replay", "triton_graph_warm_us", "C2"),
     ]
     fig = Figure(figsize=(9, 4.2), layout="constrained")
@@ -739,6 +741,9 @@ display(plots.plot_verify_benchmark(verify_record))
 # also times one call from an idle GPU (flush, synchronise, then CUDA events around the call: the launch included),
 # for the Triton step, every variant and the honest baseline alike, and judges the eager bars on that where a record
 # has it (each verdict names its `timing`). The committed record has it; the columns and the figure above read it.
+# Two such medians taken minutes apart still move with the host's speed (the next cell shows how far), so the
+# benchmark now also times the honest baseline and the step alternately, call by call, and judges the eager bars on
+# the pairs' ratios where a record has them (`bench._paired_ratio`); the committed record was made before that.
 
 # %%
 eager_39 = provenance.results_dir() / "verify_triton39_h200.json"

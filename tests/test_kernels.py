@@ -498,6 +498,8 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
             point["variants"]
         assert point["honest_torch_us"] > 0 and point["honest_over_triton"] is not None
         assert point["honest_torch_latency_us"] > 0 and point["honest_over_triton_latency"] is not None
+        assert point["honest_over_triton_paired"] > 0 and len(point["honest_over_best_paired_range"]) == 2
+        assert point["paired_best_variant"] == point["best_variant"]
         assert point["best_variant"] in PLAN_VARIANTS and not is_diagnostic(PLAN_VARIANTS[point["best_variant"]])
         assert "honest_torch_graph_error" in point or "honest_torch_graph_warm_us" in point
         # the dependency-chain floor, for every two-launch plan: a CUDA graph replay on a GPU, an error on a CPU
@@ -516,7 +518,8 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
             assert row["launches"] == (1 if one_launch else 2), name
     assert set(results["verdicts"]) == set(TARGETS)
     assert results["verdicts"]["honest_over_eager_at_batch_64"]["as_run"]["verdict"] == "NOT MEASURED"
-    assert results["verdicts"]["honest_over_eager_min_for_batch_le_8"]["timing"].startswith("one call from an idle")
+    assert results["verdicts"]["honest_over_eager_min_for_batch_le_8"]["timing"].startswith(
+        "one call from an idle GPU, launch included, the honest baseline's and the step's calls alternating")
     assert results["plan_choice"]["paste"].startswith("SHAPE_PLANS_BY_TRITON[(")
     assert record["settings"]["targets"] == TARGETS
 
@@ -753,7 +756,37 @@ def test_eager_bars_use_the_launch_included_latency_where_recorded() -> None:
     assert bar["as_run"]["measured"] == pytest.approx(7.5) and bar["as_run"]["verdict"] == "MISS"
     assert bar["with_plan_choice"]["measured"] == pytest.approx(12.0) and bar["with_plan_choice"]["verdict"] == "PASS"
     assert bar["as_run"]["range"] == pytest.approx([580 / 85, 620 / 75])
+    # paired calls, where recorded, decide over both medians: the pairs' ratios met the host at the same moment
+    paired = {**row, "honest_over_triton_paired": 10.5, "honest_over_triton_paired_range": [9.8, 11.0],
+              "honest_over_best_paired": 12.5, "honest_over_best_paired_range": [11.5, 13.0]}
+    bar = bench.verdicts([paired])["honest_over_eager_min_for_batch_le_8"]
+    assert bar["timing"].startswith("one call from an idle GPU, launch included, the honest baseline's and")
+    assert bar["as_run"]["measured"] == 10.5 and bar["as_run"]["verdict"] == "WITHIN SPREAD"
+    assert bar["with_plan_choice"]["measured"] == 12.5 and bar["with_plan_choice"]["verdict"] == "PASS"
     for key in ("honest_torch_latency_us", "triton_latency_us"):
         del row[key]
     row.update(bench.point_ratios(row))
     assert bench.verdicts([row])["honest_over_eager_min_for_batch_le_8"]["as_run"]["measured"] == pytest.approx(25.0)
+
+
+def test_paired_ratio_alternates_and_cancels_a_drifting_host(monkeypatch) -> None:
+    """`_paired_ratio` times the two calls alternately, each pair at one moment of the host: a host whose speed
+    drifts during the measurement (here 1x to 3x, on both calls alike) leaves the pairs' ratio where it is, while
+    two medians taken one after the other would move with the drift."""
+    from flashspec import bench
+
+    clock = {"t": 0.0, "calls": 0}
+    order = []
+
+    def timer(fn):  # a host that gets slower call by call
+        clock["calls"] += 1
+        return fn() * (1.0 + 2.0 * clock["calls"] / 100)
+
+    monkeypatch.setattr(bench, "_idle_call_timer", lambda: timer)
+    honest = lambda: order.append("h") or 10.0  # noqa: E731
+    step = lambda: order.append("s") or 1.0  # noqa: E731
+    monkeypatch.setattr(bench, "_on_gpu", lambda: True)  # the GPU count of pairs, with the timer above
+    median, spread = bench._paired_ratio(honest, step, reps=40)
+    assert abs(median - 10.0) < 0.5 and spread[0] <= median <= spread[1] and spread[1] - spread[0] < 1.0
+    timed = order[2:]  # after one warm-up call of each
+    assert timed[:4] == ["h", "s", "s", "h"] and timed.count("h") == timed.count("s") == 40
