@@ -10,28 +10,14 @@ import argparse
 import cProfile
 import json
 import pstats
-import statistics
-import time
 
 import torch
 
 from flashspec import provenance, rng
+from flashspec.bench import _wall_us
 from flashspec.bench import make_inputs
 from flashspec.kernels import prepare_verify
 from flashspec.sampling import SamplingParams
-
-
-def _wall_us(fn, calls: int) -> float:
-    """Host wall-clock µs per call of `calls` back-to-back calls, median of 5 rounds, synchronised after each."""
-    rounds = []
-    for _ in range(5):
-        torch.cuda.synchronize()
-        started = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        rounds.append((time.perf_counter() - started) / calls * 1e6)
-    torch.cuda.synchronize()
-    return statistics.median(rounds)
 
 
 def main(argv: list[str] | None = None) -> int:

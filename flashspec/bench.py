@@ -473,18 +473,12 @@ def variant_prepare(inputs: tuple, params: SamplingParams, key: rng.Key, overrid
     return lambda: prepare_verify(*inputs, params, key, fused=fused, tuning=tuning)
 
 
-def variant_step(inputs: tuple, params: SamplingParams, key: rng.Key, overrides: dict[str, int]) -> Callable[[], tuple]:
-    """One eager verify step under a variant's overrides: prepared and launched on every call."""
-    prepare = variant_prepare(inputs, params, key, overrides)
-    return lambda: prepare().run()
-
-
 def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides: dict[str, int],
                   expected: tuple[torch.Tensor, torch.Tensor] | None) -> dict:
     """One launch-plan variant at one point: its grid, eager step time (do_bench) and warm graph replay,
     and whether it returns `expected` (the reference's tokens for `key`). A failure is recorded."""
     prepare = variant_prepare(inputs, params, key, overrides)
-    step = variant_step(inputs, params, key, overrides)
+    step = lambda: prepare().run()  # noqa: E731 -- one eager step: prepared and launched on every call
     row: dict = {"overrides": dict(overrides)}
     try:
         prepared = prepare()
@@ -623,8 +617,8 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
     paired = {"honest_over_triton_paired": triton_step}
     if best is not None:
         point["paired_best_variant"] = best
-        paired["honest_over_best_paired"] = variant_step((target, draft, tokens), params, key,
-                                                         point["variants"][best]["overrides"])
+        prepare_best = variant_prepare((target, draft, tokens), params, key, point["variants"][best]["overrides"])
+        paired["honest_over_best_paired"] = lambda: prepare_best().run()
     for name, step in paired.items():
         measured, error = _attempt(lambda: _paired_ratio(honest_step, step))
         if error:
