@@ -4,7 +4,8 @@
 #   FLASHSPEC_GIT_SHA=<sha> bash experiments/gpu_run.sh tests bench-b1 verify
 # Phases: tests (GPU tests of kernels, runner, fast path), bench-b1 / bench-b8 / bench-b32
 # (bench_fast --compile, random TinyLlama/68m shapes), bench-zoo (trained GPU zoo, B=1 and 8),
-# verify (flashspec bench verify), prefill (experiments/prefill_profile.py: where a request's prefill goes), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
+# verify (flashspec bench verify), host-profile (experiments/verify_host_profile.py at B = 1, 8 and V = 32000, 128256;
+# PROFILE_TAG ends its file names, e.g. _triton39), prefill (experiments/prefill_profile.py: where a request's prefill goes), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
 # bitsandbytes must be importable). TESTS: the test files of the tests phase. Time limits (s): TESTS_LIMIT, BENCH_LIMIT, NF4_LIMIT, VERIFY_LIMIT, PREFILL_LIMIT; PREFILL_ARGS: more
 # prefill_profile options (e.g. --compile default, as the real-pool runs); VERIFY_ARGS: more bench verify options (e.g.
 # --variants ... --skip-sweep). TRITON_TARBALL: a .tar.xz of another Triton's package folder (carried: the device has
@@ -48,6 +49,10 @@ for name in "$@"; do
     bench-nf4) phase bench_fast_nf4_h200 "${NF4_LIMIT:-240}" python experiments/bench_fast.py --quantization nf4 --compile "${COMPILE_MODE:-default}" \
                --batches 1 --new-tokens 128 --out "$OUT/bench_fast_nf4_h200.json" ;;
     verify) phase "verify_h200_$sha" "${VERIFY_LIMIT:-300}" python -m flashspec.cli bench verify --out "$OUT/verify_h200.json" ${VERIFY_ARGS:-} ;;
+    host-profile) for vocab in 32000 128256; do for b in 1 8; do  # where the eager verify step's host time goes
+               phase "verify_host_profile_b${b}_v${vocab}_$sha" 120 python -m experiments.verify_host_profile \
+                 --batch "$b" --vocab "$vocab" --git-sha "$FLASHSPEC_GIT_SHA" \
+                 --out "$OUT/verify_host_profile_b${b}_v${vocab}_h200${PROFILE_TAG:-}.json"; done; done ;;
     prefill) phase "prefill_profile_h200_$sha" "${PREFILL_LIMIT:-150}" python -m experiments.prefill_profile \
                --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/prefill_profile_h200.json" ${PREFILL_ARGS:-} ;;
     *) echo "unknown phase $name" >&2; exit 2 ;;

@@ -43,6 +43,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -161,9 +162,11 @@ class _Launcher:
             return
         binary, constexprs, device_index = cached
         stream = _current_stream(device_index)
+        enter_hook = triton.knobs.runtime.launch_enter_hook
+        # what Triton passes: the hook's metadata, built only when there is a hook to read it
+        metadata = None if enter_hook is None else binary.launch_metadata(grid, stream, *args, *constexprs)
         binary.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                   binary.function, binary.packed_metadata, binary.launch_metadata(grid, stream, *args, *constexprs),
-                   triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook,
+                   binary.function, binary.packed_metadata, metadata, enter_hook, triton.knobs.runtime.launch_exit_hook,
                    *args, *constexprs)
 
 
@@ -323,6 +326,19 @@ def prepare_verify(
             f"backend='triton' needs CUDA tensors, got target_logits on {device}; "
             "use backend='torch' (or TRITON_INTERPRET=1 to run the kernels on the CPU)"
         )
+    prefix_in_memory = isinstance(key, torch.Tensor)
+    if prefix_in_memory:
+        prefixes = device_prefixes(key) if prefixes is None else prefixes
+        accept_prefix, sample_prefix = prefixes[0:1], prefixes[1:2]
+    else:
+        accept_prefix, sample_prefix = _prefixes(key)
+    options = (block_b, block_v, num_splits, fused, tuning)
+    warm_key = _warm_key(target_logits, draft_logits, draft_tokens, params, prefixes if prefix_in_memory else None,
+                         options)
+    if warm_key is not None:
+        step = _WARM_STEPS.get(warm_key)
+        if step is not None:
+            return step.prepare(target_logits, draft_logits, draft_tokens, accept_prefix, sample_prefix)
     batch, gamma = draft_tokens.shape
     vocab = target_logits.shape[2]
     greedy = params.greedy
@@ -346,12 +362,6 @@ def prepare_verify(
     tokens_in = draft_tokens.contiguous()
 
     plan = make_plan(batch, gamma, vocab, device, greedy, block_b, block_v, num_splits, fused, tuning)
-    prefix_in_memory = isinstance(key, torch.Tensor)
-    if prefix_in_memory:
-        prefixes = device_prefixes(key) if prefixes is None else prefixes
-        accept_prefix, sample_prefix = prefixes[0:1], prefixes[1:2]
-    else:
-        accept_prefix, sample_prefix = _prefixes(key)
     inputs = (target, draft, tokens_in)
     shape = (batch, gamma, vocab)
     flags = dict(SCALE_MODE=scale_mode, HAS_DRAFT=has_draft, GREEDY=greedy)
@@ -359,22 +369,129 @@ def prepare_verify(
     device_index = _device_index(device)
     entry = _entry_id(device_index, launch_key(plan, inputs, shape, flags, prefix))
     warm = _is_warm(plan, entry, device_index)
+    layout = _work_layout(batch, gamma, plan, greedy)
+    bind = _binder(plan)
+    if warm and warm_key is not None:  # later calls with this key reuse the binding (`_WarmStep`)
+        template = bind(plan, (_Slot(_TARGET), _Slot(_DRAFT), _Slot(_TOKENS)),
+                        (_Slot(_BASE), _Slot(_BASE, 4 * layout.accepted)),
+                        {name: _Slot(_BASE, 4 * offset) for name, offset, _, _ in layout.fields}, shape, scale, flags,
+                        (_Slot(_ACCEPT), _Slot(_SAMPLE), prefix_in_memory), entry, device, True)
+        step = _WarmStep.from_template(template, has_draft, layout.words, layout.accepted, batch, gamma)
+        _WARM_STEPS[warm_key] = step
+        return step.prepare(target, draft if has_draft else None, tokens_in, accept_prefix, sample_prefix)
     if warm:  # every launch of this step calls a cached binary: raw addresses, no tensor views
         inputs = (target.data_ptr(), draft.data_ptr(), tokens_in.data_ptr())
         if prefix_in_memory:
             prefix = (accept_prefix.data_ptr(), sample_prefix.data_ptr(), True)
-    layout = _work_layout(batch, gamma, plan, greedy)
     memory = torch.empty(layout.words // 2, dtype=torch.int64, device=device)
     outputs = (memory[:batch * (gamma + 1)].view(batch, gamma + 1),
                memory[layout.accepted // 2:layout.accepted // 2 + batch])
     work = layout.addresses(memory.data_ptr()) if warm else layout.views(memory)
-    bind = (_bind_fused if plan.fused else _bind_coop if plan.coop else _bind_cluster if plan.cluster
-            else _bind_two_launches)
-    prepared = bind(plan, inputs, outputs, work, shape, scale, flags, prefix, entry)
+    prepared = bind(plan, inputs, outputs, work, shape, scale, flags, prefix, entry, device, warm)
     # raw addresses do not keep their tensors alive (a contiguous or truncated copy made here would be freed
     # on return): the step holds them
     prepared.keep = (target, draft, tokens_in, memory, accept_prefix, sample_prefix)
     return prepared
+
+
+_TARGET, _DRAFT, _TOKENS, _BASE, _ACCEPT, _SAMPLE = range(6)  # what a `_Slot` reads from a warm call
+
+
+class _Slot(NamedTuple):
+    """A launch argument that changes from call to call in a warm step's binding: the call's value `source`
+    (the three inputs' addresses, the step's allocation's address, the two stream prefixes or their addresses)
+    plus `offset` bytes."""
+
+    source: int
+    offset: int = 0
+
+
+@dataclass(frozen=True)
+class _WarmStep:
+    """One verify step's launches bound once, for every later call with the same `_warm_key`: each launch's
+    arguments with `_Slot`s where a call's addresses and prefixes go. A call then allocates its buffers and fills
+    the slots; the plan, the launch key, the layout and the launches' constants are not computed again (building
+    them took about half of an eager step's host time)."""
+
+    plan: LaunchPlan
+    key: int
+    has_draft: bool
+    words: int
+    accepted: int
+    batch: int
+    gamma: int
+    launches: tuple[tuple[str, tuple, tuple, tuple, dict], ...]  # (field, grid, arguments, slots, meta)
+
+    @classmethod
+    def from_template(cls, template: PreparedVerify, has_draft: bool, words: int, accepted: int, batch: int,
+                      gamma: int) -> "_WarmStep":
+        """From a step bound to `_Slot`s (the bind functions, given slots for inputs, outputs, work and prefixes)."""
+        launches = []
+        for field in _LAUNCH_FIELDS:
+            args = getattr(template, field + "_args")
+            if args is not None:
+                slots = tuple((position, arg.source, arg.offset) for position, arg in enumerate(args)
+                              if isinstance(arg, _Slot))
+                launches.append((field, getattr(template, field + "_grid"), args, slots,
+                                 getattr(template, field + "_meta")))
+        return cls(plan=template.plan, key=template.key, has_draft=has_draft, words=words,
+                   accepted=accepted, batch=batch, gamma=gamma, launches=tuple(launches))
+
+    def fields(self, values: tuple[int, ...]) -> dict:
+        """`PreparedVerify`'s grid, arguments and meta of each launch, the slots filled from `values` (indexed by
+        `_Slot.source`)."""
+        fields = {}
+        for field, grid, template, slots, meta in self.launches:
+            args = list(template)
+            for position, source, offset in slots:
+                args[position] = values[source] + offset
+            fields[field + "_grid"], fields[field + "_args"], fields[field + "_meta"] = grid, tuple(args), meta
+        return fields
+
+    def prepare(self, target: torch.Tensor, draft: torch.Tensor | None, tokens: torch.Tensor,
+                accept_prefix: int | torch.Tensor, sample_prefix: int | torch.Tensor) -> PreparedVerify:
+        """This call's step: fresh outputs and work buffers (one allocation), the slots filled."""
+        memory = torch.empty(self.words // 2, dtype=torch.int64, device=target.device)
+        target_address = target.data_ptr()
+        in_memory = isinstance(accept_prefix, torch.Tensor)
+        fields = self.fields((target_address, draft.data_ptr() if self.has_draft else target_address,
+                              tokens.data_ptr(), memory.data_ptr(),
+                              accept_prefix.data_ptr() if in_memory else accept_prefix,
+                              sample_prefix.data_ptr() if in_memory else sample_prefix))
+        step = PreparedVerify(plan=self.plan, tokens=memory[:self.batch * (self.gamma + 1)].view(self.batch, -1),
+                              num_accepted=memory[self.accepted // 2:self.accepted // 2 + self.batch], key=self.key,
+                              **fields)
+        # raw addresses do not keep their tensors alive: the step holds them
+        step.keep = (target, draft, tokens, memory, accept_prefix, sample_prefix)
+        return step
+
+
+_LAUNCH_FIELDS = ("stats", "sample", "fused", "coop", "cluster")
+_WARM_STEPS: dict[tuple, _WarmStep] = {}
+
+
+def _warm_key(target: torch.Tensor, draft: torch.Tensor | None, tokens: torch.Tensor, params: SamplingParams,
+              prefixes: torch.Tensor | None, options: tuple) -> tuple | None:
+    """What decides a step's binding, read from the call's arguments alone (a few µs): the device, the
+    inputs' shapes, dtypes and 16-byte alignment, the sampling parameters, where device-key prefixes lie, and
+    the plan overrides. None where a call cannot reuse a binding: interpreted, Triton's own launch path,
+    top-k/top-p (the truncated logits are copies), or inputs that need a contiguous copy."""
+    if not FAST_LAUNCH or target.device.type != "cuda" or interpreting() or params.needs_truncation:
+        return None
+    if params.greedy:
+        draft = None
+    if not (target.is_contiguous() and tokens.is_contiguous() and (draft is None or draft.is_contiguous())):
+        return None
+    where = None if prefixes is None else (prefixes.data_ptr() % 16, prefixes.stride(0))
+    return (torch.cuda.current_device(), target.shape, target.dtype, target.data_ptr() % 16 == 0,
+            None if draft is None else (draft.dtype, draft.data_ptr() % 16 == 0),
+            tokens.shape, tokens.dtype, tokens.data_ptr() % 16 == 0, params, where, options)
+
+
+def _binder(plan: LaunchPlan):
+    """The function binding a step's launches under `plan` (`_bind_two_launches` and the one-launch kinds)."""
+    return (_bind_fused if plan.fused else _bind_coop if plan.coop else _bind_cluster if plan.cluster
+            else _bind_two_launches)
 
 
 def _device_index(device: torch.device) -> int | None:
@@ -461,20 +578,19 @@ def _work_layout(batch: int, gamma: int, plan: LaunchPlan, greedy: bool) -> _Wor
 
 
 def _bind_two_launches(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int, int],
-                       scale: float, flags: dict, prefix: tuple, entry: int) -> PreparedVerify:
+                       scale: float, flags: dict, prefix: tuple, entry: int, device: torch.device,
+                       addresses: bool) -> PreparedVerify:
     """The stats launch and the sample launch (module docstring), bound to fresh work buffers (`work`: views,
-    or raw addresses once the binaries are cached)."""
+    or, `addresses`, raw addresses once the binaries are cached, or a warm step's `_Slot`s)."""
     target, draft, tokens_in = inputs
     out_tokens, out_accepted = outputs
     batch, gamma, vocab = shape
     accept_prefix, sample_prefix, prefix_in_memory = prefix
-    device = out_tokens.device
     row_blocks = _cdiv(batch, plan.block_b)
     split = plan.sample_splits > 1
     part_max, part_sum, part_idx, race_val, race_idx, info = (
         work[name] for name in ("part_max", "part_sum", "part_idx", "race_val", "race_idx", "info"))
-    counter = _ticket_counter(device, row_blocks, isinstance(part_max, int)) if split or plan.accept_once \
-        else work["ints"]
+    counter = _ticket_counter(device, row_blocks, addresses) if split or plan.accept_once else work["ints"]
     precise = plan.precise and not interpreting()
     if plan.accept_once:  # the stats launch's last program per row block runs the accept test (same tickets:
         # it resets them before the sampling launch starts)
@@ -515,17 +631,17 @@ def _bind_two_launches(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: di
 
 
 def _bind_fused(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int, int],
-                scale: float, flags: dict, prefix: tuple, entry: int) -> PreparedVerify:
+                scale: float, flags: dict, prefix: tuple, entry: int, device: torch.device,
+                addresses: bool) -> PreparedVerify:
     """The one fused launch (module docstring), bound to fresh partial buffers (`work`, as for the two)."""
     target, draft, tokens_in = inputs
     out_tokens, out_accepted = outputs
     batch, gamma, vocab = shape
     accept_prefix, sample_prefix, prefix_in_memory = prefix
-    device = out_tokens.device
     row_blocks = _cdiv(batch, plan.block_b)
     split = plan.fused_splits > 1
     part_max, part_sum, part_idx = work["part_max"], work["part_sum"], work["part_idx"]
-    counter = _ticket_counter(device, row_blocks, isinstance(part_max, int)) if split else work["ints"]
+    counter = _ticket_counter(device, row_blocks, addresses) if split else work["ints"]
     args = (target, draft, tokens_in, part_max, part_sum, part_idx, counter, out_tokens, out_accepted,
             batch, gamma, vocab, plan.fused_splits, scale, accept_prefix, sample_prefix)
     meta = dict(CHUNK=plan.fused_chunk, ROW=_cdiv(vocab, plan.sample_block_v) * plan.sample_block_v, **flags,
@@ -539,7 +655,8 @@ def _bind_fused(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, sha
 
 
 def _bind_coop(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int, int],
-               scale: float, flags: dict, prefix: tuple, entry: int) -> PreparedVerify:
+               scale: float, flags: dict, prefix: tuple, entry: int, device: torch.device,
+               addresses: bool) -> PreparedVerify:
     """The one cooperative launch (module docstring), bound to fresh work buffers (`work`, as for the two). Its
     counters: a race ticket, a barrier arrival count and a departure count per row, zero between calls."""
     target, draft, tokens_in = inputs
@@ -547,7 +664,7 @@ def _bind_coop(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, shap
     batch, gamma, vocab = shape
     accept_prefix, sample_prefix, prefix_in_memory = prefix
     part_max, part_sum, race_val, race_idx = (work[name] for name in ("part_max", "part_sum", "race_val", "race_idx"))
-    counter = _ticket_counter(out_tokens.device, 3 * batch, isinstance(part_max, int))
+    counter = _ticket_counter(device, 3 * batch, addresses)
     args = (target, draft, tokens_in, part_max, part_sum, race_val, race_idx, counter, out_tokens, out_accepted,
             batch, gamma, vocab, plan.coop_splits, scale, accept_prefix, sample_prefix)
     meta = dict(CHUNK=plan.coop_chunk, SCALE_MODE=flags["SCALE_MODE"], HAS_DRAFT=flags["HAS_DRAFT"], PHASE=0,
@@ -559,7 +676,8 @@ def _bind_coop(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, shap
 
 
 def _bind_cluster(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int, int],
-                  scale: float, flags: dict, prefix: tuple, entry: int) -> PreparedVerify:
+                  scale: float, flags: dict, prefix: tuple, entry: int, device: torch.device,
+                  addresses: bool) -> PreparedVerify:
     """The one cluster launch (`kernels/cluster_pass.py`): a program per row, `plan.cluster_ctas` blocks each.
     It needs no work buffers and no counters: its blocks meet on chip."""
     target, draft, tokens_in = inputs

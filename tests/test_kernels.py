@@ -329,16 +329,25 @@ def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: 
     params = SamplingParams(temperature)
     target, draft, tokens = make_case(8, 4, 32000, params, True, torch.bfloat16, seed=11)
     shifted = torch.cat([target.reshape(-1), target.reshape(-1)[:1]])[1:].view(target.shape)
+    from flashspec.kernels import verify as kernels
+
     for logits in (target, shifted):
-        expected = verify_reference(logits, draft, tokens, params, rng.Key.from_seed(5))
-        for key in (rng.Key.from_seed(5), rng.key_tensor(rng.Key.from_seed(5), DEVICE)):
-            for _ in range(2):
+        for device_key in (False, True):
+            # cold; then by address, keeping the binding; then that binding, with other keys
+            for seed in (5, 5, 6, 7):
+                key = rng.key_tensor(rng.Key.from_seed(seed), DEVICE) if device_key else rng.Key.from_seed(seed)
+                expected = verify_reference(logits, draft, tokens, params, rng.Key.from_seed(seed))
                 prepared = prepare_verify(logits, draft, tokens, params, key, **TILED_PLANS[plan])
                 out_tokens, out_accepted = prepared.run()
                 assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)
             args = (prepared.fused_args if prepared.plan.fused else prepared.coop_args if prepared.plan.coop
                     else prepared.cluster_args if prepared.plan.cluster else prepared.sample_args)
-            assert all(isinstance(arg, int) for arg in args[:3]), "the second step should bind addresses"
+            assert all(isinstance(arg, int) for arg in args[:3]), "a warm step should bind addresses"
+            options = tuple(TILED_PLANS[plan].get(name) for name in ("block_b", "block_v", "num_splits", "fused",
+                                                                     "tuning"))
+            prefixes = kernels.device_prefixes(key) if device_key else None
+            warm_key = kernels._warm_key(logits, draft, tokens, params, prefixes, options)
+            assert warm_key in kernels._WARM_STEPS, "the later steps should reuse one binding"
     # a strided input is copied inside prepare_verify and bound by address: the step must keep the copy alive
     expected = verify_reference(target, draft, tokens, params, rng.Key.from_seed(5))
     strided = torch.stack([target, torch.zeros_like(target)], dim=-1)[..., 0]
@@ -680,6 +689,57 @@ def test_work_layout_addresses_match_its_views_aligned_and_disjoint() -> None:
                 spans.append((view.data_ptr() - base, view.data_ptr() - base + view.numel() * 4))
         spans.sort()
         assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:])), spans
+
+
+def test_warm_binding_fills_the_arguments_the_address_binding_gives() -> None:
+    """A warm step's binding (`_WarmStep`, built once from the bind functions given `_Slot`s) must give every
+    launch the arguments the bind functions give with this call's raw addresses: the same grids, meta and
+    constants, each input, output, work buffer and prefix at its address (or the host prefix's value)."""
+    import itertools
+
+    from flashspec.kernels import verify as kernels
+    from flashspec.kernels.shims import SCALE_MULTIPLY
+
+    options = {"default": {}, "fused": {"fused": True}, "coop": {"tuning": (("coop", 1),)},
+               "cluster": {"tuning": (("cluster", 1),)}, "accept_once": {"tuning": (("accept_once", 1),)}}
+    device = torch.device("cpu")
+    kinds = set()
+    for name, batch, splits, greedy, in_memory in itertools.product(options, [1, 5], [1, 3], [False, True],
+                                                                    [False, True]):
+        gamma, vocab = 4, 4096
+        plan = make_plan(batch, gamma, vocab, device, greedy, num_splits=splits, fused=options[name].get("fused"),
+                         tuning=options[name].get("tuning"))
+        layout, bind = kernels._work_layout(batch, gamma, plan, greedy), kernels._binder(plan)
+        kinds.add(bind.__name__)
+        shape, flags = (batch, gamma, vocab), dict(SCALE_MODE=SCALE_MULTIPLY, HAS_DRAFT=not greedy, GREEDY=greedy)
+        target, draft = torch.zeros(batch, gamma + 1, vocab), torch.zeros(batch, gamma + 1, vocab)
+        tokens, memory = torch.zeros(batch, gamma, dtype=torch.int64), torch.empty(layout.words // 2,
+                                                                                   dtype=torch.int64)
+        prefixes = torch.zeros(2, dtype=torch.int32)
+        accept, sample = (prefixes.data_ptr(), prefixes.data_ptr() + 4) if in_memory else (-123457, 98765)
+        outputs = (memory[:batch * (gamma + 1)].view(batch, gamma + 1),
+                   memory[layout.accepted // 2:layout.accepted // 2 + batch])
+        bound = bind(plan, (target.data_ptr(), draft.data_ptr(), tokens.data_ptr()), outputs,
+                            layout.addresses(memory.data_ptr()), shape, 0.5, flags, (accept, sample, in_memory), 7,
+                            device, True)
+        slots = kernels._Slot
+        template = bind(plan, (slots(kernels._TARGET), slots(kernels._DRAFT), slots(kernels._TOKENS)),
+                               (slots(kernels._BASE), slots(kernels._BASE, 4 * layout.accepted)),
+                               {field: slots(kernels._BASE, 4 * offset) for field, offset, _, _ in layout.fields},
+                               shape, 0.5, flags, (slots(kernels._ACCEPT), slots(kernels._SAMPLE), in_memory), 7,
+                               device, True)
+        warm = kernels._WarmStep.from_template(template, not greedy, layout.words, layout.accepted, batch, gamma)
+        fields = warm.fields((target.data_ptr(), draft.data_ptr(), tokens.data_ptr(), memory.data_ptr(), accept,
+                              sample))
+        launched = [field for field in kernels._LAUNCH_FIELDS if getattr(bound, field + "_args") is not None]
+        assert launched and set(fields) == {f"{field}_{part}" for field in launched for part in ("grid", "args", "meta")}
+        for field in launched:
+            expected = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in getattr(bound, field + "_args"))
+            assert fields[field + "_args"] == expected, (name, field)
+            assert fields[field + "_grid"] == getattr(bound, field + "_grid")
+            assert fields[field + "_meta"] == getattr(bound, field + "_meta")
+            assert not any(isinstance(a, kernels._Slot) for a in fields[field + "_args"])
+    assert {"_bind_two_launches", "_bind_fused", "_bind_coop"} <= kinds  # the cluster plan needs a GPU
 
 
 @pytest.mark.parametrize("batch, vocab, splits, greedy, coop", [(3, 40, 2, False, False), (2, 100, 3, False, False),
