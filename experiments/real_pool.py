@@ -144,12 +144,15 @@ def step_ms_by_gamma(run: dict[str, Any], arm_gammas: list[int]) -> dict[str, di
 def cost_estimates(costs: StepCosts, labels: list[str]) -> dict[str, Any]:
     """What a policy's cost source believed at the end of a stream, per arm (`labels`): the running medians
     over all steps, over steps that kept the draft and over steps that changed it (ms; None: not measured),
-    the steps behind each, and the pooled spread of log step times that gamma-ts draws costs with."""
+    the steps behind each, and the pooled spread of log step times that gamma-ts draws costs with. Arms with
+    the same `cost_group` number share their estimates, so their steps count every step of the group."""
     def ms(values: list[float | None]) -> dict[str, float | None]:
         return {label: None if value is None else 1e3 * value for label, value in zip(labels, values)}
 
+    numbers: dict[Any, int] = {}
     return {"all_ms": ms(costs.costs), "stay_ms": ms(costs.stay_costs), "switch_ms": ms(costs.switch_costs),
             "steps": {kind: dict(zip(labels, counts)) for kind, counts in costs.steps.items()},
+            "cost_group": {label: numbers.setdefault(key, len(numbers)) for label, key in zip(labels, costs.groups)},
             "log_spread": costs.spread()}
 
 
@@ -257,7 +260,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def fresh_adaptive() -> None:  # each stream learns from nothing: a new policy, no cost measured
             adaptive.policy = make_policy(args.speed_adaptive_policy, adaptive_arms, seed=0)
-            adaptive.step_costs = StepCosts(adaptive_arms)
+            adaptive.step_costs = StepCosts(adaptive_arms, groups=adaptive.cost_groups)  # same-compute arms share costs
         for label, temperature in (("greedy", 0.0), ("t1", 1.0)):
             sampling = fs.SamplingParams(temperature=temperature)
             # warm-up: the timed stream itself, under the same fresh policy and seeds, so every graph the
@@ -390,7 +393,8 @@ def main(argv: list[str] | None = None) -> int:
         out["best_fixed_gamma"] = int(best)
         out["adaptive_by_policy"] = {}
         for policy in args.gamma_policies:
-            decoder.step_costs = StepCosts(arms)  # every policy starts with no cost measured
+            # every policy starts with no cost measured; arms of same-sized drafts at one γ share their costs
+            decoder.step_costs = StepCosts(arms, groups=decoder.cost_groups)
             # a throughput reward (or gamma-ts's costs) reads step times, so the timed stream may leave the
             # replay's arms: every graph an arm can reach is captured before timing (graph_captures shows none were)
             run = switching.serve_stream(pool.target, drafts, blocks, make_policy(policy, arms, seed=0), args.gamma,

@@ -480,7 +480,7 @@ class GammaThompsonSampling(ThompsonSampling):
     Measured costs are drawn too: c̃_a = c_a exp(σ z / √n_a), z standard normal, σ the pooled spread of log
     step times (`StepCosts.spread`) and n_a the steps behind the estimate (at most its `window`). With point costs, a few slow steps of the best arm could shut it out for good: its
     estimate only moves when it is played. Every arm is first played until `min_cost_steps` steps
-    measure it.
+    measure it (with shared costs, `StepCosts(groups=...)`, the steps of every arm of its group count).
 
     The arm structure and costs come from `bind_arms(arms, costs)`, which the engines call at the start of
     every `generate`, or from the `arms=` argument: `arms` is a list of (draft index, γ) and `costs` a

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,14 +112,52 @@ def make_arms(n_drafts: int, gamma: int, gammas: tuple[int, ...] | None) -> list
     return [(draft, value) for draft in range(n_drafts) for value in gammas]
 
 
+# The config fields a draft's step cost depends on besides its parameter count, dtype and device.
+COST_CONFIG_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                      "num_key_value_heads")
+
+
+def cost_signature(draft: Any) -> Hashable:
+    """What a draft's step cost depends on: equal signatures mean the same compute per step.
+
+    A torch module (or a drafter holding one as `.model`, like `ModelDrafter`): its class name, parameter
+    count, the dtype and device of its first parameter and the shape fields of its `config` (None where
+    absent); a wrapper's class name is added, since another drafter may run the same model differently.
+    Anything else (a `PromptLookupDrafter`, an unknown drafter) shares with nothing: ("object", id(draft)).
+    """
+    model = draft if isinstance(draft, torch.nn.Module) else getattr(draft, "model", None)
+    if not isinstance(model, torch.nn.Module):
+        return ("object", id(draft))
+    first = next(model.parameters(), None)
+    config = getattr(model, "config", None)
+    shape = tuple(_hashable(getattr(config, field, None)) for field in COST_CONFIG_FIELDS)
+    kind = type(model).__name__ if draft is model else f"{type(draft).__name__}({type(model).__name__})"
+    return (kind, sum(parameter.numel() for parameter in model.parameters()),
+            None if first is None else str(first.dtype), None if first is None else str(first.device), shape)
+
+
+def _hashable(value: Any) -> Hashable:
+    """A config value as a hashable (a list, e.g. per-layer sizes, becomes a tuple)."""
+    return tuple(value) if isinstance(value, list) else value
+
+
+def arm_cost_groups(arms: list[tuple[int, int]], drafts: Sequence[Any]) -> list[Hashable]:
+    """Each arm's cost group for `StepCosts(groups=...)`: (its draft's `cost_signature`, γ), so arms whose
+    drafts run the same compute at the same γ share their measured costs. An arm without a draft (plain
+    decoding's draft index -1) is a group of its own."""
+    return [(cost_signature(drafts[draft]), gamma) if 0 <= draft < len(drafts) else ("arm", arm)
+            for arm, (draft, gamma) in enumerate(arms)]
+
+
 def make_step_costs(arms: list[tuple[int, int]], gammas: tuple[int, ...] | None,
-                    arm_costs: Sequence[float] | None) -> StepCosts | None:
-    """The throughput reward's cost model when arms carry their own γ (None keeps the acceptance reward)."""
+                    arm_costs: Sequence[float] | None, groups: Sequence[Hashable] | None = None) -> StepCosts | None:
+    """The throughput reward's cost model when arms carry their own γ (None keeps the acceptance reward).
+    `groups` (`arm_cost_groups`): arms of one group share measured costs."""
     if gammas is None:
         if arm_costs is not None:
             raise ValueError("arm_costs sets the cost of each (draft, γ) arm: pass gammas=[...] with it")
         return None
-    return StepCosts(len(arms), fixed=arm_costs)
+    return StepCosts(len(arms), fixed=arm_costs, groups=groups)
 
 
 def resolve_policy(policy: Any, n_arms: int, **policy_kwargs: Any) -> Any:
@@ -163,7 +201,8 @@ class SpeculativeDecoder:
             moving-average wall time, relative to the best arm's rate), so it learns how far to
             speculate as well as which draft. `policy="gamma-ts"` (`bandits.GammaThompsonSampling`)
             instead shares each draft's acceptance across its γ arms and reads the same costs:
-            it learns the arms from fewer steps (the CLI's choice with --gammas).
+            it learns the arms from fewer steps (the CLI's choice with --gammas). Arms whose drafts run
+            the same compute (`cost_signature`) at the same γ share their measured costs (`cost_groups`).
         arm_costs: with `gammas`, fixed per-arm step costs (any unit) instead of measured times,
             e.g. from a benchmark: the choices then depend on the seed only (reproducible runs).
         policy_kwargs: extra arguments for `make_policy` (e.g. window, discount). Its random
@@ -208,7 +247,10 @@ class SpeculativeDecoder:
         self.backend = backend
         self.arms = make_arms(len(self.drafts), gamma, self.gammas)
         self.max_gamma = max(arm_gamma for _, arm_gamma in self.arms)
-        self.step_costs = make_step_costs(self.arms, self.gammas, arm_costs)
+        # arms whose drafts run the same compute at the same γ share measured step costs; kept so a caller can
+        # start a fresh StepCosts(len(arms), groups=decoder.cost_groups)
+        self.cost_groups = arm_cost_groups(self.arms, self.drafts)
+        self.step_costs = make_step_costs(self.arms, self.gammas, arm_costs, self.cost_groups)
         self.policy = resolve_policy(policy, len(self.arms), **(policy_kwargs or {}))
 
     @property

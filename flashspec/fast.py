@@ -46,7 +46,7 @@ import torch
 from flashspec import models, rng, runner
 from flashspec.checks import check_budgets, check_prompt, check_token_ids, resolve_pad
 from flashspec.drafters import PromptLookupDrafter
-from flashspec.engine import (GenerationResult, StepEvent, check_gamma, check_gammas,
+from flashspec.engine import (GenerationResult, StepEvent, arm_cost_groups, check_gamma, check_gammas,
                               make_arms, make_step_costs, resolve_policy, start_request,
                               update_policy)
 from flashspec.sampling import SamplingParams, sample_from_logits
@@ -230,7 +230,10 @@ class FastSpeculativeDecoder:
         # (draft index, γ) per arm; plain decoding has one arm, the target alone (draft index -1)
         self.arms = make_arms(len(self.drafts), gamma, self.gammas) or [(-1, gamma)]
         self.max_gamma = max(arm_gamma for _, arm_gamma in self.arms)
-        self.step_costs = make_step_costs(self.arms, self.gammas, arm_costs)
+        # arms whose drafts run the same compute at the same γ share measured step costs; kept so a caller can
+        # start a fresh StepCosts(len(arms), groups=decoder.cost_groups)
+        self.cost_groups = arm_cost_groups(self.arms, self.drafts)
+        self.step_costs = make_step_costs(self.arms, self.gammas, arm_costs, self.cost_groups)
         self.policy = resolve_policy(policy, len(self.arms), **(policy_kwargs or {}))
         self._session: _Session | None = None
         self.graphs_captured = 0  # over every session: a new session captures its graphs again

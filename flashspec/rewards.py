@@ -21,7 +21,7 @@ from __future__ import annotations
 import collections
 import math
 import statistics
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
@@ -153,22 +153,40 @@ class StepCosts:
     steps behind each estimate, and `spread()` is the pooled standard deviation of log step times
     about their arm's estimate, so a policy can draw costs as well as acceptance, and re-measure an
     arm it would otherwise judge once and never again.
+
+    Shared costs (`groups`, one hashable per arm): arms with an equal group share every measured
+    estimate -- the running medians of all, staying and switching steps and the steps behind them --
+    so `observe(arm, ...)` feeds the arm's group and every reader gives each arm its group's value.
+    A step's cost is a property of the compute (the draft's architecture, γ, staying or switching),
+    not of which same-sized draft runs it; an arm played rarely is then priced from every step of its
+    group rather than from its own few steps, often transitional ones (a policy that mostly stays
+    elsewhere plays it just after a switch). Tokens per step stay per arm: acceptance depends on the
+    draft. Default None: every arm is a group of its own (the `groups` attribute then holds each arm's
+    index). Fixed costs ignore groups (they are already known per arm).
     """
 
-    def __init__(self, n_arms: int, smoothing: float = 0.1, fixed: Sequence[float] | None = None) -> None:
+    def __init__(self, n_arms: int, smoothing: float = 0.1, fixed: Sequence[float] | None = None,
+                 groups: Sequence[Hashable] | None = None) -> None:
         if isinstance(n_arms, bool) or not isinstance(n_arms, int) or n_arms < 1:
             raise ValueError(f"n_arms must be an int >= 1 (got {n_arms!r})")
         if isinstance(smoothing, bool) or not isinstance(smoothing, (int, float)) or not 0.0 < smoothing <= 1.0:
             raise ValueError(f"smoothing must be a number in (0, 1] (weight of the newest step), got {smoothing!r}")
         self.smoothing = float(smoothing)
         self.fixed = fixed is not None
+        self.groups = _check_groups(groups, n_arms)
+        index: dict[Hashable, int] = {}
+        self._group_of = [index.setdefault(group, len(index)) for group in self.groups]  # arm -> group number
+        self._members: list[list[int]] = [[] for _ in index]  # group number -> its arms
+        for arm, group in enumerate(self._group_of):
+            self._members[group].append(arm)
         self.costs: list[float | None] = [None] * n_arms
         self.tokens: list[float | None] = [None] * n_arms
         self.stay_costs: list[float | None] = [None] * n_arms  # steps that kept the previous step's draft
         self.switch_costs: list[float | None] = [None] * n_arms  # steps that changed draft
-        self.steps = {kind: [0] * n_arms for kind in ("all", "stay", "switch")}  # steps behind each estimate
+        # steps behind each estimate, per arm (its group's count, written into every member's slot)
+        self.steps = {kind: [0] * n_arms for kind in ("all", "stay", "switch")}
         self.window = max(1, round((2.0 - self.smoothing) / self.smoothing))
-        self._recent: dict[tuple[str, int], collections.deque[float]] = {}  # each estimate's last `window` steps
+        self._recent: dict[tuple[str, int], collections.deque[float]] = {}  # (kind, group): its last `window` steps
         self._log_var: float | None = None  # moving average of squared log deviations from the arm's estimate
         if fixed is not None:
             values = _check_cost(list(fixed), "arm_costs", allow_zero=False) if len(fixed) else np.zeros(0)
@@ -180,11 +198,16 @@ class StepCosts:
         return value if previous is None else previous + self.smoothing * (value - previous)
 
     def _update(self, kind: str, values: list[float | None], arm: int, seconds: float) -> None:
-        """Feed one step to `values[arm]`, the median of that kind's last `window` steps of the arm."""
-        self.steps[kind][arm] += 1
-        recent = self._recent.setdefault((kind, arm), collections.deque(maxlen=self.window))
+        """Feed one step to the median of that kind's last `window` steps of the arm's group, and write the
+        group's estimate and step count into every member arm's slot of `values` and `steps[kind]`."""
+        group = self._group_of[arm]
+        recent = self._recent.setdefault((kind, group), collections.deque(maxlen=self.window))
         recent.append(seconds)
-        values[arm] = float(statistics.median(recent))  # on every step: cheaper than np.median's array conversion
+        value = float(statistics.median(recent))  # on every step: cheaper than np.median's array conversion
+        count = self.steps[kind][arm] + 1  # the members' counts are equal: each update writes them all
+        for member in self._members[group]:
+            values[member] = value
+            self.steps[kind][member] = count
 
     def observe(self, arm: int, seconds: float, switched: bool | None = None) -> None:
         """One measured step of `arm` (ignored with fixed costs, or when not a finite time > 0);
@@ -226,7 +249,10 @@ class StepCosts:
         return [self._cost(arm, switched, gap) for arm in range(len(self.costs))]
 
     def _switch_gap(self) -> float:
-        both = [(go, stay) for go, stay in zip(self.switch_costs, self.stay_costs) if go is not None and stay is not None]
+        """Mean of switching minus staying cost over the groups that measured both (each group once)."""
+        firsts = [members[0] for members in self._members]
+        both = [(self.switch_costs[arm], self.stay_costs[arm]) for arm in firsts
+                if self.switch_costs[arm] is not None and self.stay_costs[arm] is not None]
         return float(np.mean([go - stay for go, stay in both])) if both else 0.0
 
     def _cost(self, arm: int, switched: bool, gap: float) -> float | None:
@@ -252,6 +278,22 @@ class StepCosts:
         self.tokens[arm] = self._average(self.tokens[arm], tokens)
         best = max(rate for rate in self.rates() if rate is not None)
         return min(1.0, tokens / cost / (2.0 * best))
+
+
+def _check_groups(groups: Sequence[Hashable] | None, n_arms: int) -> tuple[Hashable, ...]:
+    """`groups` as validated: one hashable per arm (default: each arm's own index, a group of its own)."""
+    if groups is None:
+        return tuple(range(n_arms))
+    if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence) or len(groups) != n_arms:
+        raise ValueError(f"groups must be None or a sequence of one hashable per arm ({n_arms} arms), e.g. "
+                         f"(draft architecture, γ) per arm, got {groups!r}")
+    for arm, group in enumerate(groups):
+        try:
+            hash(group)
+        except TypeError as error:
+            raise ValueError(f"groups must hold hashable values (a tuple, not a list or dict), got {group!r} for "
+                             f"arm {arm}") from error
+    return tuple(groups)
 
 
 REWARDS = {

@@ -11,6 +11,7 @@ prices a change of draft once the engines tell its step costs which steps switch
 """
 from __future__ import annotations
 
+import copy
 import math
 
 from collections import Counter
@@ -22,7 +23,7 @@ import torch
 import flashspec as fs
 from flashspec import bandits
 from flashspec.drafters import PromptLookupDrafter
-from flashspec.engine import SpeculativeDecoder
+from flashspec.engine import SpeculativeDecoder, cost_signature
 from flashspec.fast import FastSpeculativeDecoder, catch_up_tokens
 from flashspec.rewards import StepCosts
 
@@ -405,3 +406,71 @@ def test_engines_tell_the_step_costs_which_steps_switched_draft(pool, engine):
     drafts = [decoder.arms[arm][0] for arm in arms]
     expected = [(arms[0], None)] + [(arm, drafts[i + 1] != drafts[i]) for i, arm in enumerate(arms[1:])]
     assert seen == expected and any(switched for _, switched in seen) and len(seen) > 4
+
+
+# ------------------------------------------------------------------ shared costs of same-compute arms
+SAME_SIZE_ARMS = [(0, 2), (0, 4), (1, 2), (1, 4)]  # drafts A and B of one architecture, γ = 2 and 4
+
+
+def prefers_cheap_gamma(groups, seed: int, selects: int = 50) -> tuple[float, float]:
+    """Drafts A and B of one size: a step costs 1.0 at γ = 2 and 1.165 at γ = 4 (the H200's SmolLM2 pool), with 2 %
+    log-normal noise. B's γ = 2 arm was measured by 3 early steps, 8 % slow; A's by 60 accurate ones. B accepts
+    α = 0.5 (then γ = 2 makes 1.75 tokens per unit cost against γ = 4's 1.94 / 1.165 = 1.66), A α = 0.2. The
+    share of `selects` selects at B@γ=2 and at B@γ=4."""
+    costs = StepCosts(len(SAME_SIZE_ARMS), groups=groups)
+    rng = np.random.default_rng(seed)
+    for arm, true, steps in [(2, 1.08, 3), (0, 1.0, 60), (1, 1.165, 40), (3, 1.165, 60)]:  # B@2's steps come first
+        for _ in range(steps):
+            costs.observe(arm, true * math.exp(0.02 * rng.standard_normal()), switched=False)
+    policy = bandits.GammaThompsonSampling(len(SAME_SIZE_ARMS), seed=seed, arms=SAME_SIZE_ARMS)
+    policy.bind_arms(SAME_SIZE_ARMS, costs)
+    for arm, alpha in [(1, 0.2), (3, 0.5), (2, 0.5)] * 600:
+        gamma = SAME_SIZE_ARMS[arm][1]
+        policy.update_step(arm, int(min(rng.geometric(1.0 - alpha) - 1, gamma)), gamma)
+    picks = np.array([int(policy.select()) for _ in range(selects)])
+    return float(np.mean(picks == 2)), float(np.mean(picks == 3))
+
+
+def test_shared_costs_price_a_rarely_played_arm_from_its_whole_group():
+    """Priced from its own 3 slow steps, B@γ=2 looks 1.08x cheaper than γ = 4 where it is 1.165x, and gamma-ts
+    plays B@γ=4 (the over-played γ measured on the H200); sharing the cost of every γ = 2 step of the same-size
+    drafts, it plays B@γ=2. 20 seeded policies, 50 selects each (with groups: all 1000 at B@γ=2; without: 89 %
+    at B@γ=4)."""
+    shared = np.array([prefers_cheap_gamma([("same size", gamma) for _, gamma in SAME_SIZE_ARMS], seed)
+                       for seed in range(20)])
+    alone = np.array([prefers_cheap_gamma(None, seed) for seed in range(20)])
+    assert shared[:, 0].mean() > 0.95 and shared[:, 0].min() > 0.8, shared
+    assert alone[:, 1].mean() > 0.7 and alone[:, 0].mean() < 0.25, alone  # the negative control: per-arm costs
+
+
+def test_cost_signature_says_which_drafts_run_the_same_compute(pool):
+    """Same class, size, dtype, device and config shape: one signature, whatever the weights; another size, a
+    wrapper, or a drafter without a model (prompt lookup) differs."""
+    target, near, far = pool
+    twin = fs.models.tiny_llama(vocab_size=near.config.vocab_size, hidden_size=16, num_layers=1,
+                                initializer_range=0.3, seed=9)
+    assert cost_signature(near) == cost_signature(twin) == cost_signature(copy.deepcopy(near))
+    assert cost_signature(near) != cost_signature(far)
+    assert cost_signature(near) != cost_signature(copy.deepcopy(near).half())
+    assert cost_signature(fs.ModelDrafter(near)) == cost_signature(fs.ModelDrafter(twin)) != cost_signature(near)
+    lookups = [PromptLookupDrafter(), PromptLookupDrafter()]
+    assert cost_signature(lookups[0]) != cost_signature(lookups[1])
+    assert cost_signature(lookups[0]) == cost_signature(lookups[0])
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_decoders_share_costs_between_same_size_drafts(pool, engine):
+    """Two same-config drafts at γ = 2 and 4: their γ = 2 arms form one cost group (as do their γ = 4 arms), the
+    smaller draft and prompt lookup groups of their own; generated steps feed the shared estimates."""
+    target, near, far = pool
+    decoder = ENGINES[engine](target, [near, copy.deepcopy(near), far, PromptLookupDrafter()], policy="gamma-ts",
+                              gammas=[2, 4], policy_kwargs={"seed": 0})
+    groups = decoder.cost_groups
+    assert decoder.step_costs.groups == tuple(groups) and len(set(groups)) == 6
+    assert groups[0] == groups[2] and groups[1] == groups[3] and groups[0] != groups[1]
+    assert groups[4] not in groups[:4] and groups[6] not in groups[:6]
+    decoder.generate(PROMPTS[2:], max_new_tokens=24, ignore_eos=True, sampling=fs.SamplingParams(1.0), seed=0)
+    costs = decoder.step_costs
+    for a, b in [(0, 2), (1, 3)]:
+        assert costs.costs[a] == costs.costs[b] and costs.steps["all"][a] == costs.steps["all"][b]
+    assert sum(costs.steps["all"][arm] for arm in (0, 1, 4, 5, 6, 7)) > 0

@@ -205,6 +205,11 @@ def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, 
             row["steps"] for row in run["step_ms_by_gamma"].values()) > 0
     estimates = by_policy["gamma-ts"]["cost_estimates"]
     assert len(estimates["all_ms"]) == 8 and {key.split("@")[1] for key in estimates["all_ms"]} == {"γ=2", "γ=4"}
+    # the four distilled drafts share one architecture: each γ's arms share one cost group and its estimates
+    groups = estimates["cost_group"]
+    assert all(number == (0 if key.endswith("γ=2") else 1) for key, number in groups.items()), groups
+    assert all(estimates["all_ms"][key] == estimates["all_ms"][first] for key in groups
+               for first in groups if groups[first] == groups[key])
     assert all(ms is None or ms > 0 for kind in ("all_ms", "stay_ms", "switch_ms") for ms in estimates[kind].values())
     # every stream step fed the estimates (the warm-up's measurements were put back before timing)
     assert sum(estimates["steps"]["all"].values()) >= sum(row["steps"] for row in by_policy["gamma-ts"]["step_ms_by_gamma"].values())
