@@ -162,12 +162,20 @@ class _Launcher:
             return
         binary, constexprs, device_index = cached
         stream = _current_stream(device_index)
-        enter_hook = triton.knobs.runtime.launch_enter_hook
+        enter_hook, exit_hook = _launch_hooks()
         # what Triton passes: the hook's metadata, built only when there is a hook to read it
         metadata = None if enter_hook is None else binary.launch_metadata(grid, stream, *args, *constexprs)
         binary.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                   binary.function, binary.packed_metadata, metadata, enter_hook, triton.knobs.runtime.launch_exit_hook,
-                   *args, *constexprs)
+                   binary.function, binary.packed_metadata, metadata, enter_hook, exit_hook, *args, *constexprs)
+
+
+def _launch_hooks() -> tuple:
+    """Triton's launch enter and exit hooks, None where there is none: Triton >= 3.9 keeps each as a chain that
+    may be empty (calling an empty chain, and building the metadata it would read, cost about a µs a launch)."""
+    runtime = triton.knobs.runtime
+    enter, leave = runtime.launch_enter_hook, runtime.launch_exit_hook
+    return (None if enter is None or getattr(enter, "calls", True) == [] else enter,
+            None if leave is None or getattr(leave, "calls", True) == [] else leave)
 
 
 def launch_key(plan: LaunchPlan, inputs: tuple, shape: tuple[int, int, int], flags: dict, prefix: tuple) -> tuple:
@@ -228,6 +236,7 @@ class PreparedVerify:
     cluster_meta: dict | None = None
     key: int | None = None  # `_entry_id`: stands for each launch's device and specialisation (None: per launch)
     keep: tuple = ()  # the tensors whose raw addresses the launches hold (a warm step's): alive while this is
+    direct: tuple = ()  # a warm step's launches, called without `_Launcher` (`_WarmStep.launch_list`)
 
     def launch_stats(self) -> None:
         launcher = _STATS_ACCEPT_LAUNCHER if self.plan.accept_once else _STATS_LAUNCHER
@@ -260,6 +269,15 @@ class PreparedVerify:
                 "sample": _SAMPLE_LAUNCHER.registers(self.sample_args, self.sample_meta, self.key)}
 
     def run(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.direct and FAST_LAUNCH:  # a warm step's compiled binaries, called straight (no hooks to feed)
+            enter_hook, exit_hook = _launch_hooks()
+            if enter_hook is None and exit_hook is None:
+                device_index, launches = self.direct
+                stream = _current_stream(device_index)
+                for binary, grid, args in launches:
+                    binary.run(grid[0], grid[1], grid[2], stream, binary.function, binary.packed_metadata, None,
+                               None, None, *args)
+                return self.tokens, self.num_accepted
         if self.plan.fused:
             self.launch_fused()
         elif self.plan.coop:
@@ -421,6 +439,7 @@ class _WarmStep:
     batch: int
     gamma: int
     launches: tuple[tuple[str, tuple, tuple, tuple, dict], ...]  # (field, grid, arguments, slots, meta)
+    binaries: tuple = ()  # each launch's cached (binary, constexprs, device) (`_Launcher.binaries`); () interpreted
 
     @classmethod
     def from_template(cls, template: PreparedVerify, has_draft: bool, words: int, accepted: int, batch: int,
@@ -434,8 +453,13 @@ class _WarmStep:
                               if isinstance(arg, _Slot))
                 launches.append((field, getattr(template, field + "_grid"), args, slots,
                                  getattr(template, field + "_meta")))
+        binaries = []
+        for field, *_ in launches:
+            cached = _field_launcher(template.plan, field).binaries.get(template.key)
+            binaries.append(None if cached is None else cached)
         return cls(plan=template.plan, key=template.key, has_draft=has_draft, words=words,
-                   accepted=accepted, batch=batch, gamma=gamma, launches=tuple(launches))
+                   accepted=accepted, batch=batch, gamma=gamma, launches=tuple(launches),
+                   binaries=tuple(binaries) if all(b is not None for b in binaries) else ())
 
     def fields(self, values: tuple[int, ...]) -> dict:
         """`PreparedVerify`'s grid, arguments and meta of each launch, the slots filled from `values` (indexed by
@@ -447,6 +471,15 @@ class _WarmStep:
                 args[position] = values[source] + offset
             fields[field + "_grid"], fields[field + "_args"], fields[field + "_meta"] = grid, tuple(args), meta
         return fields
+
+    def launch_list(self, fields: dict) -> tuple:
+        """(device, ((binary, grid of three, arguments and constexprs), ...)): what `PreparedVerify.run` launches
+        without `_Launcher`; () when a binary is not cached."""
+        if not self.binaries:
+            return ()
+        launches = tuple((binary, tuple(grid) + (1,) * (3 - len(grid)), fields[field + "_args"] + constexprs)
+                         for (field, grid, *_), (binary, constexprs, _) in zip(self.launches, self.binaries))
+        return self.binaries[0][2], launches
 
     def prepare(self, target: torch.Tensor, draft: torch.Tensor | None, tokens: torch.Tensor,
                 accept_prefix: int | torch.Tensor, sample_prefix: int | torch.Tensor) -> PreparedVerify:
@@ -460,13 +493,19 @@ class _WarmStep:
                               sample_prefix.data_ptr() if in_memory else sample_prefix))
         step = PreparedVerify(plan=self.plan, tokens=memory[:self.batch * (self.gamma + 1)].view(self.batch, -1),
                               num_accepted=memory[self.accepted // 2:self.accepted // 2 + self.batch], key=self.key,
-                              **fields)
+                              direct=self.launch_list(fields), **fields)
         # raw addresses do not keep their tensors alive: the step holds them
         step.keep = (target, draft, tokens, memory, accept_prefix, sample_prefix)
         return step
 
 
 _LAUNCH_FIELDS = ("stats", "sample", "fused", "coop", "cluster")
+
+
+def _field_launcher(plan: LaunchPlan, field: str) -> _Launcher:
+    """The launcher of a `PreparedVerify` launch field under `plan`."""
+    return {"stats": _STATS_ACCEPT_LAUNCHER if plan.accept_once else _STATS_LAUNCHER, "sample": _SAMPLE_LAUNCHER,
+            "fused": _FUSED_LAUNCHER, "coop": _COOP_LAUNCHER, "cluster": _CLUSTER_LAUNCHER}[field]
 _WARM_STEPS: dict[tuple, _WarmStep] = {}
 
 

@@ -348,6 +348,7 @@ def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: 
             prefixes = kernels.device_prefixes(key) if device_key else None
             warm_key = kernels._warm_key(logits, draft, tokens, params, prefixes, options)
             assert warm_key in kernels._WARM_STEPS, "the later steps should reuse one binding"
+            assert prepared.direct, "a warm step should launch its cached binaries directly"
     # a strided input is copied inside prepare_verify and bound by address: the step must keep the copy alive
     expected = verify_reference(target, draft, tokens, params, rng.Key.from_seed(5))
     strided = torch.stack([target, torch.zeros_like(target)], dim=-1)[..., 0]
@@ -357,6 +358,43 @@ def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: 
     out_tokens, out_accepted = prepared.run()
     assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)
     del junk
+
+
+@gpu_only
+@pytest.mark.parametrize("plan", PLANS)
+def test_warm_steps_still_call_tritons_launch_hooks(plan: str) -> None:
+    """A warm step launches its binaries without Triton's per-call path only while no launch hook is set: with
+    one set (a profiler's), every launch must reach it, and the tokens stay the reference's."""
+    from flashspec.kernels import prepare_verify
+    from flashspec.verify import verify_reference
+
+    params = SamplingParams(1.0)
+    target, draft, tokens = make_case(8, 4, 32000, params, True, torch.bfloat16, seed=3)
+    for _ in range(3):
+        prepare_verify(target, draft, tokens, params, rng.Key.from_seed(1), **PLANS[plan]).run()
+    seen: list = []
+
+    def hook(*metadata) -> None:
+        seen.append(metadata)
+
+    runtime = triton.knobs.runtime
+    chain = runtime.launch_enter_hook
+    if hasattr(chain, "add"):  # Triton >= 3.9: a chain of hooks
+        chain.add(hook)
+    else:
+        runtime.launch_enter_hook = hook
+    try:
+        prepared = prepare_verify(target, draft, tokens, params, rng.Key.from_seed(1), **PLANS[plan])
+        assert prepared.direct
+        out_tokens, _ = prepared.run()
+        torch.cuda.synchronize()
+    finally:
+        if hasattr(chain, "remove"):
+            chain.remove(hook)
+        else:
+            runtime.launch_enter_hook = chain
+    assert len(seen) == prepared.plan.launches
+    assert torch.equal(out_tokens, verify_reference(target, draft, tokens, params, rng.Key.from_seed(1)).tokens)
 
 
 @gpu_only
