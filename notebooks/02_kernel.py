@@ -583,6 +583,7 @@ for label, (t_logits, d_logits, d_tokens, params) in checks.items():
 #   steps per replay, as a decode loop runs it).
 
 # %%
+import statistics
 import textwrap
 
 from IPython.display import Markdown, display
@@ -743,7 +744,7 @@ display(plots.plot_verify_benchmark(verify_record))
 # has it (each verdict names its `timing`). The committed record has it; the columns and the figure above read it.
 # Two such medians taken minutes apart still move with the host's speed (the next cell shows how far), so the
 # benchmark now also times the honest baseline and the step alternately, call by call, and judges the eager bars on
-# the pairs' ratios where a record has them (`bench._paired_ratio`); the committed record was made before that.
+# the pairs' ratios where a record has them (`bench._paired_ratio`); the committed record has them.
 
 # %%
 eager_39 = provenance.results_dir() / "verify_triton39_h200.json"
@@ -792,23 +793,49 @@ else:
 # %% [markdown]
 # Where a launch-included step spends its host time: `experiments/verify_host_profile.py` splits it into preparing
 # the step (plan, allocation, argument binding) and its launches, at the four points the B ≤ 8 bar reads, on the
-# same host under Triton 3.9:
+# same host under Triton 3.9, for three versions of the launch path: the step bound afresh on every call; bound once
+# per shape (a `_WarmStep` keyed by what the call's arguments alone decide, with slots where each call's addresses
+# and key go); and, on top, the cached binaries launched directly, without Triton's empty hook chains.
 
 # %%
-split_profiles = sorted(provenance.results_dir().glob("verify_host_profile_b*_h200_triton39.json"))
-for path in split_profiles:
+SPLIT_LABELS = {"5bddba6": "bound every call", "3391351": "bound once per shape", "0c13bdf": "+ direct launches"}
+split_runs: dict[str, dict] = {}  # commit -> {(B, V): results}
+split_dates: dict[str, str] = {}
+for path in sorted(provenance.results_dir().glob("verify_host_profile_b*_h200_triton39_*.json")):
     split = provenance.load_result(path.stem)
-    got = split["results"]
-    print(f"B={split['settings']['batch']:>2} V={split['settings']['vocab']:>6}: {got['wall_us_per_call_unprofiled']:5.1f} "
-          f"µs per step back to back; prepare {got['prepare_us_per_call']:5.1f} µs, the {got['launches_per_step']} "
-          f"launches {got['run_us_per_call']:5.1f} µs (commit {split['provenance']['git_sha'][:7]})")
-if split_profiles:
-    shares = [(got := provenance.load_result(path.stem)["results"])["prepare_us_per_call"]
-              / got["wall_us_per_call_unprofiled"] for path in split_profiles]
+    commit = split["provenance"]["git_sha"][:7]
+    split_runs.setdefault(commit, {})[(split["settings"]["batch"], split["settings"]["vocab"])] = split["results"]
+    split_dates[commit] = min(split_dates.get(commit, "~"), split["provenance"]["date_utc"])
+split_order = sorted(split_runs, key=split_dates.get)
+if split_order:
+    print(f"{'B':>3} {'V':>7}  " + "  ".join(f"{SPLIT_LABELS.get(c, c) + ' (' + c + ')':>30}" for c in split_order))
+    for where in sorted(split_runs[split_order[0]]):
+        print(f"{where[0]:>3} {where[1]:>7}  " + "  ".join(
+            f"{got['wall_us_per_call_unprofiled']:6.1f} = {got['prepare_us_per_call']:5.1f} + {got['run_us_per_call']:5.1f} µs"
+            .rjust(30) if (got := split_runs[c].get(where)) else "—".rjust(30) for c in split_order))
+    print("(µs per step back to back: the whole step = preparing it + its launches)")
+    mean_wall = {c: statistics.mean(g["wall_us_per_call_unprofiled"] for g in split_runs[c].values()) for c in split_order}
+    mean_prepare = {c: statistics.mean(g["prepare_us_per_call"] for g in split_runs[c].values()) for c in split_order}
+    same_code = [bench_record["results"]["points"] for bench_record in
+                 (provenance.load_result(name) for name in ("verify_h200", "verify_h200_3391351_run1")
+                  if (provenance.results_dir() / f"{name}.json").exists())]
+    host_moves = [max(a["triton_wall_us_per_call"], b["triton_wall_us_per_call"])
+                  / min(a["triton_wall_us_per_call"], b["triton_wall_us_per_call"])
+                  for a, b in zip(*same_code)] if len(same_code) == 2 else []
+    first, *rest = split_order
+    per_launch = statistics.mean(g["run_us_per_call"] / g["launches_per_step"] for g in split_runs[split_order[-1]].values())
     display(Markdown(
-        f"Preparing the step is {min(shares):.0%}–{max(shares):.0%} of the host time, the two launches most of the "
-        "rest. So the eager bar at B ≤ 8 is a host-side matter: a step whose arguments are bound once per shape "
-        "and only re-addressed per call would shorten the first part; faster kernels would not move it."))
+        f"Bound every call, preparing took {mean_prepare[first]:.0f} µs of a {mean_wall[first]:.0f} µs step on average "
+        "over the four points. "
+        + "; ".join(f"{SPLIT_LABELS.get(c, c)}: {mean_prepare[c]:.0f} µs of {mean_wall[c]:.0f} "
+                    f"({mean_wall[c] / mean_wall[first]:.2f}× the first)" for c in rest)
+        + ". "
+        + (f"The same code's back-to-back step time moved by up to {max(host_moves):.1f}× between two whole runs on "
+           "one machine minutes apart (`results/verify_h200.json` and `verify_h200_3391351_run1.json`), so a change "
+           "smaller than that between two profiles is not shown. " if host_moves else "")
+        + f"What is left is mostly the launches themselves: {per_launch:.0f} µs each in the newest profiles "
+        "(Triton's launcher and the driver), so a step of two launches from Python keeps about "
+        f"{2 * per_launch:.0f} µs of host time however it is prepared."))
 else:
     print(f"host time split: {NOT_MEASURED}")
 

@@ -1052,15 +1052,16 @@ else:
     print("the switch-priced adaptive γ on the H200: not measured (no committed record)")
 
 # %% [markdown]
-# **Drawn costs on the H200, three samples.** The same part with gamma-ts drawing each arm's cost about its running
+# **Drawn costs on the H200, four samples.** The same part with gamma-ts drawing each arm's cost about its running
 # median, on a fresh build of the pool (the same weight hashes again) and twice more on the same warm machine
-# (`results/real_pool_gamma_ts_drawn_h200.json`, `_run2_`, `_run3_`). The cell sets them beside the two samples
+# (`results/real_pool_gamma_ts_drawn_h200.json`, `_run2_`, `_run3_`), then once on a ninth build, again the same
+# weights (`_run4_`, the first run to record each γ's step times and the policy's cost estimates). The cell sets them beside the two samples
 # with point costs, and asks of the fixed-γ contestants what gamma-ts would have to believe to prefer the γ it chose
 # most: a step at γ costs c_γ = (tokens per step) / (tokens per second) on its own decoder.
 
 # %%
-DRAWN = [run for run in (committed_result(f"real_pool_gamma_ts_drawn{tag}_h200") for tag in ("", "_run2", "_run3"))
-         if run is not None]
+DRAWN = [run for run in (committed_result(f"real_pool_gamma_ts_drawn{tag}_h200")
+                         for tag in ("", "_run2", "_run3", "_run4")) if run is not None]
 if DRAWN:
     drawn = [run["results"]["adaptive_gamma"] for run in DRAWN]
     point_costs = [run["results"]["adaptive_gamma"] for run in PRICED]
@@ -1097,9 +1098,9 @@ if DRAWN:
     display(Markdown(
         f"With drawn costs gamma-ts made {min(ours_drawn):.3f}–{max(ours_drawn):.3f}× the best fixed γ (γ = {best}), "
         f"against {min(ours_point):.3f}–{max(ours_point):.3f}× with point costs; the fixed contestants moved by at "
-        f"most {max(fixed_moves):.1%} across the three samples. "
+        f"most {max(fixed_moves):.1%} across the {len(drawn)} samples. "
         + ("**Every drawn sample is below every point-cost sample**, a miss against the version it replaced, though "
-           "five samples in all are few. " if max(ours_drawn) < min(ours_point) else
+           f"{len(drawn) + len(ours_point)} samples in all are few. " if max(ours_drawn) < min(ours_point) else
            "The two versions' samples overlap: no difference between them is shown. ")
         + f"gamma-ts played γ = {chosen} most, over all domains and samples. On the fixed decoders a step at "
         f"γ = {chosen} costs {cost_ratio:.3f}× one at γ = {best} and makes {token_ratio:.3f}× the tokens, so "
@@ -1111,15 +1112,76 @@ if DRAWN:
         + f": measured over predicted {min(m / p for p, m in steps):.3f}–{max(m / p for p, m in steps):.3f}, "
         + ("so the adaptive decoder steps no slower, and the loss is in what it chose (γ, and the draft under it). "
            if max(m / p for p, m in steps) < 1.02 else "so part of the loss is the adaptive decoder's own step. ")
-        + "What misleads the choice these records cannot show: the running medians may sit below the means where a "
-        "γ's step times lean right (tokens per second is tokens over total time, a mean). "
-        "`experiments/real_pool.py` now records each contestant's step times per γ (mean, median, 90th "
-        "percentile) and gamma-ts's final cost estimates, so the next run on the pool answers it. "
-        + ("**Until then adaptive γ on the real pool is below the best fixed γ by more than the fixed contestants "
-           "move.**" if 1 - max(ours_drawn) > max(fixed_moves) else
-           "Its gap to the best fixed γ is within the fixed contestants' movement.")))
+        + ("**Adaptive γ on the real pool is below the best fixed γ by more than the fixed contestants move.** "
+           if 1 - max(ours_drawn) > max(fixed_moves) else
+           "Its gap to the best fixed γ is within the fixed contestants' movement. ")
+        + "The next cell reads what misled the choice."))
 else:
     print("gamma-ts with drawn costs on the H200: not measured (no committed record)")
+
+# %% [markdown]
+# **What gamma-ts believed.** The fourth sample recorded each fixed contestant's step times per γ and, at the end
+# of gamma-ts's stream, the cost state it chose from: per arm (draft, γ), the running median of the steps that kept
+# the draft ("staying", what it compares arms of the draft it is on by) and the steps behind it. Two explanations
+# were open: medians that sit below means where step times lean right (tokens per second is a ratio of means), or
+# estimates made from too few steps.
+
+# %%
+EXPLAINED = next((run for run in reversed(DRAWN)
+                  if "cost_estimates" in run["results"]["adaptive_gamma"]["adaptive_by_policy"]["gamma-ts"]), None)
+if EXPLAINED is not None:
+    part = EXPLAINED["results"]["adaptive_gamma"]
+    policy = part["adaptive_by_policy"]["gamma-ts"]
+    believed = policy["cost_estimates"]
+    gammas = sorted(part["fixed"], key=int)
+    best = str(part["best_fixed_gamma"])
+    played = {g: policy["step_ms_by_gamma"].get(g, {}).get("steps", 0) for g in gammas}
+    chosen = max(played, key=played.get)
+    fixed_ms = {g: part["fixed"][g]["step_ms"] for g in gammas}
+    lean = {g: fixed_ms[g]["mean_ms"] / fixed_ms[g]["median_ms"] for g in gammas}
+    print("fixed decoders' steps, ms: " + "; ".join(
+        f"γ = {g}: median {fixed_ms[g]['median_ms']:.3f}, mean {fixed_ms[g]['mean_ms']:.3f}" for g in gammas))
+    print(f"gamma-ts's staying-cost estimates at the end of its stream (ms, steps behind each):")
+    drafts = sorted({label.split("@")[0] for label in believed["stay_ms"]})
+    ratios = {}
+    for draft in drafts:
+        cells = []
+        for g in gammas:
+            label = f"{draft}@γ={g}"
+            value, steps = believed["stay_ms"].get(label), believed["steps"]["stay"].get(label, 0)
+            cells.append(f"γ = {g}: " + ("—" if value is None else f"{value:.3f} ({steps})"))
+        high, low = believed["stay_ms"].get(f"{draft}@γ={chosen}"), believed["stay_ms"].get(f"{draft}@γ={best}")
+        ratios[draft] = None if high is None or low is None else high / low
+        print(f"  {draft:<8} " + "   ".join(cells))
+    truth = fixed_ms[chosen]["median_ms"] / fixed_ms[best]["median_ms"]
+    token_ratio = part["fixed"][chosen]["tokens_per_step"] / part["fixed"][best]["tokens_per_step"]
+    fooled = [d for d, r in ratios.items() if r is not None and r < token_ratio]
+    sparse = min(drafts, key=lambda d: believed["steps"]["stay"].get(f"{d}@γ={best}", 0))
+    sparse_steps = believed["steps"]["stay"].get(f"{sparse}@γ={best}", 0)
+    rich = max(drafts, key=lambda d: believed["steps"]["stay"].get(f"{d}@γ={best}", 0))
+    display(Markdown(
+        f"On the fixed decoders a step at γ = {chosen} costs {truth:.3f}× one at γ = {best} (medians) and makes "
+        f"{token_ratio:.3f}× the tokens. gamma-ts's own estimates put that cost ratio at "
+        + ", ".join(f"{ratios[d]:.3f} ({d})" for d in drafts if ratios[d] is not None)
+        + (f": below the token ratio for {', '.join(fooled)}, so there γ = {chosen} looked the better buy. "
+           if fooled else ". ")
+        + f"The medians are not the cause: step times lean right by {min(lean.values()):.3f}–{max(lean.values()):.3f}"
+        f"× (mean over median) at every γ, {'more' if lean[best] > lean[chosen] else 'less'} at γ = {best} than at "
+        f"γ = {chosen}, which would tilt the medians {'towards' if lean[best] > lean[chosen] else 'away from'} "
+        f"γ = {best}. The estimates' support is: {sparse}'s γ = {best} arm was priced from "
+        f"{sparse_steps} staying steps at {believed['stay_ms'][f'{sparse}@γ={best}']:.3f} ms, while {rich}'s "
+        f"γ = {best} arm, the same compute, had {believed['steps']['stay'][f'{rich}@γ={best}']} at "
+        f"{believed['stay_ms'][f'{rich}@γ={best}']:.3f} ms, against {fixed_ms[best]['median_ms']:.3f} ms on the fixed "
+        f"decoder. An arm the policy rarely stays on is priced from its few staying steps, often the ones just after a "
+        f"switch, and the arm it stays on most from many: that lock-in favours the incumbent γ. The four drafts share "
+        f"one architecture, so a step's cost depends on γ (and on staying or switching), not on which of them runs it: "
+        "arms now share their cost estimates by compute (`StepCosts(groups=...)`, grouped by `engine.cost_signature` "
+        "of the draft and γ, on both decoders), so every step of a γ prices every draft at that γ. A test reproduces "
+        "this case in simulation (tests/test_adaptive_gamma.py: with shared costs gamma-ts picks the better γ in "
+        "nearly every select, with per-arm costs mostly the other); **on the H200 the shared-cost version is not "
+        "measured yet**."))
+else:
+    print("gamma-ts's cost estimates on the H200: not recorded in any committed run")
 
 # %% [markdown]
 # **The adaptive policy in the speed runs.** The speed comparison above fixes γ. Here the shipped adaptive

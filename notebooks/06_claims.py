@@ -957,7 +957,7 @@ def adaptive_speed_note() -> str:
             "for the generalist alone: there it did not match the best fixed choice")
 
 
-DRAWN_FILES = [f"real_pool_gamma_ts_drawn{tag}_h200.json" for tag in ("", "_run2", "_run3")]
+DRAWN_FILES = [f"real_pool_gamma_ts_drawn{tag}_h200.json" for tag in ("", "_run2", "_run3", "_run4")]
 
 
 def drawn_samples() -> tuple[list[float], list[float]]:
@@ -986,13 +986,17 @@ def priced_note() -> str:
     with_draws, fixed_moves = drawn_samples()
     if not with_draws:
         return text + "; that version is unmeasured on the H200"
-    return text + (f"; with drawn costs, {len(with_draws)} samples of one build made {min(with_draws):.3f}–"
+    return text + (f"; with drawn costs, {len(with_draws)} samples (two builds, the same weights) made {min(with_draws):.3f}–"
                    f"{max(with_draws):.3f}× (the fixed contestants moved by at most {max(fixed_moves, default=0.0):.1%}), "
                    + ("below every sample with point costs" if max(with_draws) < min(ours) else
                       "overlapping the samples with point costs")
                    + ("; so the shipped version is below the best fixed γ by more than the fixed contestants move"
                       if 1 - max(with_draws) > max(fixed_moves, default=0.0) else "")
-                   + ", and why is open (chapter 5; " + ", ".join(f"`results/{name}`" for name in DRAWN_FILES) + ")")
+                   + "; the fourth sample's cost estimates show why: each arm was priced from its own staying "
+                   "steps, so the cheaper γ's arm of a draft it seldom stayed on rested on a few slow ones while the same compute "
+                   "under another draft was measured by many; arms of same-sized drafts now share their costs by "
+                   "γ, tested in simulation, not yet measured on the H200 (chapter 5, \"What gamma-ts believed\"; "
+                   + ", ".join(f"`results/{name}`" for name in DRAWN_FILES) + ")")
 
 
 if REAL_GAMMA_TS is None:
