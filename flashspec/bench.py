@@ -272,6 +272,7 @@ def measure_floors(copy_numel: int = 1 << 30) -> dict:
     launch_graph_us, graph_error = _attempt(lambda: _graph_us(lambda: empty_kernel[(1,)](scratch)))
     launch_graph_warm_us, _ = _attempt(lambda: _graph_warm_us(lambda: empty_kernel[(1,)](scratch)))
     launch_wall_us = _wall_us(lambda: empty_kernel[(1,)](scratch), calls=500)
+    launched = _launch_floor_latencies(empty_kernel, scratch)
     src = torch.randn(copy_numel, device=device, dtype=torch.bfloat16)
     dst = torch.empty_like(src)
     copy_us = _do_bench_us(lambda: dst.copy_(src))
@@ -284,12 +285,37 @@ def measure_floors(copy_numel: int = 1 << 30) -> dict:
         "empty_launch_graph_replay_us": launch_graph_us,
         "empty_launch_graph_warm_us": launch_graph_warm_us,
         "empty_launch_wall_us_per_call": launch_wall_us,
+        **launched,
         "copy_bytes_read_plus_written": bytes_moved,
         "copy_us": copy_us,
         "bandwidth_bytes_per_s": bytes_moved / (copy_us * 1e-6),
     }
     if graph_error:
         floors["graph_error"] = graph_error
+    return floors
+
+
+def _launch_floor_latencies(kernel, scratch: torch.Tensor) -> dict:
+    """One and two empty launches timed as the eager step is (`_latency_spread_us`: from an idle GPU, launch
+    included), through the warm verify step's launch path (its cached binary called with a raw address): what
+    any step of that many launches costs from Python before its kernels do any work, so the honest baseline's
+    time over it bounds the eager ratio a plan of that many launches can reach."""
+    from flashspec.kernels.verify import _Launcher
+
+    launcher = _Launcher(kernel)
+    launcher((1,), (scratch,), {}, 0)  # compiled and cached under key 0
+    args = (scratch.data_ptr(),) if _on_gpu() else (scratch,)  # the interpreter needs the tensor
+
+    def one() -> None:
+        launcher((1,), args, {}, 0)
+
+    def two() -> None:
+        launcher((1,), args, {}, 0)
+        launcher((1,), args, {}, 0)
+
+    floors = {}
+    for name, fn in (("one_empty_launch_latency_us", one), ("two_empty_launches_latency_us", two)):
+        floors[name], floors[name + "_spread"] = _latency_spread_us(fn)
     return floors
 
 
@@ -583,6 +609,9 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
         "floor_bytes_us": bytes_us,
         "floor_set_by": "bytes" if bytes_us > floors["empty_launch_us"] else "one launch",
         "graph_floor_us": max(graph_launch_us, bytes_us) if graph_launch_us is not None else None,
+        "latency_floor_by_launches_us": {str(n): floors[key] for n, key in
+                                         ((1, "one_empty_launch_latency_us"), (2, "two_empty_launches_latency_us"))
+                                         if floors.get(key) is not None},
         **dict(zip(("honest_torch_us", "honest_torch_us_spread"), _do_bench_spread_us(honest_step))),
         "honest_torch_wall_us_per_call": _wall_us(honest_step, calls=50),
         "honest_race_torch_us": _do_bench_us(honest_race_step),
@@ -715,6 +744,11 @@ def point_ratios(point: dict) -> dict:
         "honest_over_best_latency_range": _ratio_range(point.get("honest_torch_latency_us_spread"),
                                                        best_row.get("latency_us_spread")),
     }
+    # the most the eager ratio can reach with this plan's number of launches: the honest baseline over that many
+    # empty launches timed the same way (None where the record lacks either)
+    floor_by_launches = point.get("latency_floor_by_launches_us", {})
+    ratios["honest_over_launch_floor_latency"] = _ratio(
+        point.get("honest_torch_latency_us"), floor_by_launches.get(str(point.get("launches_per_step"))))
     if "host_loop_us" in point:
         ratios["host_loop_over_triton"] = _ratio(point["host_loop_us"], point["triton_us"])
     return ratios

@@ -787,6 +787,14 @@ if EAGER_KEY.endswith("_latency_us"):
         " once as the other, so no verdict on these bars is firmer than that. The plans' warm replays, their kernels alone, take "
         f"{min(replays):.0f}–{max(replays):.0f} µs over the same points: the spread of the launch-included times is the"
         " host's."))
+    # empty launches timed the same way bound the eager ratio a plan with that many launches can reach
+    ceilings = [(p, p.get("honest_over_launch_floor_latency")) for p in points]
+    if any(ceiling is not None for _, ceiling in ceilings):
+        print("honest baseline over as many empty launches as the step makes, both from an idle GPU (the most "
+              "the eager ratio can reach): " + ", ".join(f"B={p['batch']} V={p['vocab']} {c:.1f}×"
+                                                         for p, c in ceilings if c is not None))
+    else:
+        print(f"empty launches timed from an idle GPU (the eager ratio's ceiling): {NOT_MEASURED} in this record")
 else:
     print(f"launch-included eager times: {NOT_MEASURED} in this record")
 

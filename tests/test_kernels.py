@@ -546,6 +546,10 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
         assert point["honest_torch_us"] > 0 and point["honest_over_triton"] is not None
         assert point["honest_torch_latency_us"] > 0 and point["honest_over_triton_latency"] is not None
         assert point["honest_over_triton_paired"] > 0 and len(point["honest_over_best_paired_range"]) == 2
+        # empty launches timed like the step: the ceiling of the eager ratio with this many launches
+        assert set(point["latency_floor_by_launches_us"]) == {"1", "2"}
+        assert point["honest_over_launch_floor_latency"] == point["honest_torch_latency_us"] / \
+            point["latency_floor_by_launches_us"][str(point["launches_per_step"])]
         assert point["paired_best_variant"] == point["best_variant"]
         assert point["best_variant"] in PLAN_VARIANTS and not is_diagnostic(PLAN_VARIANTS[point["best_variant"]])
         assert "honest_torch_graph_error" in point or "honest_torch_graph_warm_us" in point
@@ -569,6 +573,9 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
         "one call from an idle GPU, launch included, the honest baseline's and the step's calls alternating")
     assert results["plan_choice"]["paste"].startswith("SHAPE_PLANS_BY_TRITON[(")
     assert record["settings"]["targets"] == TARGETS
+    floors = results["floors"]
+    assert 0 < floors["one_empty_launch_latency_us"] and 0 < floors["two_empty_launches_latency_us"]
+    assert len(floors["two_empty_launches_latency_us_spread"]) == 2
 
 
 def test_plan_choice_skips_diagnostic_and_wrong_variants() -> None:
