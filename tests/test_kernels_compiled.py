@@ -144,10 +144,9 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
                             flags = dict(SCALE_MODE=kernels.SCALE_NONE if params.temperature in (0.0, 1.0)
                                          else kernels.SCALE_MULTIPLY, HAS_DRAFT=with_draft and not params.greedy,
                                          GREEDY=params.greedy)
-                            bind = (kernels._bind_fused if plan.fused else kernels._bind_coop if plan.coop
-                                    else kernels._bind_cluster if plan.cluster else kernels._bind_two_launches)
-                            prepared = bind(plan, (target, draft, tokens), outputs, layout.views(memory),
-                                            (batch, gamma, vocab), 1.0 / 0.7, flags, prefix, None)
+                            prepared = kernels._binder(plan)(plan, (target, draft, tokens), outputs,
+                                                             layout.views(memory), (batch, gamma, vocab), 1.0 / 0.7,
+                                                             flags, prefix, None, memory.device, False)
                             for kernel, args, meta in _launches(prepared, kernels):
                                 described = _describe(kernel, args, meta, plan.precise)
                                 launches.setdefault(_structure(described), described)
