@@ -47,6 +47,9 @@ from flashspec.rewards import StepCosts  # noqa: E402
 PARTS = ("quality", "switching", "speed", "adaptive_gamma", "anatomy")
 
 
+PER_ARM = ":per-arm"  # a --gamma-policies suffix: the policy with per-arm costs (no cost groups)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
@@ -77,10 +80,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="policy of the speed part's adaptive contestant over (draft, γ) arms")
     parser.add_argument("--gamma-policies", nargs="+", default=["thompson", "gamma-ts"],
                         help="policies over (draft, γ) arms in the adaptive_gamma part (thompson: throughput reward; "
-                             "gamma-ts: one acceptance posterior per draft and measured costs)")
+                             "gamma-ts: one acceptance posterior per draft and measured costs); a name ending in "
+                             f"'{PER_ARM}' runs that policy with each arm's cost measured from its own steps only "
+                             "(the cost model before same-compute arms shared their costs), e.g. gamma-ts:per-arm")
     parser.add_argument("--compile", nargs="?", const="default", default=False)
     parser.add_argument("--git-sha", default=None)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    for name in args.gamma_policies:
+        if ":" in name and not name.endswith(PER_ARM):
+            parser.error(f"--gamma-policies: {name!r} has an unknown suffix; the one suffix is '{PER_ARM}' "
+                         "(e.g. gamma-ts:per-arm)")
+    return args
+
 
 
 def stream(decoder: Any, requests: list[switching.Request], sampling: fs.SamplingParams, new_tokens: int,
@@ -393,11 +404,14 @@ def main(argv: list[str] | None = None) -> int:
         out["best_fixed_gamma"] = int(best)
         out["adaptive_by_policy"] = {}
         for policy in args.gamma_policies:
-            # every policy starts with no cost measured; arms of same-sized drafts at one γ share their costs
-            decoder.step_costs = StepCosts(arms, groups=decoder.cost_groups)
+            # every policy starts with no cost measured; arms of same-sized drafts at one γ share their costs,
+            # unless the name asks for per-arm costs (the A/B of the cost sharing on one build)
+            per_arm = policy.endswith(PER_ARM)
+            decoder.step_costs = StepCosts(arms, groups=None if per_arm else decoder.cost_groups)
             # a throughput reward (or gamma-ts's costs) reads step times, so the timed stream may leave the
             # replay's arms: every graph an arm can reach is captured before timing (graph_captures shows none were)
-            run = switching.serve_stream(pool.target, drafts, blocks, make_policy(policy, arms, seed=0), args.gamma,
+            run = switching.serve_stream(pool.target, drafts, blocks,
+                                         make_policy(policy.removesuffix(PER_ARM), arms, seed=0), args.gamma,
                                          args.new_tokens, sampling_t, decoder=decoder, warm_up="all")
             entry = {k: run[k] for k in kept}
             entry["gamma_share_per_domain"] = chosen_gamma_per_domain(run, blocks, arm_gammas)

@@ -159,6 +159,8 @@ def test_real_pool_keeps_the_contestants_a_failed_or_cut_part_finished(micro_cac
     part = json.loads(out.read_text())["results"]["adaptive_gamma"]
     assert part["partial"] is True and list(part["fixed"]) == ["2"] and list(part["adaptive_by_policy"]) == ["thompson"]
     assert "no-such-policy" in part["error"]
+    with pytest.raises(SystemExit):  # a suffix other than ":per-arm" is refused before anything runs
+        real_pool.main(["--size", "micro-distill", "--out", str(out), "--gamma-policies", "gamma-ts:shared"])
 
 
 def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, tmp_path: Path) -> None:
@@ -167,7 +169,8 @@ def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, 
     out = tmp_path / "pool.json"
     assert real_pool.main(["--size", "micro-distill", "--out", str(out), "--requests", "4", "--block", "2",
                            "--new-tokens", "6", "--repeats", "1", "--device", "cpu", "--gammas", "2", "4",
-                           "--train-budget-s", "0.5"]) == 0
+                           "--train-budget-s", "0.5", "--gamma-policies", "thompson", "gamma-ts",
+                           "gamma-ts:per-arm"]) == 0
     results = json.loads(out.read_text())["results"]
     fitted = results["build"]["fitted_to_budget"]
     assert fitted["seconds_per_step"] > 0 and results["build"]["config"]["draft_steps"] == fitted["draft_steps"]
@@ -177,7 +180,8 @@ def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, 
     assert results["speed"]["t1"]["by_gamma"]["4"]["graph_captures"] == [0]
     assert results["adaptive_gamma"]["adaptive"]["graph_captures"] == 0
     by_policy = results["adaptive_gamma"]["adaptive_by_policy"]
-    assert list(by_policy) == ["thompson", "gamma-ts"] and by_policy["thompson"] == results["adaptive_gamma"]["adaptive"]
+    assert list(by_policy) == ["thompson", "gamma-ts", "gamma-ts:per-arm"]
+    assert by_policy["thompson"] == results["adaptive_gamma"]["adaptive"]
     assert all(run["graph_captures"] == 0 and run["vs_best_fixed"] > 0 for run in by_policy.values())
     assert {run["graph_captures"] for run in results["switching"]["blocks"]["runs"].values()} == {0}
     assert results["speed"]["greedy"]["greedy_token_agreement_with_plain"] == 1.0  # float32 on a CPU: exact
@@ -210,6 +214,9 @@ def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, 
     assert all(number == (0 if key.endswith("γ=2") else 1) for key, number in groups.items()), groups
     assert all(estimates["all_ms"][key] == estimates["all_ms"][first] for key in groups
                for first in groups if groups[first] == groups[key])
+    # the same policy with per-arm costs (the cost model before sharing): every arm a group of its own
+    per_arm = by_policy["gamma-ts:per-arm"]["cost_estimates"]["cost_group"]
+    assert sorted(per_arm.values()) == list(range(8)), per_arm
     assert all(ms is None or ms > 0 for kind in ("all_ms", "stay_ms", "switch_ms") for ms in estimates[kind].values())
     # every stream step fed the estimates (the warm-up's measurements were put back before timing)
     assert sum(estimates["steps"]["all"].values()) >= sum(row["steps"] for row in by_policy["gamma-ts"]["step_ms_by_gamma"].values())
