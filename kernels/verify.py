@@ -453,13 +453,11 @@ class _WarmStep:
                               if isinstance(arg, _Slot))
                 launches.append((field, getattr(template, field + "_grid"), args, slots,
                                  getattr(template, field + "_meta")))
-        binaries = []
-        for field, *_ in launches:
-            cached = _field_launcher(template.plan, field).binaries.get(template.key)
-            binaries.append(None if cached is None else cached)
+        # `_launchers` lists the plan's launchers in the order of `_LAUNCH_FIELDS`, as `launches` holds them
+        binaries = tuple(launcher.binaries.get(template.key) for launcher in _launchers(template.plan))
         return cls(plan=template.plan, key=template.key, has_draft=has_draft, words=words,
                    accepted=accepted, batch=batch, gamma=gamma, launches=tuple(launches),
-                   binaries=tuple(binaries) if all(b is not None for b in binaries) else ())
+                   binaries=binaries if None not in binaries else ())
 
     def fields(self, values: tuple[int, ...]) -> dict:
         """`PreparedVerify`'s grid, arguments and meta of each launch, the slots filled from `values` (indexed by
@@ -500,12 +498,6 @@ class _WarmStep:
 
 
 _LAUNCH_FIELDS = ("stats", "sample", "fused", "coop", "cluster")
-
-
-def _field_launcher(plan: LaunchPlan, field: str) -> _Launcher:
-    """The launcher of a `PreparedVerify` launch field under `plan`."""
-    return {"stats": _STATS_ACCEPT_LAUNCHER if plan.accept_once else _STATS_LAUNCHER, "sample": _SAMPLE_LAUNCHER,
-            "fused": _FUSED_LAUNCHER, "coop": _COOP_LAUNCHER, "cluster": _CLUSTER_LAUNCHER}[field]
 _WARM_STEPS: dict[tuple, _WarmStep] = {}
 
 
