@@ -825,7 +825,7 @@ if split_order:
     mean_wall = {c: statistics.mean(g["wall_us_per_call_unprofiled"] for g in split_runs[c].values()) for c in split_order}
     mean_prepare = {c: statistics.mean(g["prepare_us_per_call"] for g in split_runs[c].values()) for c in split_order}
     same_code = [bench_record["results"]["points"] for bench_record in
-                 (provenance.load_result(name) for name in ("verify_h200", "verify_h200_3391351_run1")
+                 (provenance.load_result(name) for name in ("verify_h200_3391351", "verify_h200_3391351_run1")
                   if (provenance.results_dir() / f"{name}.json").exists())]
     host_moves = [max(a["triton_wall_us_per_call"], b["triton_wall_us_per_call"])
                   / min(a["triton_wall_us_per_call"], b["triton_wall_us_per_call"])
@@ -839,7 +839,7 @@ if split_order:
                     f"({mean_wall[c] / mean_wall[first]:.2f}× the first)" for c in rest)
         + ". "
         + (f"The same code's back-to-back step time moved by up to {max(host_moves):.1f}× between two whole runs on "
-           "one machine minutes apart (`results/verify_h200.json` and `verify_h200_3391351_run1.json`), so a change "
+           "one machine minutes apart (`results/verify_h200_3391351.json` and `verify_h200_3391351_run1.json`), so a change "
            "smaller than that between two profiles is not shown. " if host_moves else "")
         + f"What is left is mostly the launches themselves: {per_launch:.0f} µs each in the newest profiles "
         "(Triton's launcher and the driver), so a step of two launches from Python keeps about "
