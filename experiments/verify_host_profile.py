@@ -1,6 +1,8 @@
-"""Where the host time of one eager verify step goes: `prepare_verify(...).run()` called in a loop without
-synchronising (so the host, not the GPU, sets the pace), under cProfile. Writes the wall time per call
-and the functions with the most own time as JSON.
+"""Where the host time of one eager verify step goes: `verify_triton` (what `flashspec.verify` and the engines
+call: a warm step launched straight from its binding) called in a loop without synchronising (so the host, not
+the GPU, sets the pace), under cProfile. Writes the wall time per call, the same step made in two parts
+(`prepare_verify`, then `PreparedVerify.run`: the host work before the launches and the launches) and the
+functions with the most own time as JSON.
 
     python experiments/verify_host_profile.py --out results/verify_host_profile_h200.json
 """
@@ -16,7 +18,7 @@ import torch
 from flashspec import provenance, rng
 from flashspec.bench import _wall_us
 from flashspec.bench import make_inputs
-from flashspec.kernels import prepare_verify
+from flashspec.kernels import prepare_verify, verify_triton
 from flashspec.sampling import SamplingParams
 
 
@@ -35,7 +37,7 @@ def main(argv: list[str] | None = None) -> int:
     key = rng.Key.from_seed(12345)
 
     def step():
-        return prepare_verify(target, draft, tokens, params, key).run()
+        return verify_triton(target, draft, tokens, params, key)
 
     def prepare():
         return prepare_verify(target, draft, tokens, params, key)
@@ -43,9 +45,11 @@ def main(argv: list[str] | None = None) -> int:
     prepared = prepare()
     for _ in range(50):
         step()
+        prepared.run()
     torch.cuda.synchronize()
     wall_us = _wall_us(step, args.calls)
-    split = {"prepare_us_per_call": _wall_us(prepare, args.calls),  # the host work before the launches
+    split = {"step": "verify_triton",
+             "prepare_us_per_call": _wall_us(prepare, args.calls),  # the host work before the launches
              "run_us_per_call": _wall_us(prepared.run, args.calls),  # the launches of one prepared step
              "launches_per_step": prepared.plan.launches}
     profiler = cProfile.Profile()
@@ -65,8 +69,8 @@ def main(argv: list[str] | None = None) -> int:
               "results": {"wall_us_per_call_unprofiled": wall_us, **split, "top_own_time": rows[:40]}}
     with open(args.out, "w") as handle:
         json.dump(record, handle, indent=1)
-    print(f"wall {wall_us:.1f} us per call (unprofiled): prepare {split['prepare_us_per_call']:.1f}, "
-          f"run {split['run_us_per_call']:.1f} ({split['launches_per_step']} launches)")
+    print(f"wall {wall_us:.1f} us per verify_triton call (unprofiled); in two parts: prepare "
+          f"{split['prepare_us_per_call']:.1f}, run {split['run_us_per_call']:.1f} ({split['launches_per_step']} launches)")
     for row in rows[:25]:
         print(f"{row['own_us_per_step']:8.2f} us own {row['cumulative_us_per_step']:8.2f} cum "
               f"{row['calls_per_step']:5.1f}x  {row['function']}")

@@ -490,13 +490,27 @@ def _plan_record(prepared) -> dict:
             "sample_warps": plan.sample_warps}
 
 
+def _variant_options(overrides: dict[str, int]) -> dict:
+    """The `fused` and `tuning` arguments of a launch-plan variant (fused None: the tuning decides; False would
+    forbid the cooperative plan)."""
+    return {"fused": True if overrides.get("fused", 0) else None, "tuning": tuple(sorted(overrides.items()))}
+
+
 def variant_prepare(inputs: tuple, params: SamplingParams, key: rng.Key, overrides: dict[str, int]) -> Callable:
     """`prepare_verify` of the inputs under a launch-plan variant's overrides, as a function of no arguments."""
     from flashspec.kernels import prepare_verify
 
-    tuning = tuple(sorted(overrides.items()))
-    fused = True if overrides.get("fused", 0) else None  # None: the tuning decides (fused=False forbids coop)
-    return lambda: prepare_verify(*inputs, params, key, fused=fused, tuning=tuning)
+    options = _variant_options(overrides)
+    return lambda: prepare_verify(*inputs, params, key, **options)
+
+
+def variant_step(inputs: tuple, params: SamplingParams, key: rng.Key, overrides: dict[str, int]) -> Callable:
+    """One eager step under a launch-plan variant's overrides as a caller makes it (`verify_triton`: a warm step
+    launched straight from its binding), as a function of no arguments."""
+    from flashspec.kernels import verify_triton
+
+    options = _variant_options(overrides)
+    return lambda: verify_triton(*inputs, params, key, **options)
 
 
 def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides: dict[str, int],
@@ -504,7 +518,7 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
     """One launch-plan variant at one point: its grid, eager step time (do_bench) and warm graph replay,
     and whether it returns `expected` (the reference's tokens for `key`). A failure is recorded."""
     prepare = variant_prepare(inputs, params, key, overrides)
-    step = lambda: prepare().run()  # noqa: E731 -- one eager step: prepared and launched on every call
+    step = variant_step(inputs, params, key, overrides)
     row: dict = {"overrides": dict(overrides)}
     try:
         prepared = prepare()
@@ -514,7 +528,9 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
             row["error"] = (f"unavailable: the cluster plan needs an SM90+ GPU and Triton >= 3.9 "
                             f"(Triton {triton.__version__} here)")
             return row
-        tokens, accepted = prepared.run()
+        prepared.run()  # compiles and caches the binaries
+        step()  # binds the warm step
+        tokens, accepted = step()  # launched straight from that binding, as the timings below launch it
         _sync()
         row.update(launches=prepared.plan.launches, plan=_plan_record(prepared), registers=prepared.registers())
         if expected is not None:
@@ -557,7 +573,7 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
     """Every timing of one (B, V) point: the floor, the honest PyTorch baseline, the Triton step with the
     default plan (eager, graph replay, warm graph, each kernel), each launch-plan variant, the bit-exact
     reference, the host loop. `device`: "cuda" (default when present) or "cpu" for the smoke run."""
-    from flashspec.kernels import prepare_verify
+    from flashspec.kernels import prepare_verify, verify_triton
     from flashspec.kernels import verify as kernels
 
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -573,8 +589,8 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
     floor_us = max(floors["empty_launch_us"], bytes_us)
     graph_launch_us = floors.get("empty_launch_graph_warm_us")
 
-    def triton_step():
-        return prepare_verify(target, draft, tokens, params, key).run()
+    def triton_step():  # what `flashspec.verify` and the engines call
+        return verify_triton(target, draft, tokens, params, key)
 
     def triton_api():
         return fs.verify(target, draft, tokens, params, generator=5, backend="triton")
@@ -646,8 +662,8 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
     paired = {"honest_over_triton_paired": triton_step}
     if best is not None:
         point["paired_best_variant"] = best
-        prepare_best = variant_prepare((target, draft, tokens), params, key, point["variants"][best]["overrides"])
-        paired["honest_over_best_paired"] = lambda: prepare_best().run()
+        paired["honest_over_best_paired"] = variant_step((target, draft, tokens), params, key,
+                                                         point["variants"][best]["overrides"])
     for name, step in paired.items():
         measured, error = _attempt(lambda: _paired_ratio(honest_step, step))
         if error:

@@ -41,6 +41,7 @@ milliseconds of Python.
 from __future__ import annotations
 
 import functools
+import inspect
 import os
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -201,6 +202,10 @@ _COOP_LAUNCHER = _Launcher(_coop_kernel)
 _CLUSTER_LAUNCHER = _Launcher(_cluster_kernel)
 
 
+# the current CUDA device without `torch.cuda.current_device`'s lazy-init check (a µs): for calls whose tensors are
+# on a CUDA device already
+_current_device = getattr(torch._C, "_cuda_getDevice", None) or torch.cuda.current_device
+
 try:  # what Triton's own launcher uses
     from torch._C import _cuda_getCurrentRawStream as _current_stream
 except ImportError:  # pragma: no cover
@@ -236,7 +241,7 @@ class PreparedVerify:
     cluster_meta: dict | None = None
     key: int | None = None  # `_entry_id`: stands for each launch's device and specialisation (None: per launch)
     keep: tuple = ()  # the tensors whose raw addresses the launches hold (a warm step's): alive while this is
-    direct: tuple = ()  # a warm step's launches, called without `_Launcher` (`_WarmStep.launch_list`)
+    direct: tuple = ()  # a warm step's launches, fired without `_Launcher` (`_WarmStep.launch_list`)
 
     def launch_stats(self) -> None:
         launcher = _STATS_ACCEPT_LAUNCHER if self.plan.accept_once else _STATS_LAUNCHER
@@ -274,9 +279,8 @@ class PreparedVerify:
             if enter_hook is None and exit_hook is None:
                 device_index, launches = self.direct
                 stream = _current_stream(device_index)
-                for binary, grid, args in launches:
-                    binary.run(grid[0], grid[1], grid[2], stream, binary.function, binary.packed_metadata, None,
-                               None, None, *args)
+                for fire, args in launches:
+                    fire(stream, args)
                 return self.tokens, self.num_accepted
         if self.plan.fused:
             self.launch_fused()
@@ -314,6 +318,18 @@ def verify_triton(
     on a GPU; two launches in the interpreter). `tuning`: (key, value) pairs of `plan.GPU_PLAN` that replace the
     shape's `SHAPE_PLANS` entry (benchmark variants; in the interpreter only "lanes" matters).
     """
+    in_memory = isinstance(key, torch.Tensor)
+    if in_memory and prefixes is None:
+        prefixes = device_prefixes(key)  # once, for the warm lookup and, if cold, for prepare_verify
+    step = _warm_step(target_logits, draft_logits, draft_tokens, params, prefixes if in_memory else None,
+                      (block_b, block_v, num_splits, fused, tuning))
+    if step is not None and step.calls and _launch_hooks() == (None, None):
+        if in_memory:  # the kernels read the device key's prefixes (int32) at these addresses
+            accept = prefixes.data_ptr()
+            sample = accept + prefixes.stride(0) * prefixes.element_size()
+        else:
+            accept, sample = _prefixes(key)
+        return step.launch(target_logits, draft_logits, draft_tokens, accept, sample)
     return prepare_verify(target_logits, draft_logits, draft_tokens, params, key, block_b=block_b, block_v=block_v,
                           num_splits=num_splits, prefixes=prefixes, fused=fused, tuning=tuning).run()
 
@@ -345,11 +361,9 @@ def prepare_verify(
             "use backend='torch' (or TRITON_INTERPRET=1 to run the kernels on the CPU)"
         )
     prefix_in_memory = isinstance(key, torch.Tensor)
-    if prefix_in_memory:
-        prefixes = device_prefixes(key) if prefixes is None else prefixes
-        accept_prefix, sample_prefix = prefixes[0:1], prefixes[1:2]
-    else:
-        accept_prefix, sample_prefix = _prefixes(key)
+    if prefix_in_memory and prefixes is None:
+        prefixes = device_prefixes(key)
+    accept_prefix, sample_prefix = _stream_prefixes(key, prefixes)
     options = (block_b, block_v, num_splits, fused, tuning)
     warm_key = _warm_key(target_logits, draft_logits, draft_tokens, params, prefixes if prefix_in_memory else None,
                          options)
@@ -412,6 +426,21 @@ def prepare_verify(
     return prepared
 
 
+def _stream_prefixes(key: rng.Key | torch.Tensor, prefixes: torch.Tensor | None) -> tuple:
+    """The accept and sample stream prefixes a step's launches take: a host key's two ints, or, for a device key,
+    the two one-element views of `prefixes` (`device_prefixes(key)`) whose addresses the kernels read."""
+    if isinstance(key, torch.Tensor):
+        return prefixes[0:1], prefixes[1:2]
+    return _prefixes(key)
+
+
+def _warm_step(target: torch.Tensor, draft: torch.Tensor | None, tokens: torch.Tensor, params: SamplingParams,
+               prefixes: torch.Tensor | None, options: tuple) -> "_WarmStep | None":
+    """The binding an earlier call with the same `_warm_key` left, or None (cold, or a call that cannot reuse one)."""
+    warm_key = _warm_key(target, draft, tokens, params, prefixes, options)
+    return None if warm_key is None else _WARM_STEPS.get(warm_key)
+
+
 _TARGET, _DRAFT, _TOKENS, _BASE, _ACCEPT, _SAMPLE = range(6)  # what a `_Slot` reads from a warm call
 
 
@@ -440,6 +469,7 @@ class _WarmStep:
     gamma: int
     launches: tuple[tuple[str, tuple, tuple, tuple, dict], ...]  # (field, grid, arguments, slots, meta)
     binaries: tuple = ()  # each launch's cached (binary, constexprs, device) (`_Launcher.binaries`); () interpreted
+    calls: tuple = ()  # each launch as (fire(stream, arguments), arguments with constexprs, slots): `launch`
 
     @classmethod
     def from_template(cls, template: PreparedVerify, has_draft: bool, words: int, accepted: int, batch: int,
@@ -455,9 +485,13 @@ class _WarmStep:
                                  getattr(template, field + "_meta")))
         # `_launchers` lists the plan's launchers in the order of `_LAUNCH_FIELDS`, as `launches` holds them
         binaries = tuple(launcher.binaries.get(template.key) for launcher in _launchers(template.plan))
+        if None in binaries:
+            binaries = ()
+        calls = tuple((_firing(binary, grid), list(args) + list(constexprs), slots)
+                      for (_, grid, args, slots, _), (binary, constexprs, _) in zip(launches, binaries))
         return cls(plan=template.plan, key=template.key, has_draft=has_draft, words=words,
                    accepted=accepted, batch=batch, gamma=gamma, launches=tuple(launches),
-                   binaries=binaries if None not in binaries else ())
+                   binaries=binaries, calls=calls)
 
     def fields(self, values: tuple[int, ...]) -> dict:
         """`PreparedVerify`'s grid, arguments and meta of each launch, the slots filled from `values` (indexed by
@@ -471,13 +505,34 @@ class _WarmStep:
         return fields
 
     def launch_list(self, fields: dict) -> tuple:
-        """(device, ((binary, grid of three, arguments and constexprs), ...)): what `PreparedVerify.run` launches
-        without `_Launcher`; () when a binary is not cached."""
+        """(device, ((fire, arguments and constexprs), ...)): what `PreparedVerify.run` launches without
+        `_Launcher` (`_firing`); () when a binary is not cached."""
         if not self.binaries:
             return ()
-        launches = tuple((binary, tuple(grid) + (1,) * (3 - len(grid)), fields[field + "_args"] + constexprs)
-                         for (field, grid, *_), (binary, constexprs, _) in zip(self.launches, self.binaries))
+        launches = tuple((fire, fields[field + "_args"] + constexprs) for (field, *_), (fire, _, _), (_, constexprs, _)
+                         in zip(self.launches, self.calls, self.binaries))
         return self.binaries[0][2], launches
+
+    def launch(self, target: torch.Tensor, draft: torch.Tensor | None, tokens: torch.Tensor, accept: int,
+               sample: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """This call's step launched at once (`verify_triton`'s warm path, while no launch hook is set): one
+        allocation, the slots filled, each cached binary fired; (tokens, num_accepted) are views of the
+        allocation. `accept`, `sample`: a host key's two stream prefixes, or the addresses of a device key's.
+        Nothing outlives the call but the outputs: the inputs are the caller's (contiguous, so never copied
+        here) and the stream orders their reuse after these kernels."""
+        memory = torch.empty(self.words // 2, dtype=torch.int64, device=target.device)
+        target_address = target.data_ptr()
+        values = (target_address, draft.data_ptr() if self.has_draft else target_address, tokens.data_ptr(),
+                  memory.data_ptr(), accept, sample)
+        stream = _current_stream(self.binaries[0][2])
+        for fire, template, slots in self.calls:
+            args = template.copy()
+            for position, source, offset in slots:
+                args[position] = values[source] + offset
+            fire(stream, args)
+        width = self.gamma + 1
+        return (memory.as_strided((self.batch, width), (width, 1)),
+                memory.as_strided((self.batch,), (1,), self.accepted // 2))
 
     def prepare(self, target: torch.Tensor, draft: torch.Tensor | None, tokens: torch.Tensor,
                 accept_prefix: int | torch.Tensor, sample_prefix: int | torch.Tensor) -> PreparedVerify:
@@ -497,6 +552,53 @@ class _WarmStep:
         return step
 
 
+def _firing(binary, grid: tuple):
+    """fire(stream, arguments): one launch of a cached binary with no hook, through the launcher's C entry
+    where this Triton's launcher is the one `_raw_launch_call` recognises (skipping its Python wrapper: two
+    closures and the scratch checks, about a µs a launch), else through the launcher itself."""
+    grid_x, grid_y, grid_z = tuple(grid) + (1,) * (3 - len(grid))
+    run, function, packed = binary.run, binary.function, binary.packed_metadata
+    raw = _raw_launch_call(run)
+    if raw is not None:
+        launch, cooperative, pdl, annotations, signature = raw
+
+        def fire(stream: int, args: list) -> None:
+            launch(grid_x, grid_y, grid_z, stream, function, cooperative, pdl, packed, None, None, None, None,
+                   None, annotations, signature, args)
+        return fire
+
+    def fire(stream: int, args: list) -> None:
+        run(grid_x, grid_y, grid_z, stream, function, packed, None, None, None, *args)
+    return fire
+
+
+# what Triton 3.9's CudaLauncher.__call__ passes to its C launch: `_raw_launch_call` checks that the wrapper still
+# reads so before calling the C entry the same way
+_LAUNCH_CALL_39 = ("self.launch(gridX, gridY, gridZ, stream, function, self.launch_cooperative_grid, self.launch_pdl, "
+                   "kernel_metadata, launch_metadata, launch_enter_hook, launch_exit_hook, global_scratch, "
+                   "profile_scratch, self.arg_annotations, self.kernel_signature, kernel_args)")
+
+
+@functools.lru_cache(maxsize=None)
+def _wrapper_calls_launch_as_39(launcher_type: type) -> bool:
+    try:
+        source = inspect.getsource(launcher_type.__call__)
+    except (OSError, TypeError):
+        return False
+    return _LAUNCH_CALL_39 in " ".join(source.split()).replace("( ", "(").replace(" )", ")")
+
+
+def _raw_launch_call(launcher) -> tuple | None:
+    """(launch, cooperative, pdl, argument annotations, kernel signature) of a launcher whose Python wrapper
+    only forwards to its C entry (Triton 3.9's: no global or profile scratch, no sanitizer), else None."""
+    names = ("launch", "launch_cooperative_grid", "launch_pdl", "arg_annotations", "kernel_signature")
+    if (not all(hasattr(launcher, name) for name in names) or getattr(launcher, "global_scratch_size", 1)
+            or getattr(launcher, "profile_scratch_size", 1) or getattr(launcher, "gsan_enabled", False)
+            or not _wrapper_calls_launch_as_39(type(launcher))):
+        return None
+    return tuple(getattr(launcher, name) for name in names)
+
+
 _LAUNCH_FIELDS = ("stats", "sample", "fused", "coop", "cluster")
 _WARM_STEPS: dict[tuple, _WarmStep] = {}
 
@@ -514,7 +616,7 @@ def _warm_key(target: torch.Tensor, draft: torch.Tensor | None, tokens: torch.Te
     if not (target.is_contiguous() and tokens.is_contiguous() and (draft is None or draft.is_contiguous())):
         return None
     where = None if prefixes is None else (prefixes.data_ptr() % 16, prefixes.stride(0))
-    return (torch.cuda.current_device(), target.shape, target.dtype, target.data_ptr() % 16 == 0,
+    return (_current_device(), target.shape, target.dtype, target.data_ptr() % 16 == 0,
             None if draft is None else (draft.dtype, draft.data_ptr() % 16 == 0),
             tokens.shape, tokens.dtype, tokens.data_ptr() % 16 == 0, params, where, options)
 

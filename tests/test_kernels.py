@@ -319,11 +319,13 @@ def test_device_key_gives_the_same_tokens_as_the_host_key(with_draft, plan):
 @gpu_only
 @pytest.mark.parametrize("plan", TILED_PLANS)
 @pytest.mark.parametrize("temperature", [0.0, 1.0, 0.6])
-def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: str, temperature: float) -> None:
+def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: str, temperature: float,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     """After a step's first launch its later steps bind raw addresses (no tensor views) to the cached binaries:
     they must say so and still return the reference's tokens, for host keys, device keys and an input whose
-    data pointer is not 16-byte aligned (another launch key, so cold once more)."""
-    from flashspec.kernels import prepare_verify
+    data pointer is not 16-byte aligned (another launch key, so cold once more). `verify_triton` launches a warm
+    step straight from its binding (`_WarmStep.launch`), with the same tokens."""
+    from flashspec.kernels import prepare_verify, verify_triton
     from flashspec.verify import verify_reference
 
     params = SamplingParams(temperature)
@@ -331,6 +333,9 @@ def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: 
     shifted = torch.cat([target.reshape(-1), target.reshape(-1)[:1]])[1:].view(target.shape)
     from flashspec.kernels import verify as kernels
 
+    launched = []
+    straight = kernels._WarmStep.launch
+    monkeypatch.setattr(kernels._WarmStep, "launch", lambda *call: launched.append(1) or straight(*call))
     for logits in (target, shifted):
         for device_key in (False, True):
             # cold; then by address, keeping the binding; then that binding, with other keys
@@ -340,6 +345,10 @@ def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: 
                 prepared = prepare_verify(logits, draft, tokens, params, key, **TILED_PLANS[plan])
                 out_tokens, out_accepted = prepared.run()
                 assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)
+                launched.clear()
+                out_tokens, out_accepted = verify_triton(logits, draft, tokens, params, key, **TILED_PLANS[plan])
+                assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)
+                assert launched, "a warm verify_triton call should launch straight from its binding"
             args = (prepared.fused_args if prepared.plan.fused else prepared.coop_args if prepared.plan.coop
                     else prepared.cluster_args if prepared.plan.cluster else prepared.sample_args)
             assert all(isinstance(arg, int) for arg in args[:3]), "a warm step should bind addresses"
@@ -365,7 +374,7 @@ def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: 
 def test_warm_steps_still_call_tritons_launch_hooks(plan: str) -> None:
     """A warm step launches its binaries without Triton's per-call path only while no launch hook is set: with
     one set (a profiler's), every launch must reach it, and the tokens stay the reference's."""
-    from flashspec.kernels import prepare_verify
+    from flashspec.kernels import prepare_verify, verify_triton
     from flashspec.verify import verify_reference
 
     params = SamplingParams(1.0)
@@ -387,14 +396,16 @@ def test_warm_steps_still_call_tritons_launch_hooks(plan: str) -> None:
         prepared = prepare_verify(target, draft, tokens, params, rng.Key.from_seed(1), **PLANS[plan])
         assert prepared.direct
         out_tokens, _ = prepared.run()
+        straight_tokens, _ = verify_triton(target, draft, tokens, params, rng.Key.from_seed(1), **PLANS[plan])
         torch.cuda.synchronize()
     finally:
         if hasattr(chain, "remove"):
             chain.remove(hook)
         else:
             runtime.launch_enter_hook = chain
-    assert len(seen) == prepared.plan.launches
-    assert torch.equal(out_tokens, verify_reference(target, draft, tokens, params, rng.Key.from_seed(1)).tokens)
+    assert len(seen) == 2 * prepared.plan.launches, "both the prepared step and verify_triton must feed the hook"
+    expected = verify_reference(target, draft, tokens, params, rng.Key.from_seed(1)).tokens
+    assert torch.equal(out_tokens, expected) and torch.equal(straight_tokens, expected)
 
 
 @gpu_only
@@ -785,6 +796,104 @@ def test_warm_binding_fills_the_arguments_the_address_binding_gives() -> None:
             assert fields[field + "_meta"] == getattr(bound, field + "_meta")
             assert not any(isinstance(a, kernels._Slot) for a in fields[field + "_args"])
     assert {"_bind_two_launches", "_bind_fused", "_bind_coop"} <= kinds  # the cluster plan needs a GPU
+
+
+def test_warm_launch_fires_each_cached_binary_with_the_calls_addresses(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`_WarmStep.launch` (the warm path of `verify_triton`) must fire every launch of the step once, in order, on
+    the current stream, with the grid, the constexprs and the arguments the bind functions give for this call's
+    addresses (its own fresh allocation included), and return tokens and num_accepted as views of that allocation
+    where the kernels write them. Cached binaries stand in as recorders here (the GPU tests run the real ones)."""
+    from flashspec.kernels import verify as kernels
+    from flashspec.kernels.shims import SCALE_MULTIPLY
+
+    fired: list = []
+
+    class Binary:  # what `_Launcher.binaries` caches, its launcher recording each call
+        function, packed_metadata = 1234, (4, 1, 0)
+
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def run(self, *call) -> None:
+            fired.append((self.name, call))
+
+    monkeypatch.setattr(kernels, "_current_stream", lambda device_index: 99)
+    device = torch.device("cpu")
+    for tuning, greedy, in_memory in [((), False, False), ((("accept_once", 1),), False, True), ((), True, False),
+                                      ((("coop", 1),), False, False)]:
+        batch, gamma, vocab = 3, 4, 4096
+        plan = make_plan(batch, gamma, vocab, device, greedy, num_splits=3, tuning=tuning)
+        layout, bind = kernels._work_layout(batch, gamma, plan, greedy), kernels._binder(plan)
+        shape, flags = (batch, gamma, vocab), dict(SCALE_MODE=SCALE_MULTIPLY, HAS_DRAFT=not greedy, GREEDY=greedy)
+        slots = kernels._Slot
+        template = bind(plan, (slots(kernels._TARGET), slots(kernels._DRAFT), slots(kernels._TOKENS)),
+                        (slots(kernels._BASE), slots(kernels._BASE, 4 * layout.accepted)),
+                        {field: slots(kernels._BASE, 4 * offset) for field, offset, _, _ in layout.fields},
+                        shape, 0.5, flags, (slots(kernels._ACCEPT), slots(kernels._SAMPLE), in_memory), 7, device, True)
+        launchers = kernels._launchers(plan)
+        for index, launcher in enumerate(launchers):
+            monkeypatch.setitem(launcher.binaries, 7, (Binary(f"launch{index}"), (16 + index, 1), None))
+        warm = kernels._WarmStep.from_template(template, not greedy, layout.words, layout.accepted, batch, gamma)
+        assert len(warm.calls) == len(launchers) == plan.launches
+        target, draft = torch.zeros(batch, gamma + 1, vocab), torch.zeros(batch, gamma + 1, vocab)
+        tokens, prefixes = torch.zeros(batch, gamma, dtype=torch.int64), torch.zeros(2, dtype=torch.int32)
+        accept, sample = (prefixes[0:1], prefixes[1:2]) if in_memory else (-123457, 98765)
+        fired.clear()
+        out_tokens, out_accepted = warm.launch(target, draft, tokens, *((accept.data_ptr(), sample.data_ptr())
+                                                                        if in_memory else (accept, sample)))
+        base = out_tokens.data_ptr()
+        assert out_tokens.shape == (batch, gamma + 1) and out_tokens.is_contiguous()
+        assert out_accepted.shape == (batch,) and out_accepted.data_ptr() == base + 4 * layout.accepted
+        assert out_tokens.untyped_storage().data_ptr() == out_accepted.untyped_storage().data_ptr()
+        assert out_tokens.untyped_storage().nbytes() == 4 * layout.words
+        prefix = (accept.data_ptr(), sample.data_ptr(), True) if in_memory else (accept, sample, False)
+        bound = bind(plan, (target.data_ptr(), draft.data_ptr() if not greedy else target.data_ptr(), tokens.data_ptr()),
+                     (base, base + 4 * layout.accepted), layout.addresses(base), shape, 0.5, flags, prefix, 7, device,
+                     True)
+        fields = [field for field in kernels._LAUNCH_FIELDS if getattr(bound, field + "_args") is not None]
+        assert [name for name, _ in fired] == [f"launch{index}" for index in range(len(fields))]
+        for index, ((_, call), field) in enumerate(zip(fired, fields)):
+            grid = tuple(getattr(bound, field + "_grid"))
+            args = tuple(a.data_ptr() if isinstance(a, torch.Tensor) else a for a in getattr(bound, field + "_args"))
+            assert call == (*grid, *(1,) * (3 - len(grid)), 99, 1234, (4, 1, 0), None, None, None, *args, 16 + index, 1)
+
+
+def test_raw_launch_fires_what_tritons_launcher_passes_its_c_entry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where Triton's launcher is the one `_raw_launch_call` recognises (3.9's `CudaLauncher`), a warm launch
+    calls its C entry directly: with exactly the arguments the launcher's own Python wrapper passes it. A
+    launcher with scratch memory, or whose wrapper calls its C entry any other way, keeps the wrapper."""
+    driver_module = pytest.importorskip("triton.backends.nvidia.driver")
+    from flashspec.kernels import verify as kernels
+
+    if not kernels._wrapper_calls_launch_as_39(driver_module.CudaLauncher):
+        pytest.skip(f"Triton {triton.__version__}'s launcher is not 3.9's: warm launches go through its wrapper")
+    entry: list = []
+    launcher = driver_module.CudaLauncher.__new__(driver_module.CudaLauncher)
+    for name, value in dict(launch=lambda *call: entry.append(call), num_ctas=1, global_scratch_size=0,
+                            global_scratch_align=1, profile_scratch_size=0, profile_scratch_align=1,
+                            launch_cooperative_grid=False, launch_pdl=True, gsan_enabled=False,
+                            arg_annotations=("a", "b"), kernel_signature=b"sig").items():
+        setattr(launcher, name, value)
+
+    class Binary:
+        run, function, packed_metadata = launcher, 1234, (4, 1, 0)
+
+    monkeypatch.setattr(triton.runtime.driver, "_active", object())  # the wrapper reads it; no GPU here
+    args = [11, 22, -3, 0.5, 16]
+    launcher(8, 5, 1, 99, 1234, (4, 1, 0), None, None, None, *args)  # Triton's own path
+    kernels._firing(Binary, (8, 5))(99, args)
+    assert len(entry) == 2 and entry[0][:-1] == entry[1][:-1] and list(entry[0][-1]) == list(entry[1][-1])
+    assert kernels._raw_launch_call(launcher) is not None
+    launcher.global_scratch_size = 64
+    assert kernels._raw_launch_call(launcher) is None
+
+    class Reordered(driver_module.CudaLauncher):
+        def __call__(self, gridX, gridY, gridZ, stream, function, *rest):  # noqa: N803  (Triton's names)
+            self.launch(gridY, gridX, gridZ, stream, function, *rest)
+
+    other = Reordered.__new__(Reordered)
+    other.__dict__.update(launcher.__dict__, global_scratch_size=0)
+    assert kernels._raw_launch_call(other) is None
 
 
 @pytest.mark.parametrize("batch, vocab, splits, greedy, coop", [(3, 40, 2, False, False), (2, 100, 3, False, False),
