@@ -339,7 +339,7 @@ def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: 
     for logits in (target, shifted):
         for device_key in (False, True):
             # cold; then by address, keeping the binding; then that binding, with other keys
-            for seed in (5, 5, 6, 7):
+            for call, seed in enumerate((5, 5, 6, 7)):
                 key = rng.key_tensor(rng.Key.from_seed(seed), DEVICE) if device_key else rng.Key.from_seed(seed)
                 expected = verify_reference(logits, draft, tokens, params, rng.Key.from_seed(seed))
                 prepared = prepare_verify(logits, draft, tokens, params, key, **TILED_PLANS[plan])
@@ -348,7 +348,8 @@ def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: 
                 launched.clear()
                 out_tokens, out_accepted = verify_triton(logits, draft, tokens, params, key, **TILED_PLANS[plan])
                 assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)
-                assert launched, "a warm verify_triton call should launch straight from its binding"
+                # the first call compiled (cold), the first verify_triton bound the step; the later ones reuse it
+                assert launched or call == 0, "a warm verify_triton call should launch straight from its binding"
             args = (prepared.fused_args if prepared.plan.fused else prepared.coop_args if prepared.plan.coop
                     else prepared.cluster_args if prepared.plan.cluster else prepared.sample_args)
             assert all(isinstance(arg, int) for arg in args[:3]), "a warm step should bind addresses"
