@@ -801,12 +801,17 @@ else:
 # %% [markdown]
 # Where a launch-included step spends its host time: `experiments/verify_host_profile.py` splits it into preparing
 # the step (plan, allocation, argument binding) and its launches, at the four points the B ≤ 8 bar reads, on the
-# same host under Triton 3.9, for three versions of the launch path: the step bound afresh on every call; bound once
+# same host under Triton 3.9, for four versions of the launch path: the step bound afresh on every call; bound once
 # per shape (a `_WarmStep` keyed by what the call's arguments alone decide, with slots where each call's addresses
-# and key go); and, on top, the cached binaries launched directly, without Triton's empty hook chains.
+# and key go); on top, the cached binaries launched directly, without Triton's empty hook chains; and last, a warm
+# `verify_triton` call launched straight from its binding (`_WarmStep.launch`): one allocation, the slots filled
+# into a copy of each launch's argument list, each binary fired through Triton 3.9's C launch entry (its Python
+# wrapper skipped where `kernels.verify._raw_launch_call` recognises it), the outputs returned as two strided views,
+# and no `PreparedVerify`, field dictionaries or launch list built at all.
 
 # %%
-SPLIT_LABELS = {"5bddba6": "bound every call", "3391351": "bound once per shape", "0c13bdf": "+ direct launches"}
+SPLIT_LABELS = {"5bddba6": "bound every call", "3391351": "bound once per shape", "0c13bdf": "+ direct launches",
+                "5a69dae": "launched straight"}
 split_runs: dict[str, dict] = {}  # commit -> {(B, V): results}
 split_dates: dict[str, str] = {}
 for path in sorted(provenance.results_dir().glob("verify_host_profile_b*_h200_triton39_*.json")):
@@ -819,11 +824,16 @@ if split_order:
     print(f"{'B':>3} {'V':>7}  " + "  ".join(f"{SPLIT_LABELS.get(c, c) + ' (' + c + ')':>30}" for c in split_order))
     for where in sorted(split_runs[split_order[0]]):
         print(f"{where[0]:>3} {where[1]:>7}  " + "  ".join(
-            f"{got['wall_us_per_call_unprofiled']:6.1f} = {got['prepare_us_per_call']:5.1f} + {got['run_us_per_call']:5.1f} µs"
+            (f"{got['wall_us_per_call_unprofiled']:6.1f} ({got['prepare_us_per_call']:.1f}, {got['run_us_per_call']:.1f}) µs"
+             if got.get("step") else
+             f"{got['wall_us_per_call_unprofiled']:6.1f} = {got['prepare_us_per_call']:5.1f} + {got['run_us_per_call']:5.1f} µs")
             .rjust(30) if (got := split_runs[c].get(where)) else "—".rjust(30) for c in split_order))
-    print("(µs per step back to back: the whole step = preparing it + its launches)")
+    print("(µs per step back to back: the whole step = preparing it + its launches; where the step is launched "
+          "straight from its binding, the whole step is `verify_triton`, and in brackets the same step made "
+          "in two calls, `prepare_verify` then `run`)")
     mean_wall = {c: statistics.mean(g["wall_us_per_call_unprofiled"] for g in split_runs[c].values()) for c in split_order}
     mean_prepare = {c: statistics.mean(g["prepare_us_per_call"] for g in split_runs[c].values()) for c in split_order}
+    straight = {c: all(g.get("step") for g in split_runs[c].values()) for c in split_order}
     same_code = [bench_record["results"]["points"] for bench_record in
                  (provenance.load_result(name) for name in ("verify_h200_3391351", "verify_h200_3391351_run1")
                   if (provenance.results_dir() / f"{name}.json").exists())]
@@ -835,8 +845,9 @@ if split_order:
     display(Markdown(
         f"Bound every call, preparing took {mean_prepare[first]:.0f} µs of a {mean_wall[first]:.0f} µs step on average "
         "over the four points. "
-        + "; ".join(f"{SPLIT_LABELS.get(c, c)}: {mean_prepare[c]:.0f} µs of {mean_wall[c]:.0f} "
-                    f"({mean_wall[c] / mean_wall[first]:.2f}× the first)" for c in rest)
+        + "; ".join((f"{SPLIT_LABELS.get(c, c)}: a {mean_wall[c]:.0f} µs step, nothing prepared apart "
+                     if straight.get(c) else f"{SPLIT_LABELS.get(c, c)}: {mean_prepare[c]:.0f} µs of {mean_wall[c]:.0f} ")
+                    + f"({mean_wall[c] / mean_wall[first]:.2f}× the first)" for c in rest)
         + ". "
         + (f"The same code's back-to-back step time moved by up to {max(host_moves):.1f}× between two whole runs on "
            "one machine minutes apart (`results/verify_h200_3391351.json` and `verify_h200_3391351_run1.json`), so a change "
@@ -846,6 +857,48 @@ if split_order:
         f"{2 * per_launch:.0f} µs of host time however it is prepared."))
 else:
     print(f"host time split: {NOT_MEASURED}")
+
+# %% [markdown]
+# The committed full record above was run before the straight launch. The same benchmark, trimmed to the four
+# points of the $B \le 8$ bar (six launch-plan variants, no host loop, no tile sweep), was run four times on one
+# H200 after it (`results/verify_h200_straight_5a69dae.json`, `_run2`, `_run3`, `_run4`), each also timing one and two
+# empty launches from an idle GPU the same way: the least any step of that many launches can take.
+
+# %%
+straight_runs = [provenance.load_result(path.stem) for path in
+                 sorted(provenance.results_dir().glob("verify_h200_straight_*.json"))]
+if straight_runs:
+    print(f"{'run':>4} {'2 empty':>8} " + " ".join(f"{'B=%d V=%dk' % (p['batch'], p['vocab'] // 1000):>16}"
+                                                  for p in straight_runs[0]["results"]["points"])
+          + f" {'bar: min':>9} verdict")
+    ratios = []
+    for index, run in enumerate(straight_runs, 1):
+        bar = run["results"]["verdicts"]["honest_over_eager_min_for_batch_le_8"]["as_run"]
+        ratios.append(bar["measured"])
+        print(f"{index:>4} {run['results']['floors']['two_empty_launches_latency_us']:8.1f} "
+              + " ".join(f"{p['triton_latency_us']:6.1f} µs {p['honest_over_triton_paired']:5.1f}×"
+                         for p in run["results"]["points"])
+              + f" {bar['measured']:8.2f}× {bar['verdict']}")
+    print("(per point: the step from an idle GPU, launch included, then the honest baseline over it, paired; "
+          "2 empty: two empty launches the same way, µs)")
+    full = {(p["batch"], p["vocab"]): p["triton_latency_us"] for p in points}
+    now = [p["triton_latency_us"] for run in straight_runs for p in run["results"]["points"]]
+    before = [full[(p["batch"], p["vocab"])] for p in straight_runs[0]["results"]["points"]
+              if (p["batch"], p["vocab"]) in full]
+    above = [p["triton_latency_us"] - run["results"]["floors"]["two_empty_launches_latency_us"]
+             for run in straight_runs for p in run["results"]["points"]]
+    correct = all(row.get("tokens_equal_reference") for run in straight_runs for p in run["results"]["points"]
+                  for row in p["variants"].values())
+    display(Markdown(
+        f"Launched straight, the step takes {min(now):.0f}–{max(now):.0f} µs from an idle GPU over the four runs, "
+        f"against {min(before):.0f}–{max(before):.0f} µs in the full record above. The $B \le 8$ bar (its least "
+        f"point, paired) reads {min(ratios):.2f}–{max(ratios):.2f}× over the four runs, and the 20th–80th "
+        "percentiles of the pairs straddle 10× in every run: **within the spread, neither a pass nor a miss**. "
+        "Every plan variant returned the reference's tokens through the straight path: "
+        f"{'yes' if correct else 'NO'}. The step stands {min(above):.0f}–{max(above):.0f} µs above two empty "
+        "launches timed the same way in the same run: the kernels' own time plus the host work that is left."))
+else:
+    print(f"the straight launch's runs: {NOT_MEASURED}")
 
 # %%
 targets = verify_record["settings"]["targets"]
