@@ -48,6 +48,16 @@ PARTS = ("quality", "switching", "speed", "adaptive_gamma", "anatomy")
 
 
 PER_ARM = ":per-arm"  # a --gamma-policies suffix: the policy with per-arm costs (no cost groups)
+AT_GAMMA = "@"  # a --gamma-policies suffix "@G": the policy over the drafts alone, at the fixed γ = G
+
+
+def gamma_policy(name: str) -> tuple[str, bool, int | None]:
+    """(policy, per-arm costs, fixed γ or None) of a --gamma-policies name: NAME, NAME:per-arm, NAME@G,
+    NAME@G:per-arm."""
+    per_arm = name.endswith(PER_ARM)
+    base = name.removesuffix(PER_ARM)
+    policy, _, gamma = base.partition(AT_GAMMA)
+    return policy, per_arm, int(gamma) if gamma else None
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -82,14 +92,20 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="policies over (draft, γ) arms in the adaptive_gamma part (thompson: throughput reward; "
                              "gamma-ts: one acceptance posterior per draft and measured costs); a name ending in "
                              f"'{PER_ARM}' runs that policy with each arm's cost measured from its own steps only "
-                             "(the cost model before same-compute arms shared their costs), e.g. gamma-ts:per-arm")
+                             "(the cost model before same-compute arms shared their costs), e.g. gamma-ts:per-arm; "
+                             f"'{AT_GAMMA}G' runs it over the drafts alone at the fixed γ = G (one of --gammas), on "
+                             "that γ's decoder, e.g. gamma-ts@2: what its draft choice makes without choosing γ")
     parser.add_argument("--compile", nargs="?", const="default", default=False)
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
     for name in args.gamma_policies:
-        if ":" in name and not name.endswith(PER_ARM):
-            parser.error(f"--gamma-policies: {name!r} has an unknown suffix; the one suffix is '{PER_ARM}' "
-                         "(e.g. gamma-ts:per-arm)")
+        if ":" in name.removesuffix(PER_ARM):
+            parser.error(f"--gamma-policies: {name!r} has an unknown suffix; the suffixes are '{AT_GAMMA}G' and "
+                         f"'{PER_ARM}' (e.g. gamma-ts:per-arm, gamma-ts@2)")
+        _, _, gamma_text = name.removesuffix(PER_ARM).partition(AT_GAMMA)
+        if AT_GAMMA in name and (not gamma_text.isdigit() or int(gamma_text) not in args.gammas):
+            parser.error(f"--gamma-policies: {name!r} fixes γ = {gamma_text!r}, which is not one of --gammas "
+                         f"{args.gammas}; name one of them (e.g. {name.partition(AT_GAMMA)[0]}@{args.gammas[0]})")
     return args
 
 
@@ -388,8 +404,9 @@ def main(argv: list[str] | None = None) -> int:
             results["adaptive_gamma"] = {**out, "partial": True}
             write()
 
+        fixed_decoders = {}  # γ -> its decoder, kept for the policies run at a fixed γ (NAME@G)
         for gamma in args.gammas:
-            decoder = fast if gamma == args.gamma else FastSpeculativeDecoder(
+            decoder = fixed_decoders[gamma] = fast if gamma == args.gamma else FastSpeculativeDecoder(
                 pool.target, list(drafts.values()), policy="fixed", gamma=gamma, compile=args.compile)
             run = switching.serve_stream(pool.target, drafts, blocks, make_policy("thompson", len(names), seed=0),
                                          gamma, args.new_tokens, sampling_t, decoder=decoder, warm_up="all")
@@ -398,26 +415,31 @@ def main(argv: list[str] | None = None) -> int:
             keep_so_far()
         decoder = FastSpeculativeDecoder(pool.target, list(drafts.values()), policy="fixed", gamma=max(args.gammas),
                                          gammas=args.gammas, compile=args.compile)
-        arms = len(decoder.arms)
-        arm_gammas = [g for _, g in decoder.arms]
         best = max(out["fixed"], key=lambda g: out["fixed"][g]["tokens_per_s"])
         out["best_fixed_gamma"] = int(best)
         out["adaptive_by_policy"] = {}
         for policy in args.gamma_policies:
+            name, per_arm, at_gamma = gamma_policy(policy)
+            # over (draft, γ) on the adaptive decoder, or over the drafts alone on a fixed γ's decoder (NAME@G)
+            runner = decoder if at_gamma is None else fixed_decoders[at_gamma]
+            runner_gammas = [g for _, g in runner.arms]
             # every policy starts with no cost measured; arms of same-sized drafts at one γ share their costs,
             # unless the name asks for per-arm costs (the A/B of the cost sharing on one build)
-            per_arm = policy.endswith(PER_ARM)
-            decoder.step_costs = StepCosts(arms, groups=None if per_arm else decoder.cost_groups)
-            # a throughput reward (or gamma-ts's costs) reads step times, so the timed stream may leave the
-            # replay's arms: every graph an arm can reach is captured before timing (graph_captures shows none were)
-            run = switching.serve_stream(pool.target, drafts, blocks,
-                                         make_policy(policy.removesuffix(PER_ARM), arms, seed=0), args.gamma,
-                                         args.new_tokens, sampling_t, decoder=decoder, warm_up="all")
-            entry = {k: run[k] for k in kept}
-            entry["gamma_share_per_domain"] = chosen_gamma_per_domain(run, blocks, arm_gammas)
-            entry["step_ms_by_gamma"] = step_ms_by_gamma(run, arm_gammas)
-            entry["cost_estimates"] = cost_estimates(decoder.step_costs,
-                                                     [f"{names[draft]}@γ={gamma}" for draft, gamma in decoder.arms])
+            kept_costs = runner.step_costs
+            runner.step_costs = StepCosts(len(runner.arms), groups=None if per_arm else runner.cost_groups)
+            try:
+                # a throughput reward (or gamma-ts's costs) reads step times, so the timed stream may leave the
+                # replay's arms: every graph an arm can reach is captured before timing (graph_captures shows none)
+                run = switching.serve_stream(pool.target, drafts, blocks, make_policy(name, len(runner.arms), seed=0),
+                                             args.gamma if at_gamma is None else at_gamma, args.new_tokens,
+                                             sampling_t, decoder=runner, warm_up="all")
+                entry = {k: run[k] for k in kept}
+                entry["gamma_share_per_domain"] = chosen_gamma_per_domain(run, blocks, runner_gammas)
+                entry["step_ms_by_gamma"] = step_ms_by_gamma(run, runner_gammas)
+                entry["cost_estimates"] = cost_estimates(runner.step_costs,
+                                                         [f"{names[draft]}@γ={gamma}" for draft, gamma in runner.arms])
+            finally:
+                runner.step_costs = kept_costs  # a fixed γ's decoder goes back to the acceptance reward
             entry["vs_best_fixed"] = entry["tokens_per_s"] / out["fixed"][best]["tokens_per_s"]
             out["adaptive_by_policy"][policy] = entry
             keep_so_far()

@@ -161,6 +161,12 @@ def test_real_pool_keeps_the_contestants_a_failed_or_cut_part_finished(micro_cac
     assert "no-such-policy" in part["error"]
     with pytest.raises(SystemExit):  # a suffix other than ":per-arm" is refused before anything runs
         real_pool.main(["--size", "micro-distill", "--out", str(out), "--gamma-policies", "gamma-ts:shared"])
+    for fixed in ("gamma-ts@3", "gamma-ts@", "gamma-ts@two"):  # a fixed γ must be one of --gammas
+        with pytest.raises(SystemExit):
+            real_pool.main(["--size", "micro-distill", "--out", str(out), "--gammas", "2", "4",
+                            "--gamma-policies", fixed])
+    assert real_pool.gamma_policy("gamma-ts@2:per-arm") == ("gamma-ts", True, 2)
+    assert real_pool.gamma_policy("thompson") == ("thompson", False, None)
 
 
 def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, tmp_path: Path) -> None:
@@ -170,7 +176,7 @@ def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, 
     assert real_pool.main(["--size", "micro-distill", "--out", str(out), "--requests", "4", "--block", "2",
                            "--new-tokens", "6", "--repeats", "1", "--device", "cpu", "--gammas", "2", "4",
                            "--train-budget-s", "0.5", "--gamma-policies", "thompson", "gamma-ts",
-                           "gamma-ts:per-arm"]) == 0
+                           "gamma-ts:per-arm", "gamma-ts@2"]) == 0
     results = json.loads(out.read_text())["results"]
     fitted = results["build"]["fitted_to_budget"]
     assert fitted["seconds_per_step"] > 0 and results["build"]["config"]["draft_steps"] == fitted["draft_steps"]
@@ -180,7 +186,13 @@ def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, 
     assert results["speed"]["t1"]["by_gamma"]["4"]["graph_captures"] == [0]
     assert results["adaptive_gamma"]["adaptive"]["graph_captures"] == 0
     by_policy = results["adaptive_gamma"]["adaptive_by_policy"]
-    assert list(by_policy) == ["thompson", "gamma-ts", "gamma-ts:per-arm"]
+    assert list(by_policy) == ["thompson", "gamma-ts", "gamma-ts:per-arm", "gamma-ts@2"]
+    # gamma-ts over the drafts alone at γ = 2, on that γ's decoder: every step at γ = 2, each draft its own arm
+    at_two = by_policy.pop("gamma-ts@2")
+    assert set(at_two["step_ms_by_gamma"]) == {"2"} and at_two["vs_best_fixed"] > 0
+    assert all(set(per) == {"2"} for per in at_two["gamma_share_per_domain"].values())
+    assert sorted(at_two["cost_estimates"]["all_ms"]) == sorted(f"{draft}@γ=2" for draft in
+                                                                ("python", "prose", "cpp", "general"))
     assert by_policy["thompson"] == results["adaptive_gamma"]["adaptive"]
     assert all(run["graph_captures"] == 0 and run["vs_best_fixed"] > 0 for run in by_policy.values())
     assert {run["graph_captures"] for run in results["switching"]["blocks"]["runs"].values()} == {0}
