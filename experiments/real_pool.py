@@ -109,7 +109,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-
 def stream(decoder: Any, requests: list[switching.Request], sampling: fs.SamplingParams, new_tokens: int,
            device: torch.device) -> dict[str, Any]:
     """Serve `requests` one by one (seeds 0, 1, ...) with a fast decoder: seconds, tokens, tokens/s, every

@@ -631,7 +631,7 @@ def _device_index(device: torch.device) -> int | None:
     """The CUDA device whose binaries a launch uses (the current one, as Triton's launcher); None interpreted."""
     if device.type != "cuda" or interpreting():
         return None
-    return torch.cuda.current_device()
+    return _current_device()
 
 
 _ENTRY_IDS: dict[tuple, int] = {}

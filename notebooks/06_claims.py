@@ -1055,8 +1055,9 @@ else:
                "missed: below the best fixed γ by more than the run-to-run movement")
     shipped, shipped_moves = drawn_samples()
     shipped_label = "samples with drawn costs"
-    if shared_sample() is not None:  # the shipped version: drawn costs shared by compute
-        shipped, shipped_label = [shared_sample()[0]], "sample with drawn costs shared by compute"
+    shared = shared_sample()
+    if shared is not None:  # the shipped version: drawn costs shared by compute
+        shipped, shipped_label = [shared[0]], "sample with drawn costs shared by compute"
     if shipped:  # the version the library ships decides the verdict; the first run is its history
         verdict = (("missed by the shipped version" if 1 - max(shipped) > max(shipped_moves, default=0.0) else
                     "holds for the shipped version within the run-to-run movement")
