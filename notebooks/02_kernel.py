@@ -861,44 +861,81 @@ else:
 # %% [markdown]
 # The committed full record above was run before the straight launch. The same benchmark, trimmed to the four
 # points of the $B \le 8$ bar (six launch-plan variants, no host loop, no tile sweep), was run four times on one
-# H200 after it (`results/verify_h200_straight_5a69dae.json`, `_run2`, `_run3`, `_run4`), each also timing one and two
-# empty launches from an idle GPU the same way: the least any step of that many launches can take.
+# H200 after it (`results/verify_h200_straight_5a69dae.json`, `_run2`, `_run3`, `_run4`), and once more with all six
+# points on a fresh H200 at a later commit with the same kernels and launch path
+# (`results/verify_h200_straight_all_f93f0d7.json`, five plan variants), each also timing one and two empty launches
+# from an idle GPU the same way: the least any step of that many launches can take. The table shows each run's
+# $B \le 8$ points.
 
 # %%
 straight_runs = [provenance.load_result(path.stem) for path in
                  sorted(provenance.results_dir().glob("verify_h200_straight_*.json"))]
+
+
+def small_batch_points(run: dict) -> list[dict]:
+    """A run's points of the B <= 8 bar."""
+    return [p for p in run["results"]["points"] if p["batch"] <= 8]
+
+
 if straight_runs:
     print(f"{'run':>4} {'2 empty':>8} " + " ".join(f"{'B=%d V=%dk' % (p['batch'], p['vocab'] // 1000):>16}"
-                                                  for p in straight_runs[0]["results"]["points"])
+                                                  for p in small_batch_points(straight_runs[0]))
           + f" {'bar: min':>9} verdict")
-    ratios = []
+    ratios, straddled = [], []
     for index, run in enumerate(straight_runs, 1):
         bar = run["results"]["verdicts"]["honest_over_eager_min_for_batch_le_8"]["as_run"]
         ratios.append(bar["measured"])
+        straddled.append(bar["verdict"] == "WITHIN SPREAD")
         print(f"{index:>4} {run['results']['floors']['two_empty_launches_latency_us']:8.1f} "
               + " ".join(f"{p['triton_latency_us']:6.1f} µs {p['honest_over_triton_paired']:5.1f}×"
-                         for p in run["results"]["points"])
+                         for p in small_batch_points(run))
               + f" {bar['measured']:8.2f}× {bar['verdict']}")
     print("(per point: the step from an idle GPU, launch included, then the honest baseline over it, paired; "
           "2 empty: two empty launches the same way, µs)")
     full = {(p["batch"], p["vocab"]): p["triton_latency_us"] for p in points}
-    now = [p["triton_latency_us"] for run in straight_runs for p in run["results"]["points"]]
-    before = [full[(p["batch"], p["vocab"])] for p in straight_runs[0]["results"]["points"]
+    now = [p["triton_latency_us"] for run in straight_runs for p in small_batch_points(run)]
+    before = [full[(p["batch"], p["vocab"])] for p in small_batch_points(straight_runs[0])
               if (p["batch"], p["vocab"]) in full]
     above = [p["triton_latency_us"] - run["results"]["floors"]["two_empty_launches_latency_us"]
-             for run in straight_runs for p in run["results"]["points"]]
+             for run in straight_runs for p in small_batch_points(run)]
     correct = all(row.get("tokens_equal_reference") for run in straight_runs for p in run["results"]["points"]
                   for row in p["variants"].values())
+    runs = len(straight_runs)
     display(Markdown(
-        f"Launched straight, the step takes {min(now):.0f}–{max(now):.0f} µs from an idle GPU over the four runs, "
-        f"against {min(before):.0f}–{max(before):.0f} µs in the full record above. The $B \le 8$ bar (its least "
-        f"point, paired) reads {min(ratios):.2f}–{max(ratios):.2f}× over the four runs, and the 20th–80th "
-        "percentiles of the pairs straddle 10× in every run: **within the spread, neither a pass nor a miss**. "
-        "Every plan variant returned the reference's tokens through the straight path: "
+        f"Launched straight, the step takes {min(now):.0f}–{max(now):.0f} µs from an idle GPU over the {runs} runs "
+        f"at $B \le 8$, against {min(before):.0f}–{max(before):.0f} µs in the full record above. The $B \le 8$ bar "
+        f"(its least point, paired) reads {min(ratios):.2f}–{max(ratios):.2f}× over the {runs} runs, and the 20th–80th "
+        f"percentiles of the pairs straddle 10× in {sum(straddled)} of them"
+        + (": **within the spread, neither a pass nor a miss**. " if all(straddled) else ". ")
+        + "Every plan variant returned the reference's tokens through the straight path: "
         f"{'yes' if correct else 'NO'}. The step stands {min(above):.0f}–{max(above):.0f} µs above two empty "
         "launches timed the same way in the same run: the kernels' own time plus the host work that is left."))
 else:
     print(f"the straight launch's runs: {NOT_MEASURED}")
+
+# %% [markdown]
+# The run with all six points also judges the other two bars after the straight launch: the eager step at
+# $B = 64$ and the warm graph replay (unchanged kernels, so the replay should not move).
+
+# %%
+whole_runs = [run for run in straight_runs if any(p["batch"] > 8 for p in run["results"]["points"])]
+if whole_runs:
+    run = whole_runs[-1]
+    bars = run["results"]["verdicts"]
+    for name in ("honest_over_eager_at_batch_64", "graph_over_floor_max"):
+        row = bars[name]["as_run"]
+        spread = row.get("range")
+        print(f"{name} (target {bars[name]['target']}): {row['verdict']}, measured {row['measured']:.2f}"
+              + (f" (between {spread[0]:.2f} and {spread[1]:.2f} within the spread)" if spread else ""))
+    for p in run["results"]["points"]:
+        if p["batch"] > 8:
+            print(f"B={p['batch']} V={p['vocab']}: step {p['triton_latency_us']:.0f} µs from an idle GPU, honest baseline "
+                  f"over it {p['honest_over_triton_paired']:.1f}× paired "
+                  f"({p['honest_over_triton_paired_range'][0]:.1f}–{p['honest_over_triton_paired_range'][1]:.1f})")
+    print(f"(commit {run['provenance']['git_sha'][:7]}, {run['provenance']['hardware']['gpu']}, "
+          f"Triton {run['provenance']['versions']['triton']})")
+else:
+    print(f"the straight launch at B = 64: {NOT_MEASURED}")
 
 # %%
 targets = verify_record["settings"]["targets"]
