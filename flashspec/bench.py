@@ -155,22 +155,31 @@ def _idle_call_timer() -> Callable[[Callable[[], object]], float]:
 
 
 def _paired_ratio(numerator: Callable[[], object], denominator: Callable[[], object],
-                  reps: int = 50) -> tuple[float, list[float]]:
+                  reps: int = 50) -> tuple[float, list[float], dict[str, tuple[float, list[float]]]]:
     """(median, [20th, 80th percentile]) of numerator's time over denominator's, each call timed as
-    `_latency_spread_us` times it, the two alternating call by call (which goes first alternating too).
+    `_latency_spread_us` times it, the two alternating call by call (which goes first alternating too), and
+    each side's own (median, [20th, 80th percentile]) µs over the pairs, keyed "numerator" / "denominator" (what
+    each call took while paired, beside its medians timed alone), and under "by_order" the ratio's median over the
+    pairs where the numerator ran first and over those where the denominator did.
     Host-bound calls move with the host's speed, which drifts over a run: two medians taken minutes apart can
     differ by more than the plans they compare (one plan timed twice in one H200 run took 70 and 120 µs), while
     a pair's two calls meet the same host, so the ratio of each pair carries the comparison."""
     timer = _idle_call_timer()
     reps = reps if _on_gpu() else 5  # interpreted kernels (the CPU smoke run) take ~0.1 s a call
     numerator(), denominator()
-    ratios = []
+    ratios, tops, bottoms = [], [], []
     for rep in range(reps):
         first, second = (numerator, denominator) if rep % 2 == 0 else (denominator, numerator)
         a, b = timer(first), timer(second)
         top, bottom = (a, b) if rep % 2 == 0 else (b, a)
         ratios.append(top / bottom)
-    return _median_spread(ratios)
+        tops.append(top)
+        bottoms.append(bottom)
+    median, spread = _median_spread(ratios)
+    by_order = {"numerator_first": statistics.median(ratios[0::2]),
+                "denominator_first": statistics.median(ratios[1::2]) if len(ratios) > 1 else None}
+    return median, spread, {"numerator": _median_spread(tops), "denominator": _median_spread(bottoms),
+                            "by_order": by_order}
 
 
 def _wall_us(fn: Callable[[], object], calls: int) -> float:
@@ -668,8 +677,11 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
         measured, error = _attempt(lambda: _paired_ratio(honest_step, step))
         if error:
             point[name + "_error"] = error
-        else:
-            point[name], point[name + "_range"] = measured
+        else:  # the ratio, its spread, and what the honest baseline and the step each took while paired
+            point[name], point[name + "_range"], sides = measured
+            point[name + "_sides_us"] = {"honest": sides["numerator"], "step": sides["denominator"]}
+            point[name + "_by_order"] = {"honest_first": sides["by_order"]["numerator_first"],
+                                         "step_first": sides["by_order"]["denominator_first"]}
     kernels.FAST_LAUNCH = False  # Triton's own launch path, for the host-overhead comparison
     try:
         point["triton_jit_launch_us"] = _do_bench_us(triton_step)

@@ -558,6 +558,9 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
         assert point["honest_torch_us"] > 0 and point["honest_over_triton"] is not None
         assert point["honest_torch_latency_us"] > 0 and point["honest_over_triton_latency"] is not None
         assert point["honest_over_triton_paired"] > 0 and len(point["honest_over_best_paired_range"]) == 2
+        sides = point["honest_over_triton_paired_sides_us"]  # what each call took while paired
+        assert sides["honest"][0] > 0 and sides["step"][0] > 0 and len(sides["step"][1]) == 2
+        assert set(point["honest_over_triton_paired_by_order"]) == {"honest_first", "step_first"}
         # empty launches timed like the step: the ceiling of the eager ratio with this many launches
         assert set(point["latency_floor_by_launches_us"]) == {"1", "2"}
         assert point["honest_over_launch_floor_latency"] == point["honest_torch_latency_us"] / \
@@ -1001,7 +1004,12 @@ def test_paired_ratio_alternates_and_cancels_a_drifting_host(monkeypatch) -> Non
     honest = lambda: order.append("h") or 10.0  # noqa: E731
     step = lambda: order.append("s") or 1.0  # noqa: E731
     monkeypatch.setattr(bench, "_on_gpu", lambda: True)  # the GPU count of pairs, with the timer above
-    median, spread = bench._paired_ratio(honest, step, reps=40)
+    median, spread, sides = bench._paired_ratio(honest, step, reps=40)
     assert abs(median - 10.0) < 0.5 and spread[0] <= median <= spread[1] and spread[1] - spread[0] < 1.0
+    # each side's own times while paired carry the drift the ratio cancels: 10 and 1 scaled by 1x to 3x
+    (honest_us, honest_spread), (step_us, step_spread) = sides["numerator"], sides["denominator"]
+    assert 15.0 < honest_us < 25.0 and 1.5 < step_us < 2.5 and honest_spread[1] - honest_spread[0] > 5.0
+    assert honest_us / step_us == pytest.approx(median, rel=0.1)
+    assert all(value == pytest.approx(10.0, rel=0.05) for value in sides["by_order"].values())
     timed = order[2:]  # after one warm-up call of each
     assert timed[:4] == ["h", "s", "s", "h"] and timed.count("h") == timed.count("s") == 40
