@@ -5,7 +5,8 @@
 # Phases: tests (GPU tests of kernels, runner, fast path), bench-b1 / bench-b8 / bench-b32
 # (bench_fast --compile, random TinyLlama/68m shapes), bench-zoo (trained GPU zoo, B=1 and 8),
 # verify (flashspec bench verify), host-profile (experiments/verify_host_profile.py at B = 1, 8 and V = 32000, 128256;
-# PROFILE_TAG ends its file names, e.g. _triton39), prefill (experiments/prefill_profile.py: where a request's prefill goes), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
+# PROFILE_TAG ends its file names, e.g. _triton39), interference (experiments/verify_interference.py: the eager step
+# timed after different preceding calls), prefill (experiments/prefill_profile.py: where a request's prefill goes), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
 # bitsandbytes must be importable). TESTS: the test files of the tests phase. Time limits (s): TESTS_LIMIT, BENCH_LIMIT, NF4_LIMIT, VERIFY_LIMIT, PREFILL_LIMIT; PREFILL_ARGS: more
 # prefill_profile options (e.g. --compile default, as the real-pool runs); VERIFY_ARGS: more bench verify options (e.g.
 # --variants ... --skip-sweep). TRITON_TARBALL: a .tar.xz of another Triton's package folder (carried: the device has
@@ -53,6 +54,8 @@ for name in "$@"; do
                phase "verify_host_profile_b${b}_v${vocab}_$sha" 120 python -m experiments.verify_host_profile \
                  --batch "$b" --vocab "$vocab" --git-sha "$FLASHSPEC_GIT_SHA" \
                  --out "$OUT/verify_host_profile_b${b}_v${vocab}_h200${PROFILE_TAG:-}.json"; done; done ;;
+    interference) phase "verify_interference_$sha" 200 python -m experiments.verify_interference \
+               --vocab 32000 128256 --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/verify_interference_h200.json" ;;
     prefill) phase "prefill_profile_h200_$sha" "${PREFILL_LIMIT:-150}" python -m experiments.prefill_profile \
                --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/prefill_profile_h200.json" ${PREFILL_ARGS:-} ;;
     *) echo "unknown phase $name" >&2; exit 2 ;;
