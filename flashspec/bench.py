@@ -154,8 +154,23 @@ def _idle_call_timer() -> Callable[[Callable[[], object]], float]:
     return timed
 
 
+_HOST_SWEEP: list = []  # a buffer larger than the host's caches, made on first use
+
+
+def _sweep_host_caches() -> None:
+    """Read 64 MB on the host: whatever a call left in the CPU caches is gone (no torch, no GPU involved)."""
+    import numpy as np
+
+    if not _HOST_SWEEP:
+        _HOST_SWEEP.append(np.ones(8 << 20))
+    float(_HOST_SWEEP[0].sum())
+
+
+HOST_STATES = ("warm", "cold")  # before each timed call: an untimed call of itself / a sweep of the host's caches
+
+
 def _paired_ratio(numerator: Callable[[], object], denominator: Callable[[], object],
-                  reps: int = 50) -> tuple[float, list[float], dict[str, tuple[float, list[float]]]]:
+                  reps: int = 50, host: str | None = None) -> tuple[float, list[float], dict]:
     """(median, [20th, 80th percentile]) of numerator's time over denominator's, each call timed as
     `_latency_spread_us` times it, the two alternating call by call (which goes first alternating too), and
     each side's own (median, [20th, 80th percentile]) µs over the pairs, keyed "numerator" / "denominator" (what
@@ -163,14 +178,30 @@ def _paired_ratio(numerator: Callable[[], object], denominator: Callable[[], obj
     pairs where the numerator ran first and over those where the denominator did.
     Host-bound calls move with the host's speed, which drifts over a run: two medians taken minutes apart can
     differ by more than the plans they compare (one plan timed twice in one H200 run took 70 and 120 µs), while
-    a pair's two calls meet the same host, so the ratio of each pair carries the comparison."""
+    a pair's two calls meet the same host, so the ratio of each pair carries the comparison.
+
+    `host` sets what each timed call finds in the host's CPU caches. None: whatever the call before it left, so
+    each call follows the other one half the time. A large call evicts a small one's host state, which then
+    launches slower, and not the other way round (`experiments/verify_interference.py`), so None is not
+    symmetric. "warm": each timed call right after an untimed call of itself; "cold": right after a sweep of
+    the host's caches. Both give the two calls the same condition."""
+    if host is not None and host not in HOST_STATES:
+        raise ValueError(f"host must be None or one of {HOST_STATES}, got {host!r}")
     timer = _idle_call_timer()
     reps = reps if _on_gpu() else 5  # interpreted kernels (the CPU smoke run) take ~0.1 s a call
     numerator(), denominator()
+
+    def timed(fn: Callable[[], object]) -> float:
+        if host == "warm":
+            fn()
+        elif host == "cold":
+            _sweep_host_caches()
+        return timer(fn)
+
     ratios, tops, bottoms = [], [], []
     for rep in range(reps):
         first, second = (numerator, denominator) if rep % 2 == 0 else (denominator, numerator)
-        a, b = timer(first), timer(second)
+        a, b = timed(first), timed(second)
         top, bottom = (a, b) if rep % 2 == 0 else (b, a)
         ratios.append(top / bottom)
         tops.append(top)
@@ -682,6 +713,14 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
             point[name + "_sides_us"] = {"honest": sides["numerator"], "step": sides["denominator"]}
             point[name + "_by_order"] = {"honest_first": sides["by_order"]["numerator_first"],
                                          "step_first": sides["by_order"]["denominator_first"]}
+    for host in HOST_STATES:  # the same pairs with both calls finding the host alike (see `_paired_ratio`)
+        name = f"honest_over_triton_paired_{host}"
+        measured, error = _attempt(lambda: _paired_ratio(honest_step, triton_step, host=host))
+        if error:
+            point[name + "_error"] = error
+        else:
+            point[name], point[name + "_range"], sides = measured
+            point[name + "_sides_us"] = {"honest": sides["numerator"], "step": sides["denominator"]}
     kernels.FAST_LAUNCH = False  # Triton's own launch path, for the host-overhead comparison
     try:
         point["triton_jit_launch_us"] = _do_bench_us(triton_step)
@@ -883,6 +922,11 @@ def verdicts(points: list[dict], targets: dict[str, float] = TARGETS) -> dict:
                             "do_bench: device time, plus any host launch time past its L2 flush")
         row = bar(name, chosen, *keys, min, lambda m, t: m >= t)
         row["timing"] = timing
+        for host in HOST_STATES:  # the bar with both calls finding the host's caches alike
+            key = f"honest_over_triton_paired_{host}"
+            if recorded(key):
+                row.setdefault("by_host_state", {})[host] = bar(name, chosen, key, key, min,
+                                                                lambda m, t: m >= t)["as_run"]
         return row
 
     return {
