@@ -937,6 +937,66 @@ if whole_runs:
 else:
     print(f"the straight launch at B = 64: {NOT_MEASURED}")
 
+# %% [markdown]
+# **What the call before it does.** In these runs the paired ratio (about 10×) sits well below the ratio of the
+# two calls' medians timed apart (about 15×). The pairs alternate the honest baseline and the step, so half the
+# steps run right after an honest call. `experiments/verify_interference.py` times the step from an idle GPU after
+# different untimed calls, with the host time of the call itself beside the event time
+# (`results/verify_interference_h200.json`), and a benchmark run times the pairs again with both calls finding the
+# host alike: each right after an untimed call of itself ("warm"), or right after reading 64 MB on the host, which
+# empties the CPU caches without touching torch or the GPU ("cold"; `results/verify_h200_host_state_2b88980.json`).
+
+# %%
+INTERFERENCE = provenance.load_result("verify_interference_h200") if (
+    provenance.results_dir() / "verify_interference_h200.json").exists() else None
+HOST_STATE = provenance.load_result("verify_h200_host_state_2b88980") if (
+    provenance.results_dir() / "verify_h200_host_state_2b88980.json").exists() else None
+if INTERFERENCE is not None and HOST_STATE is not None:
+    labels = {"after_itself": "itself", "after_honest": "honest", "after_honest_gc_off": "honest, gc off",
+              "after_cpu_cache_sweep": "cache sweep", "after_cpu_torch_ops": "30 CPU torch ops"}
+    print("the step (and the honest baseline) after each preceding call: µs from an idle GPU (host µs of the call)")
+    print(f"{'point':<14}{'call':<8}" + "".join(f"{label:>18}" for label in labels.values()))
+    for point in INTERFERENCE["results"]["points"]:
+        for name in ("step", "honest"):
+            rows = point[name]
+            print(f"{'B=%d V=%dk' % (point['batch'], point['vocab'] // 1000):<14}{name:<8}"
+                  + "".join(f"{rows[key]['event_us']:8.1f} ({rows[key]['host_us']:6.1f})" for key in labels))
+    steps = INTERFERENCE["results"]["points"]
+    slower = [p["step"]["after_honest"]["event_us"] / p["step"]["after_itself"]["event_us"] for p in steps]
+    host_share = [(p["step"]["after_honest"]["host_us"] - p["step"]["after_itself"]["host_us"])
+                  / (p["step"]["after_honest"]["event_us"] - p["step"]["after_itself"]["event_us"]) for p in steps]
+    gc_off = [p["step"]["after_honest_gc_off"]["event_us"] / p["step"]["after_honest"]["event_us"] for p in steps]
+    bar = HOST_STATE["results"]["verdicts"]["honest_over_eager_min_for_batch_le_8"]
+    print("\nthe B ≤ 8 bar, paired, by what each call finds on the host "
+          f"({provenance.caption(HOST_STATE)}):")
+    for label, row in (("as found (alternating)", bar["as_run"]), *((f"{host} (both calls)", row) for host, row
+                                                                      in bar["by_host_state"].items())):
+        print(f"  {label:<24} {row['verdict']:<14} least point {row['measured']:.2f}× "
+              f"({row['range'][0]:.2f}–{row['range'][1]:.2f}× at the spread's ends)")
+    for point in HOST_STATE["results"]["points"]:
+        print(f"  B={point['batch']} V={point['vocab']}: " + ", ".join(
+            f"{host}: honest {point[f'honest_over_triton_paired_{host}_sides_us']['honest'][0]:.0f} µs, step "
+            f"{point[f'honest_over_triton_paired_{host}_sides_us']['step'][0]:.0f} µs" for host in ("warm", "cold")))
+    warm, cold = bar["by_host_state"]["warm"], bar["by_host_state"]["cold"]
+    display(Markdown(
+        f"Right after an honest call the step takes {min(slower):.2f}–{max(slower):.2f}× as long as right after "
+        f"itself, and the host's own time in the call grows by {min(host_share):.0%}–{max(host_share):.0%} of that "
+        "difference (host and event times are separate clocks): the extra time is host time. "
+        f"The garbage collector is not the cause (off for the whole loop, the step takes {min(gc_off):.2f}–"
+        f"{max(gc_off):.2f}× its time after an honest call with it on); reading 64 MB on the host with no torch "
+        "in it slows the step more than the honest call does, and slows the honest baseline too. The likeliest "
+        "reading: the call before it evicts the step's code and data from the CPU caches, and a cold host launches "
+        "slower (not profiled further). The honest "
+        "call barely notices the step before it: the alternating pairs are not symmetric. With both calls finding "
+        f"the host alike, the bar reads **{warm['verdict']} warm** ({warm['measured']:.1f}×, its spread "
+        f"{warm['range'][0]:.1f}–{warm['range'][1]:.1f}×) and **{cold['verdict']} cold** ({cold['measured']:.1f}×, "
+        f"{cold['range'][0]:.1f}–{cold['range'][1]:.1f}×). An eager engine that calls `verify` between model "
+        "forwards runs it nearer the cold end; a loop with little else on the host, nearer the warm one. The bar is "
+        "met on a warm host and missed on a cold one, and the verdict kept for it is the alternating pairs' "
+        f"({bar['as_run']['verdict']}), which lies between."))
+else:
+    print(f"the step after different preceding calls: {NOT_MEASURED}")
+
 # %%
 targets = verify_record["settings"]["targets"]
 if verify.get("verdicts"):

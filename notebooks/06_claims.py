@@ -435,6 +435,15 @@ else:
                          f"{min(bar['range'][0] for bar in straight_bars):.1f}–"
                          f"{max(bar['range'][1] for bar in straight_bars):.1f}×; chapter 2, "
                          + ", ".join(f"`results/{path.name}`" for path in straight_files) + ")")
+        host_state = committed("verify_h200_host_state_2b88980.json")
+        if host_state is not None:  # the same bar with both calls finding the host's caches alike
+            by_host = host_state["results"]["verdicts"]["honest_over_eager_min_for_batch_le_8"]["by_host_state"]
+            cluster_text += ("; the alternating pairs are not symmetric (the honest call evicts the step's host state, "
+                             "not the reverse); with both calls finding the host alike the B ≤ 8 bar reads "
+                             + ", ".join(f"{row['verdict']} {host} ({row['measured']:.2f}×, {row['range'][0]:.1f}–"
+                                         f"{row['range'][1]:.1f}×)" for host, row in by_host.items())
+                             + " (chapter 2, \"What the call before it does\"; `results/verify_h200_host_state_2b88980.json`, "
+                             "`results/verify_interference_h200.json`)")
         for run in whole:
             at64 = run["results"]["verdicts"]["honest_over_eager_at_batch_64"]["as_run"]
             cluster_text += (f"; the B = 64 bar in the run at all six points: {at64['verdict']} "
