@@ -35,7 +35,12 @@ NOTES = ("floor_us = max(empty_launch_us, logit_bytes / bandwidth): one empty Tr
          "race (capturable); torch_us is the bit-exact reference, the correctness oracle. *_latency_us (and a "
          "variant's latency_us): one call from an idle GPU to its last kernel's end, the host's launch included (L2 "
          "flushed and the device synchronised before each call, CUDA events around it); the eager bars are judged "
-         "on it where recorded, since do_bench overlaps the host's launch with its L2 flush. variants: every "
+         "on it where recorded, since do_bench overlaps the host's launch with its L2 flush; *_paired: the honest "
+         "baseline's and the step's calls timed so, alternating, the median of the pairs' ratios (the bars' verdict; "
+         "_sides_us: each call's own times while paired, _by_order: the ratio by which call ran first); "
+         "*_paired_warm / *_paired_cold: the same pairs with each call right after an untimed call of itself, or "
+         "right after 64 MB read on the host (both calls finding the host's caches alike; the bars' by_host_state). "
+         "variants: every "
          "launch-plan variant (GPU_PLAN overrides); plan_choice: the fastest by warm graph replay per point.")
 
 
