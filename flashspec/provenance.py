@@ -38,6 +38,11 @@ def git_sha(explicit: str | None = None) -> str | None:
         return explicit
     if os.environ.get("FLASHSPEC_GIT_SHA"):
         return os.environ["FLASHSPEC_GIT_SHA"]
+    return checkout_head()
+
+
+def checkout_head() -> str | None:
+    """The commit this checkout's git metadata says it is at (`git rev-parse HEAD`, else read from .git)."""
     try:
         return subprocess.run(["git", "rev-parse", "HEAD"], cwd=_CHECKOUT, capture_output=True, text=True,
                               timeout=10, check=True).stdout.strip()
@@ -120,13 +125,19 @@ def versions(packages: Sequence[str] = VERSIONED) -> dict[str, str | None]:
 
 def record(command: str | Sequence[str] | None = None, git_sha: str | None = None) -> dict[str, Any]:
     """The provenance of a run starting now: command (default: this process's argv), git SHA (default:
-    `git_sha()`), UTC date, hardware, versions, and the code files that differ from that commit."""
+    `git_sha()`), UTC date, hardware, versions, and the code files that differ from that commit: None, with the
+    checkout's own commit as `checkout_git_sha`, where the SHA given is not the commit the checkout's git is at."""
     if command is None:
         command = [Path(sys.argv[0]).name, *sys.argv[1:]]
+    sha, head = _git_sha(git_sha), checkout_head()
+    # a SHA given for a tree whose git metadata sits at another commit (a copied working tree): what differs
+    # from the checkout's commit says nothing about the recorded one, so it is not recorded
+    elsewhere = bool(sha and head and not (sha.startswith(head) or head.startswith(sha)))
     return {
         "command": command if isinstance(command, str) else " ".join(command),
-        "git_sha": _git_sha(git_sha),
-        "uncommitted_files": uncommitted_files(),
+        "git_sha": sha,
+        "uncommitted_files": None if elsewhere else uncommitted_files(),
+        **({"checkout_git_sha": head} if elsewhere else {}),
         "date_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "hardware": hardware(),
         "versions": versions(),

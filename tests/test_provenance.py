@@ -32,6 +32,22 @@ def test_record_names_command_commit_date_machine_and_versions() -> None:
     assert set(provenance.VERSIONED) <= set(record["versions"]) and record["versions"]["python"]
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
     assert provenance.record()["git_sha"] == head
+    at_head = provenance.record(git_sha=head[:7])  # a short SHA of the checkout's own commit
+    assert isinstance(at_head["uncommitted_files"], list) and "checkout_git_sha" not in at_head
+
+
+def test_a_sha_given_for_a_tree_at_another_commit_records_no_uncommitted_files(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A working tree copied to another machine can carry git metadata of an older commit: the files that differ
+    from that commit say nothing about the SHA the run was given, so the record leaves them out and names the
+    checkout's commit instead of listing committed files as uncommitted."""
+    monkeypatch.setattr(provenance, "checkout_head", lambda: "f93f0d7abd8de016457c248ad5b1337092c092ff")
+    monkeypatch.setattr(provenance, "uncommitted_files", lambda: ["flashspec/bench.py"])
+    record = provenance.record(["x"], git_sha="2b8898062761ca3a2319ebb934b6ad77cc73628e")
+    assert record["git_sha"].startswith("2b88980") and record["uncommitted_files"] is None
+    assert record["checkout_git_sha"].startswith("f93f0d7")
+    same = provenance.record(["x"], git_sha="f93f0d7")
+    assert same["uncommitted_files"] == ["flashspec/bench.py"] and "checkout_git_sha" not in same
 
 
 def test_one_nvidia_smi_helper_fills_the_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
