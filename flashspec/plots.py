@@ -319,6 +319,42 @@ def plot_verify_benchmark(record: dict[str, Any], path: str | Path | None = None
 __all__ += ["plot_verify_benchmark"]
 
 
+PRECEDING_CALLS = {"after_itself": "itself", "after_honest": "the honest verify",
+                   "after_honest_gc_off": "the honest verify, gc off", "after_cpu_cache_sweep": "64 MB read on the host",
+                   "after_cpu_torch_ops": "30 CPU torch ops"}
+
+
+def plot_preceding_call(record: dict[str, Any], path: str | Path | None = None) -> Figure:
+    """One eager verify step and one honest PyTorch verify, each from an idle GPU with the launch included, after
+    different untimed calls (`experiments/verify_interference.py`): a bar per preceding call and (B, V), the host
+    time of the call itself hatched inside it."""
+    data, footer = _unpack(record, settings=False)
+    points = data["points"]
+    fig = Figure(figsize=(10, 3.8), layout="constrained")
+    width = 0.8 / len(PRECEDING_CALLS)
+    positions = np.arange(len(points))
+    for column, (call, title) in enumerate((("step", "Triton verify step (verify_triton)"),
+                                            ("honest", "honest PyTorch verify"))):
+        ax = fig.add_subplot(1, 2, column + 1)
+        for index, (key, label) in enumerate(PRECEDING_CALLS.items()):
+            where = positions + (index - (len(PRECEDING_CALLS) - 1) / 2) * width
+            rows = [point[call].get(key, {}) for point in points]
+            ax.bar(where, [row.get("event_us", np.nan) for row in rows], width, color=f"C{index}",
+                   label=f"after {label}")
+            ax.bar(where, [row.get("host_us", np.nan) for row in rows], width * 0.5, color="none",
+                   edgecolor="0.2", hatch="///", linewidth=0.4)
+        ax.set_xticks(positions, [f"B={p['batch']}\nV={p['vocab']:,}" for p in points], fontsize=8)
+        ax.set_ylabel("µs from an idle GPU (median)")
+        ax.set_title(title, fontsize=9, loc="left")
+        ax.grid(axis="y", alpha=0.3)
+        if column == 0:
+            ax.legend(fontsize=7, loc="upper left", title="hatched: the host's time in the call", title_fontsize=7)
+    return _finish(fig, footer, path)
+
+
+__all__ += ["plot_preceding_call"]
+
+
 def plot_generation_trace(stats: Any, path: str | Path | None = None, window: int = 8) -> Figure:
     """Arm chosen and acceptance at every step of one speculative generation.
 

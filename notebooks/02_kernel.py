@@ -977,6 +977,9 @@ if INTERFERENCE is not None and HOST_STATE is not None:
         print(f"  B={point['batch']} V={point['vocab']}: " + ", ".join(
             f"{host}: honest {point[f'honest_over_triton_paired_{host}_sides_us']['honest'][0]:.0f} µs, step "
             f"{point[f'honest_over_triton_paired_{host}_sides_us']['step'][0]:.0f} µs" for host in ("warm", "cold")))
+    display(plots.plot_preceding_call(INTERFERENCE))
+    display(Markdown("**Figure.** The step and the honest baseline after each preceding call, from an idle GPU with "
+                     f"the launch included; hatched: the host's time in the call ({provenance.caption(INTERFERENCE)})."))
     warm, cold = bar["by_host_state"]["warm"], bar["by_host_state"]["cold"]
     display(Markdown(
         f"Right after an honest call the step takes {min(slower):.2f}–{max(slower):.2f}× as long as right after "

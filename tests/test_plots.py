@@ -19,3 +19,23 @@ def test_plot_generation_trace(tmp_path, target, draft):
     arm_axis = figure.axes[0]
     assert [label.get_text() for label in arm_axis.get_yticklabels()] == result.stats.arm_names
     assert len(arm_axis.collections[0].get_offsets()) == len(result.stats.steps)
+
+
+def test_plot_preceding_call(tmp_path):
+    """A bar per preceding call and point in each panel, the host time hatched inside it, from a record shaped as
+    experiments/verify_interference.py writes it."""
+    from flashspec.plots import PRECEDING_CALLS, plot_preceding_call
+
+    def rows(scale: float) -> dict:
+        return {key: {"event_us": scale * (index + 1), "host_us": 0.5 * scale * (index + 1)}
+                for index, key in enumerate(PRECEDING_CALLS)}
+
+    points = [{"batch": b, "vocab": 32000, "step": rows(10.0), "honest": rows(100.0)} for b in (1, 8)]
+    path = tmp_path / "preceding.png"
+    figure = plot_preceding_call({"settings": {}, "results": {"points": points}}, path)
+    assert path.stat().st_size > 0 and len(figure.axes) == 2
+    step_axis = figure.axes[0]
+    heights = sorted(patch.get_height() for patch in step_axis.patches)
+    # per point: five event bars and five hatched host bars at half their height
+    assert len(heights) == 2 * 2 * len(PRECEDING_CALLS) and max(heights) == 50.0 and min(heights) == 5.0
+    assert len(step_axis.get_legend().get_texts()) == len(PRECEDING_CALLS)
