@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import statistics
-import time
 from typing import Callable
 
 import numpy as np
@@ -22,40 +20,16 @@ import torch
 
 from flashspec import provenance, rng
 from flashspec.baseline import verify_pytorch
-from flashspec.bench import make_inputs
+from flashspec.bench import _idle_call_clock, _median_spread, make_inputs
 from flashspec.kernels import verify_triton
 from flashspec.sampling import SamplingParams
-
-
-def _timer() -> Callable[[Callable[[], object]], tuple[float, float]]:
-    """One call from an idle GPU: (event µs, host µs of the call alone), the L2 flushed first as the benchmark does."""
-    from triton.runtime import driver
-
-    device = driver.active
-    cache = device.get_empty_cache_for_benchmark()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def timed(fn: Callable[[], object]) -> tuple[float, float]:
-        device.clear_cache(cache)
-        torch.cuda.synchronize()
-        start.record()
-        host = time.perf_counter()
-        fn()
-        host = time.perf_counter() - host
-        end.record()
-        end.synchronize()
-        return 1e3 * start.elapsed_time(end), 1e6 * host
-    return timed
 
 
 def _summary(samples: list[tuple[float, float]]) -> dict:
     """Median and 20th/80th percentiles of the event and host times."""
     out = {}
     for index, name in enumerate(("event_us", "host_us")):
-        values = [sample[index] for sample in samples]
-        quantiles = statistics.quantiles(values, n=5)
-        out[name] = statistics.median(values)
-        out[name + "_spread"] = [quantiles[0], quantiles[-1]]
+        out[name], out[name + "_spread"] = _median_spread([sample[index] for sample in samples])
     return out
 
 
@@ -87,7 +61,7 @@ def measure(batch: int, vocab: int, reps: int) -> dict:
         "cpu_cache_sweep": lambda: float(sweep.sum()),
         "cpu_torch_ops": cpu_torch,
     }
-    timer = _timer()
+    timer = _idle_call_clock()
     for _ in range(20):
         step(), honest()
     torch.cuda.synchronize()

@@ -128,14 +128,16 @@ def _median_spread(samples: list[float]) -> tuple[float, list[float]]:
     return statistics.median(samples), [quantiles[0], quantiles[-1]]
 
 
-def _idle_call_timer() -> Callable[[Callable[[], object]], float]:
-    """A function timing one call (µs) from an idle GPU with its launch included: the L2 flushed with the buffer
-    `do_bench` writes, the device synchronised, CUDA events around the call. Without a GPU: host-timed."""
+def _idle_call_clock() -> Callable[[Callable[[], object]], tuple[float, float]]:
+    """A function timing one call from an idle GPU with its launch included, as (µs to its last kernel's end, µs
+    of host time in the call itself): the L2 flushed with the buffer `do_bench` writes, the device synchronised,
+    CUDA events around the call, the host's clock around the call alone. Without a GPU: host-timed, both alike."""
     if not _on_gpu():
-        def host_timed(fn: Callable[[], object]) -> float:
+        def host_timed(fn: Callable[[], object]) -> tuple[float, float]:
             start = time.perf_counter()
             fn()
-            return (time.perf_counter() - start) * 1e6
+            host = (time.perf_counter() - start) * 1e6
+            return host, host
         return host_timed
     from triton.runtime import driver
 
@@ -143,15 +145,24 @@ def _idle_call_timer() -> Callable[[Callable[[], object]], float]:
     cache = device.get_empty_cache_for_benchmark()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
-    def timed(fn: Callable[[], object]) -> float:
+    def timed(fn: Callable[[], object]) -> tuple[float, float]:
         device.clear_cache(cache)
         torch.cuda.synchronize()
         start.record()
+        host = time.perf_counter()
         fn()
+        host = time.perf_counter() - host
         end.record()
         end.synchronize()
-        return 1e3 * start.elapsed_time(end)
+        return 1e3 * start.elapsed_time(end), 1e6 * host
     return timed
+
+
+def _idle_call_timer() -> Callable[[Callable[[], object]], float]:
+    """A function timing one call (µs) from an idle GPU with its launch included (`_idle_call_clock`'s first
+    time). Without a GPU: host-timed."""
+    clock = _idle_call_clock()
+    return lambda fn: clock(fn)[0]
 
 
 _HOST_SWEEP: list = []  # a buffer larger than the host's caches, made on first use
@@ -704,23 +715,20 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
         point["paired_best_variant"] = best
         paired["honest_over_best_paired"] = variant_step((target, draft, tokens), params, key,
                                                          point["variants"][best]["overrides"])
-    for name, step in paired.items():
-        measured, error = _attempt(lambda: _paired_ratio(honest_step, step))
+    # the same pairs with both calls finding the host alike (see `_paired_ratio`)
+    pairs = [(name, step, None) for name, step in paired.items()]
+    pairs += [(f"honest_over_triton_paired_{host}", triton_step, host) for host in HOST_STATES]
+    for name, step, host in pairs:
+        measured, error = _attempt(lambda: _paired_ratio(honest_step, step, host=host))
         if error:
             point[name + "_error"] = error
-        else:  # the ratio, its spread, and what the honest baseline and the step each took while paired
-            point[name], point[name + "_range"], sides = measured
-            point[name + "_sides_us"] = {"honest": sides["numerator"], "step": sides["denominator"]}
+            continue
+        # the ratio, its spread, and what the honest baseline and the step each took while paired
+        point[name], point[name + "_range"], sides = measured
+        point[name + "_sides_us"] = {"honest": sides["numerator"], "step": sides["denominator"]}
+        if host is None:  # as found, the ratio by which call ran first shows the pairs' asymmetry
             point[name + "_by_order"] = {"honest_first": sides["by_order"]["numerator_first"],
                                          "step_first": sides["by_order"]["denominator_first"]}
-    for host in HOST_STATES:  # the same pairs with both calls finding the host alike (see `_paired_ratio`)
-        name = f"honest_over_triton_paired_{host}"
-        measured, error = _attempt(lambda: _paired_ratio(honest_step, triton_step, host=host))
-        if error:
-            point[name + "_error"] = error
-        else:
-            point[name], point[name + "_range"], sides = measured
-            point[name + "_sides_us"] = {"honest": sides["numerator"], "step": sides["denominator"]}
     kernels.FAST_LAUNCH = False  # Triton's own launch path, for the host-overhead comparison
     try:
         point["triton_jit_launch_us"] = _do_bench_us(triton_step)

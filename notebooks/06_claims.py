@@ -418,11 +418,11 @@ else:
                          "point with its own plan choice, which became that version's launch-plan table; "
                          "`results/verify_triton39_h200.json`, chapter 2, \"The whole benchmark under Triton 3.9\")")
     straight_files = sorted(RESULTS.glob("verify_h200_straight_*.json"))
-    straight_bars = [committed(path.name)["results"]["verdicts"]["honest_over_eager_min_for_batch_le_8"]["as_run"]
-                     for path in straight_files]
+    straight_runs = [committed(path.name) for path in straight_files]
+    straight_bars = [run["results"]["verdicts"]["honest_over_eager_min_for_batch_le_8"]["as_run"]
+                     for run in straight_runs]
     if straight_bars:  # the B <= 8 bar rerun after warm steps launched straight from their binding
         kinds = sorted({bar["verdict"] for bar in straight_bars})
-        straight_runs = [committed(path.name) for path in straight_files]
         whole = [run for run in straight_runs if any(p["batch"] > 8 for p in run["results"]["points"])]
         cluster_text += (f"; once warm steps launched straight from their binding, {len(straight_bars)} runs of the "
                          "benchmark"
