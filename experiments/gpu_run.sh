@@ -56,6 +56,17 @@ for name in "$@"; do
                  --out "$OUT/verify_host_profile_b${b}_v${vocab}_h200${PROFILE_TAG:-}.json"; done; done ;;
     interference) phase "verify_interference_$sha" 200 python -m experiments.verify_interference \
                --vocab 32000 128256 --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/verify_interference_h200.json" ;;
+    ncu) ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | tail -n 1)
+         [ -n "$ncu_bin" ] || { echo "phase ncu: no ncu on this machine" | tee -a "$OUT/phases.txt"; continue; }
+         "$ncu_bin" --version | tail -n 1 >"$OUT/ncu_version.txt"
+         # shellcheck disable=SC2046,SC2086  # ncu-args and NCU_ARGS are option lists
+         phase "verify_ncu_$sha" "${NCU_LIMIT:-420}" "$ncu_bin" --log-file "$OUT/verify_ncu_raw.csv" \
+           $(python -m experiments.verify_ncu ncu-args) python -m experiments.verify_ncu run \
+           --manifest "$OUT/verify_ncu_manifest.json" ${NCU_ARGS:-}
+         phase "verify_ncu_parse_$sha" 60 python -m experiments.verify_ncu parse --csv "$OUT/verify_ncu_raw.csv" \
+           --manifest "$OUT/verify_ncu_manifest.json" --git-sha "$FLASHSPEC_GIT_SHA" \
+           --ncu-command "$(cat "$OUT/ncu_version.txt"): ncu $(python -m experiments.verify_ncu ncu-args) python -m experiments.verify_ncu run ${NCU_ARGS:-}" \
+           --out "$OUT/verify_ncu_h200.json" ;;
     prefill) phase "prefill_profile_h200_$sha" "${PREFILL_LIMIT:-150}" python -m experiments.prefill_profile \
                --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/prefill_profile_h200.json" ${PREFILL_ARGS:-} ;;
     *) echo "unknown phase $name" >&2; exit 2 ;;
