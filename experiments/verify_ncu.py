@@ -188,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     run_parser = sub.add_parser("run", help="the program ncu profiles")
     run_parser.add_argument("--manifest", required=True)
-    run_parser.add_argument("--variants", nargs="+", default=["default", "diagnostic_fast_math", "stats_bv2048_pdl"])
+    run_parser.add_argument("--variants", nargs="+", default=["default", "stats_lanes_off", "stats_bv2048_pdl"])
     sub.add_parser("ncu-args", help="print ncu's options for `run`")
     parse_parser = sub.add_parser("parse", help="ncu's CSV and the manifest to JSON")
     parse_parser.add_argument("--csv", required=True)

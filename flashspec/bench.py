@@ -506,6 +506,11 @@ PLAN_VARIANTS: dict[str, dict[str, int]] = {
     "cluster_c8_w8": {"cluster": 1, "cluster_ctas": 8, "cluster_block_v": 1024, "cluster_warps": 8},
     "cluster_c8_w8_s1": {"cluster": 1, "cluster_ctas": 8, "cluster_block_v": 1024, "cluster_warps": 8,
                          "cluster_stages": 1},
+    # the stats pass as it was before its per-lane partials (GPU_PLAN's stats_lane_elems, on in every other
+    # variant): each tile reduced across the program's threads
+    "stats_lanes_off": {"stats_lane_elems": 0},
+    "stats_bv2048_pdl_lanes_off": {"accept_once": 1, "lanes": 1, "sample_block_v": 256, "sample_max_tiles": 4,
+                                   "stats_block_v": 2048, "stats_max_tiles": 2, "pdl": 1, "stats_lane_elems": 0},
     # diagnostics, never chosen: what approximate log/exp would save (their tokens may differ at near-ties), in
     # the default plan and in stats_bv2048's, whose sampling kernel takes ~50 µs at B = 64, V = 128k: how much of
     # that is the per-element math

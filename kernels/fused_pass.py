@@ -57,7 +57,7 @@ def _fused_kernel(
         if position <= gamma:
             _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr,
                          pid_b, position, split, batch, gamma, vocab, num_splits, scale,
-                         CHUNK, SCALE_MODE, HAS_DRAFT, GREEDY, BLOCK_B, STATS_BLOCK_V)
+                         CHUNK, SCALE_MODE, HAS_DRAFT, GREEDY, BLOCK_B, STATS_BLOCK_V, 0)
     if SPLIT:
         tl.debug_barrier()  # every thread's partials precede the release below
         ticket = tl.atomic_add(counter_ptr + pid_b, 1, sem="acq_rel", scope="gpu")

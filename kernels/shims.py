@@ -139,13 +139,51 @@ def _scale(x, scale, SCALE_MODE: tl.constexpr):
         return x
 
 
+LOG2E = tl.constexpr(1.4426950408889634)
+
+if interpreting():
+
+    def _sum_exp_term(x):
+        return tl.exp(x)
+
+else:
+
+    @triton.jit
+    def _sum_exp_term(x):
+        """exp(x) as one multiply and one MUFU.EX2 (`ex2.approx.ftz`: a result below 2**-126 flushes to zero).
+        For the terms of a log-sum-exp sum (x <= 0, the sum >= 1), which need float32's precision, not
+        libdevice's rounding; `tl.exp` adds a denormal fix-up around the same MUFU (four more instructions an
+        element in the stats pass)."""
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * LOG2E], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+
+
 @device_function
 def _online_lse(running_max, running_sum, x):
     """Fold a [BLOCK_B, BLOCK_V] tile into per-row (max, sum exp(x - max)); -inf safe."""
     new_max = tl.maximum(running_max, _max(x, axis=1))
     shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-    running_sum = running_sum * tl.exp(running_max - shift) + _sum(tl.exp(x - shift[:, None]), axis=1)
+    running_sum = running_sum * tl.exp(running_max - shift) + _sum(_sum_exp_term(x - shift[:, None]), axis=1)
     return new_max, running_sum
+
+
+@device_function
+def _online_lse_lanes(running_max, running_sum, x):
+    """`_online_lse` per lane: fold a [BLOCK_B, LANES, LANE_ELEMS] tile into per-lane (max, sum exp(x - max))
+    [BLOCK_B, LANES]. With LANE_ELEMS the elements one thread holds, every reduction here stays inside a thread:
+    no shuffles or barriers per tile (`_lanes_lse` meets the lanes once, at the end)."""
+    new_max = tl.maximum(running_max, _max(x, axis=2))
+    shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+    running_sum = running_sum * tl.exp(running_max - shift) + _sum(_sum_exp_term(x - shift[:, :, None]), axis=2)
+    return new_max, running_sum
+
+
+@device_function
+def _lanes_lse(lane_max, lane_sum):
+    """Per-lane (max, sum) [BLOCK_B, LANES] to per-row (max, sum exp(x - max)) [BLOCK_B]; -inf safe."""
+    row_max = _max(lane_max, axis=1)
+    shift = tl.where(row_max == float("-inf"), 0.0, row_max)
+    return row_max, _sum(lane_sum * tl.exp(lane_max - shift[:, None]), axis=1)
 
 
 @device_function

@@ -10,7 +10,7 @@ from triton.language import core as tlcore  # noqa: F401  (the interpreter patch
 
 from flashspec.kernels.rng import device_function
 from flashspec.kernels.sample_pass import _accept, _store_accept
-from flashspec.kernels.shims import _max_index, _online_lse, _scale, gdc_launch_dependents
+from flashspec.kernels.shims import _lanes_lse, _max_index, _online_lse, _online_lse_lanes, _scale, gdc_launch_dependents
 
 
 # ----------------------------------------------------------------------------- launch 1
@@ -18,9 +18,11 @@ from flashspec.kernels.shims import _max_index, _online_lse, _scale, gdc_launch_
 def _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr,
                  pid_b, position, split, batch, gamma, vocab, num_splits, scale,
                  CHUNK: tl.constexpr, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, GREEDY: tl.constexpr,
-                 BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
+                 BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, LANE_ELEMS: tl.constexpr):
     """The partials of one V-chunk (`split`) of the target row at `position` and of the draft row at the
-    same position (when there is one), for the BLOCK_B rows of row block `pid_b`."""
+    same position (when there is one), for the BLOCK_B rows of row block `pid_b`. LANE_ELEMS > 0: each lane of
+    LANE_ELEMS consecutive logits of a tile (the elements one thread loads) keeps its own running (max, sum) over
+    the tiles, and the lanes meet once at the end, instead of the whole tile reducing across threads per tile."""
     rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
     row_ok = rows < batch
     rows64 = rows.to(tl.int64)  # int64 offsets: B·(γ+1)·V overflows int32 past 2**31
@@ -47,22 +49,40 @@ def _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr
         # as int32, which its loads and stores reject ("mask has unsupported dtype").
         has_draft_row = (rows * 0 + position) < gamma
         draft_row = (rows64 * gamma + position) * vocab
-        p_max = tl.full([BLOCK_B], float("-inf"), tl.float32)
-        p_sum = tl.zeros([BLOCK_B], tl.float32)
-        q_max = tl.full([BLOCK_B], float("-inf"), tl.float32)
-        q_sum = tl.zeros([BLOCK_B], tl.float32)
+        if LANE_ELEMS > 0:  # per-lane partials, met once after the loop
+            p_max = tl.full([BLOCK_B, BLOCK_V // LANE_ELEMS], float("-inf"), tl.float32)
+            p_sum = tl.zeros([BLOCK_B, BLOCK_V // LANE_ELEMS], tl.float32)
+            q_max = tl.full([BLOCK_B, BLOCK_V // LANE_ELEMS], float("-inf"), tl.float32)
+            q_sum = tl.zeros([BLOCK_B, BLOCK_V // LANE_ELEMS], tl.float32)
+        else:
+            p_max = tl.full([BLOCK_B], float("-inf"), tl.float32)
+            p_sum = tl.zeros([BLOCK_B], tl.float32)
+            q_max = tl.full([BLOCK_B], float("-inf"), tl.float32)
+            q_sum = tl.zeros([BLOCK_B], tl.float32)
         for start in range(0, CHUNK, BLOCK_V):
             cols = first + start + lanes
             mask = row_ok[:, None] & (cols < vocab)[None, :]
             x = tl.load(target_ptr + target_row[:, None] + cols[None, :], mask=mask, other=float("-inf"))
-            p_max, p_sum = _online_lse(p_max, p_sum, _scale(x.to(tl.float32), scale, SCALE_MODE))
+            x = _scale(x.to(tl.float32), scale, SCALE_MODE)
+            if LANE_ELEMS > 0:
+                p_max, p_sum = _online_lse_lanes(p_max, p_sum, tl.reshape(x, [BLOCK_B, BLOCK_V // LANE_ELEMS, LANE_ELEMS]))
+            else:
+                p_max, p_sum = _online_lse(p_max, p_sum, x)
             if HAS_DRAFT:
                 y = tl.load(
                     draft_ptr + draft_row[:, None] + cols[None, :],
                     mask=mask & has_draft_row[:, None],
                     other=float("-inf"),
                 )
-                q_max, q_sum = _online_lse(q_max, q_sum, _scale(y.to(tl.float32), scale, SCALE_MODE))
+                y = _scale(y.to(tl.float32), scale, SCALE_MODE)
+                if LANE_ELEMS > 0:
+                    q_max, q_sum = _online_lse_lanes(q_max, q_sum,
+                                                     tl.reshape(y, [BLOCK_B, BLOCK_V // LANE_ELEMS, LANE_ELEMS]))
+                else:
+                    q_max, q_sum = _online_lse(q_max, q_sum, y)
+        if LANE_ELEMS > 0:
+            p_max, p_sum = _lanes_lse(p_max, p_sum)
+            q_max, q_sum = _lanes_lse(q_max, q_sum)
         tl.store(part_max_ptr + out_target, p_max, mask=row_ok)
         tl.store(part_sum_ptr + out_target, p_sum, mask=row_ok)
         if HAS_DRAFT:
@@ -91,13 +111,14 @@ def _stats_kernel(
     BLOCK_B: tl.constexpr,  # rows per program
     BLOCK_V: tl.constexpr,  # vocabulary tile
     PDL: tl.constexpr = False,  # the sampling launch is a programmatic dependent launch: let it start now
+    LANE_ELEMS: tl.constexpr = 0,  # > 0: per-lane partials over LANE_ELEMS logits each (`_chunk_stats`)
 ):
     if PDL:
         gdc_launch_dependents()
     # position 0..γ: the target row at it, and (position < γ) the draft row at it
     _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr,
                  tl.program_id(0), tl.program_id(1), tl.program_id(2), batch, gamma, vocab, num_splits, scale,
-                 CHUNK, SCALE_MODE, HAS_DRAFT, GREEDY, BLOCK_B, BLOCK_V)
+                 CHUNK, SCALE_MODE, HAS_DRAFT, GREEDY, BLOCK_B, BLOCK_V, LANE_ELEMS)
 
 
 @triton.jit(do_not_specialize=["accept_prefix"])
@@ -125,6 +146,7 @@ def _stats_accept_kernel(
     BLOCK_S: tl.constexpr,  # power of two >= S
     BLOCK_V: tl.constexpr,
     PDL: tl.constexpr = False,  # as for _stats_kernel
+    LANE_ELEMS: tl.constexpr = 0,  # as for _stats_kernel
 ):
     """`_stats_kernel` at T > 0, and then the last of the (γ+1)·S programs of a row block to finish (an
     acquire-release ticket: it sees every partial) runs the accept test once for the block and stores its
@@ -134,7 +156,7 @@ def _stats_accept_kernel(
     pid_b = tl.program_id(0)
     _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_sum_ptr,
                  pid_b, tl.program_id(1), tl.program_id(2), batch, gamma, vocab, num_splits, scale,
-                 CHUNK, SCALE_MODE, HAS_DRAFT, False, BLOCK_B, BLOCK_V)
+                 CHUNK, SCALE_MODE, HAS_DRAFT, False, BLOCK_B, BLOCK_V, LANE_ELEMS)
     tl.debug_barrier()  # every thread's partials precede the release below
     ticket = tl.atomic_add(counter_ptr + pid_b, 1, sem="acq_rel", scope="gpu")
     if ticket == (gamma + 1) * num_splits - 1:
