@@ -20,9 +20,6 @@ import torch
 from flashspec import rng
 from flashspec.sampling import SamplingParams
 
-TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64", torch.int32: "i32"}
-COMPILER_OPTIONS = ("num_warps", "num_ctas", "enable_fp_fusion", "launch_cooperative_grid", "launch_pdl")
-
 FRONT_END = r"""
 import inspect, json, sys
 from triton.backends.compiler import GPUTarget
@@ -55,43 +52,6 @@ print(json.dumps(failures))
 """
 
 
-def _type(value) -> str:
-    if isinstance(value, torch.Tensor):
-        return "*" + TYPES[value.dtype]
-    if isinstance(value, bool):
-        return "i1"
-    if isinstance(value, int):
-        return "i32" if -(2**31) <= value < 2**31 else "i64"
-    if isinstance(value, float):
-        return "fp32"
-    raise TypeError(f"no Triton type for {type(value).__name__}")
-
-
-def _launches(prepared, kernels) -> list[tuple]:
-    if prepared.plan.fused:
-        return [(kernels._fused_kernel, prepared.fused_args, prepared.fused_meta)]
-    if prepared.plan.coop:
-        return [(kernels._coop_kernel, prepared.coop_args, prepared.coop_meta)]
-    if prepared.plan.cluster:
-        return [(kernels._cluster_kernel, prepared.cluster_args, prepared.cluster_meta)]
-    stats = kernels._stats_accept_kernel if prepared.plan.accept_once else kernels._stats_kernel
-    return [(stats, prepared.stats_args, prepared.stats_meta),
-            (kernels._sample_kernel, prepared.sample_args, prepared.sample_meta)]
-
-
-def _describe(kernel, args: tuple, meta: dict, precise: bool) -> dict:
-    """A launch as the front end needs it: the kernel's name, each runtime argument's Triton type, the
-    constexprs (PRECISE as the GPU runs it: the interpreter always turns it off) and the warp count."""
-    import inspect
-
-    names = list(inspect.signature(kernel.fn).parameters)
-    constexprs = {name: value for name, value in meta.items() if name not in COMPILER_OPTIONS}
-    if "PRECISE" in constexprs:
-        constexprs["PRECISE"] = precise
-    return {"kernel": kernel.fn.__name__, "signature": {name: _type(value) for name, value in zip(names, args)},
-            "constexprs": constexprs, "num_warps": meta.get("num_warps", 4)}
-
-
 SIZES = {"CHUNK", "ROW", "BLOCK_V", "STATS_BLOCK_V", "BLOCK_P", "BLOCK_S", "BLOCK_S2"}  # tile and loop sizes
 
 
@@ -107,6 +67,7 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
     from flashspec.bench import PLAN_VARIANTS
     from flashspec.kernels import plan as plan_module
     from flashspec.kernels.chain_probe import chain_step
+    from flashspec.kernels import sass
     from flashspec.kernels import verify as kernels
 
     # make_plan's GPU branch (132 SMs, compiled Triton), as tests/test_kernels.py's gpu_planner fixture does
@@ -147,12 +108,12 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
                             prepared = kernels._binder(plan)(plan, (target, draft, tokens), outputs,
                                                              layout.views(memory), (batch, gamma, vocab), 1.0 / 0.7,
                                                              flags, prefix, None, memory.device, False)
-                            for kernel, args, meta in _launches(prepared, kernels):
-                                described = _describe(kernel, args, meta, plan.precise)
+                            for kernel, args, meta in sass.kernel_launches(prepared):
+                                described = sass.describe(kernel, args, meta, plan.precise)
                                 launches.setdefault(_structure(described), described)
                             # the benchmark's dependency-chain probe at the same grids (the cluster plan has none)
                             for kernel, _, args, meta in ([] if plan.cluster else chain_step(target, plan).launches):
-                                described = _describe(kernel, args, meta, plan.precise)
+                                described = sass.describe(kernel, args, meta, plan.precise)
                                 launches.setdefault(_structure(described), described)
     finally:
         plan_module.make_plan.cache_clear()
@@ -192,3 +153,38 @@ def test_cluster_reduce_probe_writes_what_this_triton_does(tmp_path) -> None:
         assert pair["cross_cta"]
     else:
         assert "error" in pair
+
+
+SASS_STATS = r"""
+import json
+from flashspec.kernels import sass
+from flashspec.sampling import SamplingParams
+
+rows = []
+for lane_elems in (None, 0):  # the default plan, and its stats pass without per-lane partials
+    tuning = None if lane_elems is None else (("stats_lane_elems", lane_elems),)
+    plan, launches = sass.bound_launches(64, 4, 128256, SamplingParams(1.0), tuning=tuning)
+    stats = next(launch for launch in launches if launch["kernel"].startswith("_stats"))
+    rows.append({"lane_elems": plan.stats_lane_elems, "loops": sass.loops(sass.compile_sass(stats)),
+                 "per_thread": plan.stats_block_v // (32 * plan.stats_warps)})
+print(json.dumps(rows))
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="Triton's compiler needs Linux")
+def test_stats_pass_loop_stays_inside_threads() -> None:
+    """The stats pass's loop compiled for SM90 (B = 64, V = 128256, the default plan): with per-lane partials it
+    has no shuffle or barrier and costs at most 20 instructions per vocabulary position a thread covers (two
+    logits: target and draft; 18.7 under Triton 3.9). Reducing every tile across the threads shuffles and costs
+    more (22.4; 28.4 with `tl.exp`'s denormal fix-up as well)."""
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="0")
+    done = subprocess.run([sys.executable, "-c", SASS_STATS], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lanes, tiles = json.loads(done.stdout.strip().splitlines()[-1])
+    assert lanes["lane_elems"] == 8 and tiles["lane_elems"] == 0
+    for row in (lanes, tiles):
+        assert len(row["loops"]) == 1, row["loops"]  # one loop over the chunk's tiles
+    lane_loop, tile_loop = lanes["loops"][0], tiles["loops"][0]
+    assert "SHFL" not in lane_loop["opcodes"] and "BAR" not in lane_loop["opcodes"]
+    assert lane_loop["instructions"] / lanes["per_thread"] <= 20
+    assert "SHFL" in tile_loop["opcodes"] and tile_loop["instructions"] > lane_loop["instructions"]
