@@ -143,7 +143,7 @@ GPU_PLAN = {
     # the lanes once per program, instead of reducing each tile across the program's threads (four reductions,
     # with shuffles and barriers, per tile); 8 is the logits one thread loads at a time (a 16-byte bf16 load), so
     # the lane reductions stay inside a thread. Compiled for SM90: 455 -> 299 instructions per tile and thread
-    # (`flashspec.kernels.sass`). 0: off
+    # (`flashspec.kernels.sass`); a program of one tile keeps the tile's reduction (512 against 456). 0: off
     "stats_lane_elems": 8,
 }
 CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 16 is beyond the portable 8: Hopper allows it
@@ -286,6 +286,8 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         lane_elems = 0  # a lane would span threads: its reductions would shuffle again
     stats_chunk, stats_splits = _splits(vocab, stats_block_v, row_blocks * (gamma + 1), target_programs,
                                         stats_tiles, MAX_STATS_SPLITS, num_splits)
+    if stats_chunk <= stats_block_v and device.type == "cuda" and not interpreting():
+        lane_elems = 0  # one tile per program: the lanes would meet once anyway, after extra bookkeeping
     if greedy:
         sample_chunk, sample_splits = sample_block_v, 1  # the greedy sampler streams nothing
     else:
