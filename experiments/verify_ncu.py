@@ -27,6 +27,7 @@ from flashspec.kernels import prepare_verify, verify_triton
 from flashspec.sampling import SamplingParams
 
 NVTX_RANGE = "ncu"
+SCHEDULERS_PER_SM = 4  # warp schedulers of an SM90 multiprocessor, each issuing one warp instruction a cycle
 POINTS = ((1, 32000), (8, 32000), (64, 32000), (1, 128256), (8, 128256), (64, 128256))
 GAMMA = 4
 SECTIONS = ("SpeedOfLight", "Occupancy", "LaunchStats", "WarpStateStats", "SchedulerStats",
@@ -157,6 +158,7 @@ def summarise(kernels: list[dict], manifest: list[dict]) -> list[dict]:
                       for name, value in metrics.items()
                       if name.startswith(STALL_PREFIX) and isinstance(value, float)}
             instructions = _metric(metrics, "Executed Instructions [inst]", "smsp__inst_executed.sum")
+            frequency, sms = _metric(metrics, "SM Frequency"), _metric(metrics, "# SMs")
             launched.append({
                 "name": kernel["name"], "grid": kernel["grid"], "block": kernel["block"],
                 "duration_us": _duration_us(metrics),
@@ -173,6 +175,10 @@ def summarise(kernels: list[dict], manifest: list[dict]) -> list[dict]:
                 "warp_instructions": instructions,
                 "thread_instructions_per_element": (instructions * 32 / entry["elements"]
                                                      if instructions else None),
+                "sm_frequency_hz": frequency, "sms": sms,
+                # the kernel's instructions at one warp instruction per cycle from each of an SM's four schedulers
+                "issue_floor_us": (instructions / (sms * SCHEDULERS_PER_SM * frequency) * 1e6
+                                   if instructions and sms and frequency else None),
                 "top_stalls": dict(sorted(stalls.items(), key=lambda item: -item[1])[:6]),
                 "metrics": metrics,
             })
