@@ -1165,6 +1165,134 @@ else:
     print(f"chain floor: {NOT_MEASURED} in this record")
 
 # %% [markdown]
+# ### The kernels' own work, counted
+#
+# What is that work? `experiments/verify_ncu.py` runs each point's step once under Nsight Compute on the H200 (its
+# caches flushed before each kernel, clocks left alone) and reads the hardware counters of each kernel: its
+# duration, how busy DRAM and the SMs were, the occupancy, the instructions it issued (per logit of the step:
+# $B(2\gamma+1)V$ of them) and what its warps waited on most. `experiments/verify_sass.py` compiles the same launches
+# for SM90 on any machine, this one included, and counts the machine code of each loop: what one tile costs a
+# thread. Two runs: before and after the stats pass kept its partials per lane (`stats_lane_elems` in
+# `flashspec.kernels.plan.GPU_PLAN`: a running (max, sum) for each 8 logits a thread loads, met once per program,
+# instead of four reductions across the program's threads per tile, and each exponential one `MUFU.EX2`).
+
+# %%
+NCU_BEFORE, NCU_AFTER = "verify_ncu_h200_40ffb85", "verify_ncu_h200_a038f2b"
+ncu_runs = {name: provenance.load_result(name) for name in (NCU_BEFORE, NCU_AFTER)
+            if (provenance.results_dir() / f"{name}.json").exists()}
+sass_record = (provenance.load_result("verify_sass_sm90") if (provenance.results_dir() / "verify_sass_sm90.json").exists()
+               else None)
+
+
+def ncu_kernels(record: dict, variant: str = "default") -> dict:
+    """{(B, V, kernel role): the kernel's row} of one ncu record's plan."""
+    rows = {}
+    for entry in record["results"]:
+        if entry["variant"] == variant:
+            for kernel in entry["launched"]:
+                role = "stats" if "_stats" in kernel["name"] else "sample" if "_sample" in kernel["name"] else "other"
+                rows[(entry["batch"], entry["vocab"], role)] = kernel
+    return rows
+
+
+if ncu_runs:
+    for name, record in ncu_runs.items():
+        print(f"{name}: {provenance.caption(record)}")
+        print(f"{'B':>3} {'V':>7} {'kernel':>7} {'us':>7} {'DRAM %':>7} {'SM %':>6} {'occ %':>6} "
+              f"{'inst/logit':>10}  most waited on")
+        for (batch, vocab, role), kernel in sorted(ncu_kernels(record).items()):
+            print(f"{batch:>3} {vocab:>7} {role:>7} {kernel['duration_us']:7.1f} {kernel['dram_throughput_pct']:7.1f} "
+                  f"{kernel['compute_sm_throughput_pct']:6.1f} {kernel['achieved_occupancy_pct']:6.1f} "
+                  f"{kernel['thread_instructions_per_element']:10.1f}  {', '.join(list(kernel['top_stalls'])[:2])}")
+        print()
+else:
+    print(f"Nsight Compute records: {NOT_MEASURED}")
+if sass_record is not None:
+    print(f"SM90 machine code, compiled here: {provenance.caption(sass_record)}")
+    for point in sass_record["results"]:
+        if point["vocab"] == 128256 and point["batch"] == 64:
+            for launch in point["launches"]:
+                loops = ", ".join(f"{loop['instructions']} ({loop['per_position']:.1f} per position)"
+                                  for loop in launch["loops"]) or f"no loop ({launch['total_instructions']} in all)"
+                print(f"  {point['variant']:16s} {launch['kernel']:22s} loops: {loops}")
+
+# %%
+if len(ncu_runs) == 2 and sass_record is not None:
+    before, after = (ncu_kernels(ncu_runs[name]) for name in (NCU_BEFORE, NCU_AFTER))
+    big = (64, 128256)
+    sample, stats_b, stats_a = before[(*big, "sample")], before[(*big, "stats")], after[(*big, "stats")]
+    races = [loop for point in sass_record["results"] if (point["batch"], point["vocab"]) == big
+             and point["variant"] == "default" for launch in point["launches"] if launch["kernel"] == "_sample_kernel"
+             for loop in launch["loops"]]
+    moved = [(key, before[key]["duration_us"], after[key]["duration_us"]) for key in sorted(before)
+             if key[2] == "stats" and key in after]
+    display(Markdown(
+        f"At B = 64, V = 128256 the sampling kernel kept the SMs {sample['compute_sm_throughput_pct']:.0f}% busy "
+        f"and DRAM {sample['dram_throughput_pct']:.0f}%: it is bound by the instructions it issues, not by the "
+        f"bytes it reads. Its residual race costs {races[0]['per_position']:.0f} instructions per vocabulary "
+        f"position and thread, the bonus race {races[1]['per_position']:.0f} (the libdevice logarithms of the "
+        "Gumbel noise, `log1p` and `exp` of the residual, and the counter hash): the float multiply-adds are the "
+        "polynomials of the correctly rounded functions the bit-exact reference needs. `diagnostic_fast_math` "
+        "swaps them for Triton's approximate ones and saved no instructions here, since Triton's `tl.log` is a "
+        "polynomial as well. "
+        f"The stats pass ran at {stats_b['compute_sm_throughput_pct']:.0f}% SM and "
+        f"{stats_b['dram_throughput_pct']:.0f}% DRAM at that point before the change, "
+        f"{stats_a['compute_sm_throughput_pct']:.0f}% and {stats_a['dram_throughput_pct']:.0f}% after; its "
+        "duration at each point, before → after (µs, one kernel, caches flushed): "
+        + "; ".join(f"B={b} V={v} {t0:.1f} → {t1:.1f}" for (b, v, _), t0, t1 in moved) + "."))
+    # the least each kernel can take: its bytes at the copy bandwidth, or its instructions at full issue
+    floor_rows = []
+    for (batch, vocab, role), kernel in sorted(after.items()):
+        if role in ("stats", "sample") and kernel.get("issue_floor_us"):
+            floor_rows.append((batch, vocab, role, kernel["issue_floor_us"], kernel["duration_us"]))
+    at_big = {role: issue for batch, vocab, role, issue, _ in floor_rows if (batch, vocab) == big}
+    bytes_floor = next(p["floor_us"] for p in verify_record["results"]["points"]
+                       if (p["batch"], p["vocab"]) == big)
+    least = max(bytes_floor, at_big["stats"]) + at_big["sample"]
+    display(Markdown(
+        "How far can this design go at B = 64, V = 128256? Each kernel needs at least its instructions at full "
+        "issue (one warp instruction a cycle from each of an SM's four schedulers, at the clock Nsight Compute "
+        f"read): after the change, {at_big['stats']:.1f} µs for the stats pass and {at_big['sample']:.1f} µs for "
+        f"the sampling pass. The stats pass also reads every logit ({bytes_floor:.1f} µs at the copy bandwidth: "
+        "the floor) and can overlap the two; the sampling pass cannot start before it ends. So the two-launch step "
+        f"needs at least {least:.1f} µs there, {least / bytes_floor:.2f}× the floor, against the bar's 2×: "
+        + ("the bar is out of reach of these kernels' instruction counts at perfect issue; the sampling race's "
+           "per-logit arithmetic (correctly rounded logarithms for the bit-exact reference, and the counter hash) "
+           "has to shrink first." if least > 2 * bytes_floor else
+           "within reach only if both kernels issue at nearly full rate, which none measured here does.")))
+
+# %% [markdown]
+# The same change timed as the benchmark times the step (warm CUDA-graph replay, the two kernels together), with
+# each plan beside itself with the per-lane partials turned off, from one run on one H200
+# (`results/verify_h200_lanes_a038f2b.json`, all six points, six plans):
+
+# %%
+LANES_RUN = "verify_h200_lanes_a038f2b"
+if (provenance.results_dir() / f"{LANES_RUN}.json").exists():
+    lanes_run = provenance.load_result(LANES_RUN)
+    print(provenance.caption(lanes_run))
+    pairs = (("two_launch", "stats_lanes_off"), ("stats_bv2048_pdl", "stats_bv2048_pdl_lanes_off"))
+    print(f"{'B':>3} {'V':>7} {'floor':>6} " + " ".join(f"{on + ' on/off':>34}" for on, _ in pairs)
+          + f" {'best replay/floor':>18}")
+    lane_ratios = []
+    for point in lanes_run["results"]["points"]:
+        cells = []
+        for on, off in pairs:
+            t_on, t_off = (point["variants"].get(name, {}).get("graph_warm_us") for name in (on, off))
+            if t_on and t_off:
+                lane_ratios.append((point["batch"], point["vocab"], on, t_on / t_off))
+                cells.append(f"{t_on:8.1f} / {t_off:8.1f} µs ({t_on / t_off:4.2f}×)")
+            else:
+                cells.append(f"{NOT_MEASURED:>34}")
+        print(f"{point['batch']:>3} {point['vocab']:>7} {point['floor_us']:6.1f} " + " ".join(f"{c:>34}" for c in cells)
+              + f" {cell(point.get('best_graph_warm_over_floor'), '.2f', 18)}")
+    replay_bar = lanes_run["results"]["verdicts"]["graph_over_floor_max"]
+    print(f"replay bar (≤ {replay_bar['target']}× the floor at every point): {replay_bar['with_plan_choice']['measured']:.2f}× "
+          f"with each point's best plan → {replay_bar['with_plan_choice']['verdict']}")
+else:
+    print(f"the per-lane stats run: {NOT_MEASURED}")
+
+# %% [markdown]
 # ### Two attempts at a shorter chain
 #
 # Two changes to the structure, each with its own chain probe, are among the variants. **coop** is one
