@@ -43,7 +43,7 @@ def count(batch: int, vocab: int, variant: str, gamma: int = 4) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
-    parser.add_argument("--variants", nargs="+", default=["default", "stats_lanes_off"])
+    parser.add_argument("--variants", nargs="+", default=["default", "stats_lanes_off", "diagnostic_fast_math"])
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
     unknown = [name for name in args.variants if name != "default" and name not in PLAN_VARIANTS]
