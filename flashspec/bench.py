@@ -766,6 +766,21 @@ def shortest_chain_floor(point: dict, keep: Callable[[dict], bool] = lambda row:
     return min(chains) if chains else None
 
 
+def issue_bound_step_us(ncu_record: dict, batch: int, vocab: int, bytes_floor_us: float,
+                         variant: str = "default") -> float | None:
+    """The least a two-launch step can take at (batch, vocab) by its kernels' instruction counts: the stats pass at
+    the larger of its issue floor and the bytes floor (it can overlap reading and arithmetic), then the sampling
+    pass at its issue floor (it starts when the stats pass ends). Issue floors from an `experiments/verify_ncu.py`
+    record (each kernel's warp instructions at full issue); None where the record lacks them."""
+    for entry in ncu_record["results"]:
+        if (entry["batch"], entry["vocab"], entry["variant"]) == (batch, vocab, variant):
+            floors = {("stats" if "_stats" in kernel["name"] else "sample"): kernel.get("issue_floor_us")
+                      for kernel in entry["launched"]}
+            if floors.get("stats") and floors.get("sample"):
+                return max(bytes_floor_us, floors["stats"]) + floors["sample"]
+    return None
+
+
 def best_replay(point: dict, keep: Callable[[dict], bool]) -> tuple[str, float] | None:
     """(name, warm replay µs) of the fastest variant at a point among those whose overrides `keep` accepts (as
     `_best` picks: correct tokens, no diagnostics), or None if none was timed."""

@@ -448,6 +448,19 @@ else:
             at64 = run["results"]["verdicts"]["honest_over_eager_at_batch_64"]["as_run"]
             cluster_text += (f"; the B = 64 bar in the run at all six points: {at64['verdict']} "
                              f"{at64['measured']:.2f}× ({at64['range'][0]:.1f}–{at64['range'][1]:.1f}×)")
+    lanes_run, ncu_after = committed("verify_h200_lanes_ced19fd.json"), committed("verify_ncu_h200_ced19fd.json")
+    if lanes_run is not None and ncu_after is not None:  # the stats pass with per-lane partials, and the counters
+        lane_bar = lanes_run["results"]["verdicts"]["graph_over_floor_max"]["as_run"]
+        big = next(p for p in lanes_run["results"]["points"] if (p["batch"], p["vocab"]) == (64, 128256))
+        least = bench.issue_bound_step_us(ncu_after, 64, 128256, big["floor_us"])
+        cluster_text += (f"; with the stats pass keeping per-lane partials the replay bar read {lane_bar['verdict']} "
+                         f"{lane_bar['measured']:.2f}× (`results/verify_h200_lanes_ced19fd.json`)"
+                         + (f", and by the kernels' instruction counts (Nsight Compute, "
+                            "`results/verify_ncu_h200_ced19fd.json`) even perfect issue leaves the two-launch step "
+                            f"{least / big['floor_us']:.2f}× the floor at B = 64, V = 128256, the bar itself, where "
+                            "the kernels issue at well under full rate: the sampling race's per-logit arithmetic "
+                            "must shrink before that bar can be met (chapter 2, \"The kernels' own work, "
+                            "counted\")" if least else ""))
     add_claim(
         KERNEL_CLAIM,
         ("reproduced" if eager_met and floor_met else "half reproduced" if eager_met or floor_met

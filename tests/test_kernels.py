@@ -1051,3 +1051,19 @@ def test_paired_ratio_gives_both_calls_the_same_host_state(monkeypatch) -> None:
     assert warm[0] == pytest.approx(10.0) and cold[0] == pytest.approx(10.0) and len(sweeps) == 40
     with pytest.raises(ValueError, match="host must be"):
         bench._paired_ratio(honest, step, host="hot")
+
+
+def test_issue_bound_step_overlaps_the_stats_pass_with_its_bytes_only() -> None:
+    """`bench.issue_bound_step_us`: the stats pass costs the larger of its issue floor and the bytes floor, the
+    sampling pass its issue floor after it; a record without issue floors gives None."""
+    from flashspec.bench import issue_bound_step_us
+
+    def record(stats: float | None, sample: float | None) -> dict:
+        return {"results": [{"batch": 64, "vocab": 128256, "variant": "default", "launched": [
+            {"name": "_stats_accept_kernel", "issue_floor_us": stats},
+            {"name": "_sample_kernel", "issue_floor_us": sample}]}]}
+
+    assert issue_bound_step_us(record(29.0, 36.4), 64, 128256, 34.6) == pytest.approx(34.6 + 36.4)
+    assert issue_bound_step_us(record(40.0, 36.4), 64, 128256, 34.6) == pytest.approx(40.0 + 36.4)
+    assert issue_bound_step_us(record(None, 36.4), 64, 128256, 34.6) is None
+    assert issue_bound_step_us(record(29.0, 36.4), 8, 128256, 34.6) is None  # no such point
