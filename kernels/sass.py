@@ -92,17 +92,13 @@ def sm90_planner(sms: int = SM90_SMS) -> Iterator:
         plan_module.make_plan.cache_clear()
 
 
-def bound_launches(batch: int, gamma: int, vocab: int, params, with_draft: bool = True,
-                   tuning: tuple[tuple[str, int], ...] | None = None, device_key: bool = False) -> tuple:
-    """(plan, [described launch, ...]) of one verify step as an SM90 GPU would launch it: the plan `make_plan`
-    makes there (`tuning` as the benchmark's variants give it; None: the shape's `SHAPE_PLANS` entry), bound to
-    tiny CPU tensors of the GPU dtypes (a launch's types and constexprs do not depend on the sizes, which the
-    plan and the shape carry)."""
+def bind_step(plan, batch: int, gamma: int, vocab: int, params, with_draft: bool = True,
+              device_key: bool = False) -> tuple:
+    """(prepared step, target) of one verify step under `plan`, bound to tiny CPU tensors of the GPU dtypes: a
+    launch's types and constexprs do not depend on the sizes, which the plan and the shape carry. Nothing runs."""
     from flashspec import rng
     from flashspec.kernels import verify as kernels
 
-    with sm90_planner() as plan_module:
-        plan = plan_module.make_plan(batch, gamma, vocab, torch.device("cuda", 0), params.greedy, tuning=tuning)
     target = torch.zeros(1, gamma + 1, 8, dtype=torch.bfloat16)
     draft = torch.zeros(1, gamma, 8, dtype=torch.bfloat16) if with_draft else target
     tokens = torch.zeros(1, gamma, dtype=torch.int64)
@@ -120,6 +116,17 @@ def bound_launches(batch: int, gamma: int, vocab: int, params, with_draft: bool 
     scale = 1.0 if params.temperature in (0.0, 1.0) else 1.0 / params.temperature
     prepared = kernels._binder(plan)(plan, (target, draft, tokens), outputs, layout.views(memory),
                                      (batch, gamma, vocab), scale, flags, prefix, None, memory.device, False)
+    return prepared, target
+
+
+def bound_launches(batch: int, gamma: int, vocab: int, params, with_draft: bool = True,
+                   tuning: tuple[tuple[str, int], ...] | None = None, device_key: bool = False) -> tuple:
+    """(plan, [described launch, ...]) of one verify step as an SM90 GPU would launch it: the plan `make_plan`
+    makes there (`tuning` as the benchmark's variants give it; None: the shape's `SHAPE_PLANS` entry), bound by
+    `bind_step`."""
+    with sm90_planner() as plan_module:
+        plan = plan_module.make_plan(batch, gamma, vocab, torch.device("cuda", 0), params.greedy, tuning=tuning)
+    prepared, _ = bind_step(plan, batch, gamma, vocab, params, with_draft, device_key)
     return plan, [describe(kernel, args, meta, plan.precise) for kernel, args, meta in kernel_launches(prepared)]
 
 

@@ -17,7 +17,6 @@ import sys
 import pytest
 import torch
 
-from flashspec import rng
 from flashspec.sampling import SamplingParams
 
 FRONT_END = r"""
@@ -68,7 +67,6 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
     from flashspec.kernels import plan as plan_module
     from flashspec.kernels.chain_probe import chain_step
     from flashspec.kernels import sass
-    from flashspec.kernels import verify as kernels
 
     # make_plan's GPU branch (132 SMs, compiled Triton), as tests/test_kernels.py's gpu_planner fixture does
     monkeypatch.setattr(plan_module, "interpreting", lambda: False)
@@ -88,26 +86,8 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
                         plan = plan_module.make_plan(batch, gamma, vocab, gpu, params.greedy,
                                                      tuning=tuple(sorted(overrides.items())))
                         for device_key in (False, True):
-                            # tiny CPU tensors of the GPU dtypes: a launch's types and constexprs do not depend
-                            # on the sizes, which the plan and `shape` carry
-                            target = torch.zeros(1, gamma + 1, 8, dtype=torch.bfloat16)
-                            draft = torch.zeros(1, gamma, 8, dtype=torch.bfloat16) if with_draft else target
-                            tokens = torch.zeros(1, gamma, dtype=torch.int64)
-                            layout = kernels._work_layout(batch, gamma, plan, params.greedy)
-                            memory = torch.empty(layout.words // 2, dtype=torch.int64)
-                            outputs = (memory[:batch * (gamma + 1)].view(batch, gamma + 1), memory[:batch])
-                            key = rng.Key.from_seed(1)
-                            if device_key:
-                                prefixes = kernels.device_prefixes(rng.key_tensor(key, "cpu"))
-                                prefix = (prefixes[0:1], prefixes[1:2], True)
-                            else:
-                                prefix = (*kernels._prefixes(key), False)
-                            flags = dict(SCALE_MODE=kernels.SCALE_NONE if params.temperature in (0.0, 1.0)
-                                         else kernels.SCALE_MULTIPLY, HAS_DRAFT=with_draft and not params.greedy,
-                                         GREEDY=params.greedy)
-                            prepared = kernels._binder(plan)(plan, (target, draft, tokens), outputs,
-                                                             layout.views(memory), (batch, gamma, vocab), 1.0 / 0.7,
-                                                             flags, prefix, None, memory.device, False)
+                            prepared, target = sass.bind_step(plan, batch, gamma, vocab, params, with_draft,
+                                                              device_key)
                             for kernel, args, meta in sass.kernel_launches(prepared):
                                 described = sass.describe(kernel, args, meta, plan.precise)
                                 launches.setdefault(_structure(described), described)
