@@ -132,7 +132,10 @@ PLANS = {"default": {}, "fused": {"fused": True}, "coop": {"tuning": (("coop", 1
 # and, where programs loop over several tiles or the accept test's place matters, the race that keeps per-lane
 # winners (GPU_PLAN["lanes"]) and the accept test run once per row block by the stats launch ("accept_once")
 TILED_PLANS = {**PLANS, "lanes": {"tuning": (("lanes", 1),)},
-               "accept_once": {"tuning": (("accept_once", 1), ("lanes", 1))}}
+               "accept_once": {"tuning": (("accept_once", 1), ("lanes", 1))},
+               # the stats pass reducing each tile across the program instead of per-lane partials (GPU_PLAN's
+               # stats_lane_elems, which every other plan here runs)
+               "stats_lanes_off": {"tuning": (("stats_lane_elems", 0),)}}
 if ON_GPU:  # the sampling launch as a programmatic dependent launch: GPU-only (the interpreter has no grid control)
     TILED_PLANS["accept_once_pdl"] = {"tuning": (("accept_once", 1), ("lanes", 1), ("pdl", 1))}
 
@@ -1067,3 +1070,18 @@ def test_issue_bound_step_overlaps_the_stats_pass_with_its_bytes_only() -> None:
     assert issue_bound_step_us(record(40.0, 36.4), 64, 128256, 34.6) == pytest.approx(40.0 + 36.4)
     assert issue_bound_step_us(record(None, 36.4), 64, 128256, 34.6) is None
     assert issue_bound_step_us(record(29.0, 36.4), 8, 128256, 34.6) is None  # no such point
+
+
+@pytest.mark.parametrize("batch, vocab, lanes", [(64, 128256, 8), (8, 128256, 8), (64, 32000, 8), (1, 32000, 0),
+                                                 (8, 32000, 0), (1, 128256, 0)])
+def test_stats_lanes_only_where_programs_loop(gpu_planner, batch: int, vocab: int, lanes: int) -> None:
+    """The GPU plan keeps per-lane stats partials where a stats program loops over tiles, not where it covers one
+    (there the lanes would meet once anyway, after extra bookkeeping); a variant turns them off everywhere."""
+    device = torch.device("cuda", 0)
+    plan = gpu_planner.make_plan(batch, 4, vocab, device, False)
+    assert plan.stats_lane_elems == lanes
+    assert (plan.stats_chunk > plan.stats_block_v) == bool(lanes)
+    off = gpu_planner.make_plan(batch, 4, vocab, device, False, tuning=(("stats_lane_elems", 0),))
+    assert off.stats_lane_elems == 0
+    with pytest.raises(ValueError, match="stats_lane_elems"):
+        gpu_planner.make_plan(batch, 4, vocab, device, False, tuning=(("stats_lane_elems", 3),))
