@@ -863,7 +863,9 @@ else:
 # points of the $B \le 8$ bar (six launch-plan variants, no host loop, no tile sweep), was run four times on one
 # H200 after it (`results/verify_h200_straight_5a69dae.json`, `_run2`, `_run3`, `_run4`), and once more with all six
 # points on a fresh H200 at a later commit with the same kernels and launch path
-# (`results/verify_h200_straight_all_f93f0d7.json`, five plan variants), each also timing one and two empty launches
+# (`results/verify_h200_straight_all_f93f0d7.json`, five plan variants), and once more at the $B \le 8$ points after
+# the stats pass kept per-lane partials (`results/verify_h200_straight_lanes_80261a5.json`, two plan variants),
+# each also timing one and two empty launches
 # from an idle GPU the same way: the least any step of that many launches can take. The table shows each run's
 # $B \le 8$ points.
 
