@@ -355,6 +355,35 @@ def plot_preceding_call(record: dict[str, Any], path: str | Path | None = None) 
 __all__ += ["plot_preceding_call"]
 
 
+def plot_kernel_floors(record: dict[str, Any], path: str | Path | None = None, variant: str = "default") -> Figure:
+    """Each verify kernel's duration under Nsight Compute at each (B, V) (`experiments/verify_ncu.py`), with its
+    issue floor (its instructions at full issue) hatched inside the bar: where the two meet, the kernel is bound by
+    the instructions it issues."""
+    data, footer = _unpack(record, settings=False)
+    entries = [entry for entry in data if entry["variant"] == variant]
+    roles = (("stats", "stats pass"), ("sample", "sampling pass"))
+    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    positions = np.arange(len(entries))
+    width = 0.38
+    for index, (role, label) in enumerate(roles):
+        where = positions + (index - 0.5) * width
+        kernels = [next((k for k in entry["launched"] if f"_{role}" in k["name"]), {}) for entry in entries]
+        ax.bar(where, [k.get("duration_us", np.nan) for k in kernels], width, color=f"C{index}", label=label)
+        ax.bar(where, [k.get("issue_floor_us") or np.nan for k in kernels], width * 0.5, color="none",
+               edgecolor="0.2", hatch="///", linewidth=0.4)
+    ax.set_xticks(positions, [f"B={e['batch']}\nV={e['vocab']:,}" for e in entries], fontsize=8)
+    ax.set_ylabel("µs (one kernel, caches flushed)")
+    ax.set_title(f"verify kernels under Nsight Compute ({variant} plan); hatched: the instructions at full issue",
+                 fontsize=9, loc="left")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left")
+    return _finish(fig, footer, path)
+
+
+__all__ += ["plot_kernel_floors"]
+
+
 def plot_generation_trace(stats: Any, path: str | Path | None = None, window: int = 8) -> Figure:
     """Arm chosen and acceptance at every step of one speculative generation.
 

@@ -1207,6 +1207,15 @@ if ncu_runs:
                   f"{kernel['compute_sm_throughput_pct']:6.1f} {kernel['achieved_occupancy_pct']:6.1f} "
                   f"{kernel['thread_instructions_per_element']:10.1f}  {', '.join(list(kernel['top_stalls'])[:2])}")
         print()
+    shown_run = ncu_runs.get(NCU_AFTER) or ncu_runs[NCU_BEFORE]
+    display(plots.plot_kernel_floors(shown_run))
+    share = {(b, v): k["issue_floor_us"] / k["duration_us"] for (b, v, role), k in ncu_kernels(shown_run).items()
+             if role == "sample" and k.get("issue_floor_us")}
+    display(Markdown(
+        "**Figure.** Each kernel's time under Nsight Compute and, hatched, its instructions at full issue. The "
+        f"sampling pass's issue floor is {share.get((64, 128256), float('nan')):.0%} of its time at B = 64, "
+        f"V = 128256, and {min(share.values()):.0%}–{max(v for k, v in share.items() if k[0] <= 8):.0%} at B ≤ 8, "
+        "where both kernels wait on memory latency and on each other rather than on their arithmetic."))
 else:
     print(f"Nsight Compute records: {NOT_MEASURED}")
 if sass_record is not None:

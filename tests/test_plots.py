@@ -39,3 +39,22 @@ def test_plot_preceding_call(tmp_path):
     # per point: five event bars and five hatched host bars at half their height
     assert len(heights) == 2 * 2 * len(PRECEDING_CALLS) and max(heights) == 50.0 and min(heights) == 5.0
     assert len(step_axis.get_legend().get_texts()) == len(PRECEDING_CALLS)
+
+
+def test_plot_kernel_floors(tmp_path):
+    """Two bars per point (stats and sampling pass), each kernel's issue floor hatched inside its bar, from a record
+    shaped as experiments/verify_ncu.py writes it; other plans' rows are left out."""
+    from flashspec.plots import plot_kernel_floors
+
+    def entry(batch: int, variant: str) -> dict:
+        return {"batch": batch, "vocab": 32000, "variant": variant, "launched": [
+            {"name": "_stats_kernel", "duration_us": 10.0 * batch, "issue_floor_us": 4.0 * batch},
+            {"name": "_sample_kernel", "duration_us": 12.0 * batch, "issue_floor_us": 9.0 * batch}]}
+
+    data = [entry(1, "default"), entry(8, "default"), entry(8, "stats_lanes_off")]
+    path = tmp_path / "floors.png"
+    figure = plot_kernel_floors({"settings": {}, "results": data}, path)
+    assert path.stat().st_size > 0 and len(figure.axes) == 1
+    heights = sorted(patch.get_height() for patch in figure.axes[0].patches)
+    assert heights == sorted([10.0, 80.0, 4.0, 32.0, 12.0, 96.0, 9.0, 72.0])
+    assert [t.get_text() for t in figure.axes[0].get_legend().get_texts()] == ["stats pass", "sampling pass"]
