@@ -23,7 +23,7 @@ import torch
 
 from flashspec import provenance, rng
 from flashspec.bench import PLAN_VARIANTS, make_inputs, variant_prepare, variant_step
-from flashspec.kernels import prepare_verify, verify_triton
+from flashspec.kernels import prepare_verify, sass, verify_triton
 from flashspec.sampling import SamplingParams
 
 NVTX_RANGE = "ncu"
@@ -48,18 +48,6 @@ def ncu_args() -> list[str]:
     return args + ["--metrics", ",".join(EXTRA_METRICS)]
 
 
-def _kernel_names(prepared) -> list[str]:
-    """The names of the kernels one call of a prepared step launches, in order (substrings of ncu's names)."""
-    plan = prepared.plan
-    if plan.cluster:
-        return ["_cluster"]
-    if plan.coop:
-        return ["_coop"]
-    if plan.fused:
-        return ["_fused"]
-    return ["_stats", "_sample"]
-
-
 def run(variants: list[str], manifest_path: str, points=POINTS) -> None:
     """Each point's plans, warmed outside and called once inside an NVTX range; the manifest names them."""
     params = SamplingParams(1.0)
@@ -80,7 +68,7 @@ def run(variants: list[str], manifest_path: str, points=POINTS) -> None:
             prepared.run()
             for _ in range(3):
                 step()
-            calls.append((name, step, _kernel_names(prepared)))
+            calls.append((name, step, [kernel.fn.__name__ for kernel, _, _ in sass.kernel_launches(prepared)]))
         calls.append(("torch_amax_read", lambda: (target.amax(-1), draft.amax(-1)), ["reduce", "reduce"]))
         for _ in range(3):
             calls[-1][1]()

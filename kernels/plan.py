@@ -281,13 +281,13 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
     stats_warps = 8 if stats_block_v * block_b >= 4096 else 4
     if lane_elems < 0 or (lane_elems & (lane_elems - 1)):
         raise ValueError(f"stats_lane_elems={lane_elems}: 0 (off) or a power of two")
-    if stats_block_v % max(lane_elems, 1) or (device.type == "cuda" and not interpreting()
-                                               and stats_block_v // (32 * stats_warps) < lane_elems):
-        lane_elems = 0  # a lane would span threads: its reductions would shuffle again
     stats_chunk, stats_splits = _splits(vocab, stats_block_v, row_blocks * (gamma + 1), target_programs,
                                         stats_tiles, MAX_STATS_SPLITS, num_splits)
-    if stats_chunk <= stats_block_v and device.type == "cuda" and not interpreting():
-        lane_elems = 0  # one tile per program: the lanes would meet once anyway, after extra bookkeeping
+    compiled = device.type == "cuda" and not interpreting()
+    if greedy or stats_block_v % max(lane_elems, 1) or (compiled and (
+            stats_block_v // (32 * stats_warps) < lane_elems  # a lane would span threads: it would shuffle again
+            or stats_chunk <= stats_block_v)):  # one tile per program: the lanes would meet once anyway
+        lane_elems = 0  # (greedy: the stats pass keeps an argmax, not log-sum-exp partials)
     if greedy:
         sample_chunk, sample_splits = sample_block_v, 1  # the greedy sampler streams nothing
     else:

@@ -159,22 +159,15 @@ else:
 
 
 @device_function
-def _online_lse(running_max, running_sum, x):
-    """Fold a [BLOCK_B, BLOCK_V] tile into per-row (max, sum exp(x - max)); -inf safe."""
-    new_max = tl.maximum(running_max, _max(x, axis=1))
+def _online_lse(running_max, running_sum, x, AXIS: tl.constexpr = 1):
+    """Fold a tile into running (max, sum exp(x - max)) along its last axis `AXIS`; -inf safe. A [BLOCK_B, BLOCK_V]
+    tile (AXIS 1) gives per-row partials [BLOCK_B]; a [BLOCK_B, LANES, LANE_ELEMS] tile (AXIS 2) per-lane partials
+    [BLOCK_B, LANES], whose reductions stay inside a thread when LANE_ELEMS are the elements one thread holds: no
+    shuffles or barriers per tile (`_lanes_lse` meets the lanes once, at the end)."""
+    new_max = tl.maximum(running_max, _max(x, axis=AXIS))
     shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-    running_sum = running_sum * tl.exp(running_max - shift) + _sum(_sum_exp_term(x - shift[:, None]), axis=1)
-    return new_max, running_sum
-
-
-@device_function
-def _online_lse_lanes(running_max, running_sum, x):
-    """`_online_lse` per lane: fold a [BLOCK_B, LANES, LANE_ELEMS] tile into per-lane (max, sum exp(x - max))
-    [BLOCK_B, LANES]. With LANE_ELEMS the elements one thread holds, every reduction here stays inside a thread:
-    no shuffles or barriers per tile (`_lanes_lse` meets the lanes once, at the end)."""
-    new_max = tl.maximum(running_max, _max(x, axis=2))
-    shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-    running_sum = running_sum * tl.exp(running_max - shift) + _sum(_sum_exp_term(x - shift[:, :, None]), axis=2)
+    running_sum = (running_sum * tl.exp(running_max - shift)
+                   + _sum(_sum_exp_term(x - tl.expand_dims(shift, AXIS)), axis=AXIS))
     return new_max, running_sum
 
 

@@ -10,7 +10,7 @@ from triton.language import core as tlcore  # noqa: F401  (the interpreter patch
 
 from flashspec.kernels.rng import device_function
 from flashspec.kernels.sample_pass import _accept, _store_accept
-from flashspec.kernels.shims import _lanes_lse, _max_index, _online_lse, _online_lse_lanes, _scale, gdc_launch_dependents
+from flashspec.kernels.shims import _lanes_lse, _max_index, _online_lse, _scale, gdc_launch_dependents
 
 
 # ----------------------------------------------------------------------------- launch 1
@@ -65,7 +65,7 @@ def _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr
             x = tl.load(target_ptr + target_row[:, None] + cols[None, :], mask=mask, other=float("-inf"))
             x = _scale(x.to(tl.float32), scale, SCALE_MODE)
             if LANE_ELEMS > 0:
-                p_max, p_sum = _online_lse_lanes(p_max, p_sum, tl.reshape(x, [BLOCK_B, BLOCK_V // LANE_ELEMS, LANE_ELEMS]))
+                p_max, p_sum = _online_lse(p_max, p_sum, tl.reshape(x, [BLOCK_B, BLOCK_V // LANE_ELEMS, LANE_ELEMS]), 2)
             else:
                 p_max, p_sum = _online_lse(p_max, p_sum, x)
             if HAS_DRAFT:
@@ -76,8 +76,8 @@ def _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr
                 )
                 y = _scale(y.to(tl.float32), scale, SCALE_MODE)
                 if LANE_ELEMS > 0:
-                    q_max, q_sum = _online_lse_lanes(q_max, q_sum,
-                                                     tl.reshape(y, [BLOCK_B, BLOCK_V // LANE_ELEMS, LANE_ELEMS]))
+                    q_max, q_sum = _online_lse(q_max, q_sum,
+                                               tl.reshape(y, [BLOCK_B, BLOCK_V // LANE_ELEMS, LANE_ELEMS]), 2)
                 else:
                     q_max, q_sum = _online_lse(q_max, q_sum, y)
         if LANE_ELEMS > 0:

@@ -738,7 +738,7 @@ def _bind_two_launches(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: di
                       batch, gamma, vocab, plan.stats_splits, scale)
         stats_meta = dict(CHUNK=plan.stats_chunk, **flags,
                           BLOCK_B=plan.block_b, BLOCK_V=plan.stats_block_v, PDL=plan.pdl,
-                          LANE_ELEMS=0 if flags["GREEDY"] else plan.stats_lane_elems, num_warps=plan.stats_warps,
+                          LANE_ELEMS=plan.stats_lane_elems, num_warps=plan.stats_warps,
                           **_COMPILE_OPTIONS)
     sample_args = (target, draft, tokens_in, part_max, part_sum, part_idx, race_val, race_idx, counter, info,
                    out_tokens, out_accepted,
