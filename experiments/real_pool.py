@@ -8,6 +8,8 @@
    fixed draft, the per-domain oracle and the shipped bandits, all served by one `FastSpeculativeDecoder`.
 4. Fast speculative (Thompson over the pool) against fast plain decoding of SmolLM2 on the blocks workload,
    greedy and T = 1, `--repeats` rounds each (the spread is reported), with tokens agreeing with plain greedy.
+   `--prompt-lookup` adds the model-free prompt-lookup drafter to the pool of every contestant that chooses
+   (Thompson at each γ, the adaptive one) and times it alone; each records which draft served each domain.
 5. The step anatomy of a one-draft step (target and draft forwards timed alone from their graphs).
 6. Adaptive γ: arms (draft, γ) for γ in `--gammas` under Thompson with the throughput reward, against the
    pool at each fixed γ: the γ chosen per domain and tok/s.
@@ -40,6 +42,7 @@ import flashspec as fs  # noqa: E402
 from flashspec import provenance, switching, zoo  # noqa: E402
 from flashspec.zoo import distill  # noqa: E402
 from flashspec.bandits import make_policy  # noqa: E402
+from flashspec.drafters import PromptLookupDrafter  # noqa: E402
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
 from flashspec.rewards import StepCosts  # noqa: E402
 
@@ -86,6 +89,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--bandits", nargs="+", default=["thompson", "d-ts"])
     parser.add_argument("--speed-adaptive-gammas", type=int, nargs="+", default=[2, 4, 6, 8],
                         help="γ values of the speed part's adaptive contestant (every draft at each)")
+    parser.add_argument("--prompt-lookup", action="store_true",
+                        help="the speed part: add the prompt-lookup drafter to the pool of every contestant that "
+                             "chooses, and time it alone at --gamma")
     parser.add_argument("--speed-adaptive-policy", default="gamma-ts",
                         help="policy of the speed part's adaptive contestant over (draft, γ) arms")
     parser.add_argument("--gamma-policies", nargs="+", default=["thompson", "gamma-ts"],
@@ -144,14 +150,26 @@ def spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "runs": values}
 
 
+def share_per_domain(run: dict[str, Any], requests: list[switching.Request], arm_labels: list[Any]
+                     ) -> dict[str, dict[str, float]]:
+    """Share of steps per label (each arm's γ, or its draft), per domain, from a served stream's arm trace."""
+    counts: dict[str, dict[Any, int]] = {}
+    for arm, request in zip(run["arm_trace"], run["request_of_step"]):
+        per = counts.setdefault(requests[request].domain, {})
+        per[arm_labels[arm]] = per.get(arm_labels[arm], 0) + 1
+    return {d: {str(label): n / sum(per.values()) for label, n in sorted(per.items())} for d, per in counts.items()}
+
+
 def chosen_gamma_per_domain(run: dict[str, Any], requests: list[switching.Request], arm_gammas: list[int]
                             ) -> dict[str, dict[str, float]]:
     """Share of steps at each γ, per domain, from a served stream's arm trace."""
-    counts: dict[str, dict[int, int]] = {}
-    for arm, request in zip(run["arm_trace"], run["request_of_step"]):
-        per = counts.setdefault(requests[request].domain, {})
-        per[arm_gammas[arm]] = per.get(arm_gammas[arm], 0) + 1
-    return {d: {str(g): n / sum(per.values()) for g, n in sorted(per.items())} for d, per in counts.items()}
+    return share_per_domain(run, requests, arm_gammas)
+
+
+def chosen_draft_per_domain(run: dict[str, Any], requests: list[switching.Request], decoder: Any,
+                            names: list[str]) -> dict[str, dict[str, float]]:
+    """Share of steps served by each draft (`names` in the decoder's draft order), per domain."""
+    return share_per_domain(run, requests, [names[draft] for draft, _ in decoder.arms])
 
 
 def step_ms_by_gamma(run: dict[str, Any], arm_gammas: list[int]) -> dict[str, dict[str, float]]:
@@ -270,16 +288,21 @@ def main(argv: list[str] | None = None) -> int:
     plain = FastPlainDecoder(pool.target, compile=args.compile)
 
     def speed() -> dict[str, Any]:
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {"prompt_lookup": args.prompt_lookup}
         gammas = sorted(set(args.speed_gammas or [args.gamma]))
-        decoders = {g: fast if g == args.gamma else FastSpeculativeDecoder(
-            pool.target, list(drafts.values()), policy="fixed", gamma=g, compile=args.compile) for g in gammas}
+        # the pool the choosing contestants draw from: the distilled drafts, and prompt lookup if asked for
+        chooser_pool = list(drafts.values()) + ([PromptLookupDrafter()] if args.prompt_lookup else [])
+        pool_names = names + (["prompt-lookup"] if args.prompt_lookup else [])
+        decoders = {g: fast if g == args.gamma and not args.prompt_lookup else FastSpeculativeDecoder(
+            pool.target, chooser_pool, policy="fixed", gamma=g, compile=args.compile) for g in gammas}
         # the generalist alone at γ: what choosing among the pool costs or gains against one draft
         single = "general" if "general" in drafts else names[0]
         one_draft = FastSpeculativeDecoder(pool.target, [drafts[single]], policy="fixed", gamma=args.gamma,
                                            compile=args.compile)
+        lookup_alone = FastSpeculativeDecoder(pool.target, [PromptLookupDrafter()], policy="fixed", gamma=args.gamma,
+                                              compile=args.compile) if args.prompt_lookup else None
         # the shipped adaptive configuration: every draft at every γ of --speed-adaptive-gammas under gamma-ts
-        adaptive = FastSpeculativeDecoder(pool.target, list(drafts.values()), policy="fixed",
+        adaptive = FastSpeculativeDecoder(pool.target, chooser_pool, policy="fixed",
                                           gamma=max(args.speed_adaptive_gammas), gammas=args.speed_adaptive_gammas,
                                           compile=args.compile)
         adaptive_arms = len(adaptive.arms)
@@ -293,19 +316,22 @@ def main(argv: list[str] | None = None) -> int:
             # rounds replay is captured here (a shorter warm-up leaves arms and buckets to capture while timed)
             stream(plain, blocks, sampling, args.new_tokens, device)
             for decoder in decoders.values():
-                decoder.policy = make_policy("thompson", len(names), seed=0)
+                decoder.policy = make_policy("thompson", len(pool_names), seed=0)
                 stream(decoder, blocks, sampling, args.new_tokens, device)
             stream(one_draft, blocks, sampling, args.new_tokens, device)
+            if lookup_alone is not None:
+                stream(lookup_alone, blocks, sampling, args.new_tokens, device)
             fresh_adaptive()
             stream(adaptive, blocks, sampling, args.new_tokens, device)
             # its choices follow measured times, so the timed stream may reach other arms: capture them all first
             longest = max(len(r.prompt_ids) for r in blocks) + args.new_tokens + adaptive.max_gamma + 1
             adaptive.capture_graphs(range(1, longest + 1))
             rounds: dict[str, list[float]] = {"fast_plain": [], **{f"gamma{g}": [] for g in gammas}, "one_draft": [],
-                                              "adaptive": []}
+                                              "adaptive": [], **({"prompt_lookup": []} if lookup_alone else {})}
             captures: dict[str, list[int]] = {method: [] for method in rounds}
             breakdown: dict[str, dict] = {}  # of each method's last round
             agree: dict[str, float] = {}
+            drafts_chosen: dict[str, dict[str, dict[str, float]]] = {}  # of each choosing contestant's last round
             adaptive_agree: float | None = None
             for _ in range(args.repeats):  # each round runs every method once, so load drift hits them alike
                 base = stream(plain, blocks, sampling, args.new_tokens, device)
@@ -313,11 +339,12 @@ def main(argv: list[str] | None = None) -> int:
                 captures["fast_plain"].append(base["graph_captures"])
                 breakdown["fast_plain"] = base["breakdown"]
                 for g, decoder in decoders.items():
-                    decoder.policy = make_policy("thompson", len(names), seed=0)
+                    decoder.policy = make_policy("thompson", len(pool_names), seed=0)
                     spec = stream(decoder, blocks, sampling, args.new_tokens, device)
                     rounds[f"gamma{g}"].append(spec["tok_s"])
                     captures[f"gamma{g}"].append(spec["graph_captures"])
                     breakdown[f"gamma{g}"] = spec["breakdown"]
+                    drafts_chosen[f"gamma{g}"] = chosen_draft_per_domain(spec, blocks, decoder, pool_names)
                     if temperature == 0:
                         same = [a == b for x, y in zip(base["outputs"], spec["outputs"]) for a, b in zip(x, y)]
                         agree[str(g)] = sum(same) / len(same)
@@ -330,11 +357,17 @@ def main(argv: list[str] | None = None) -> int:
                 rounds["one_draft"].append(alone["tok_s"])
                 captures["one_draft"].append(alone["graph_captures"])
                 breakdown["one_draft"] = alone["breakdown"]
+                if lookup_alone is not None:
+                    looked = stream(lookup_alone, blocks, sampling, args.new_tokens, device)
+                    rounds["prompt_lookup"].append(looked["tok_s"])
+                    captures["prompt_lookup"].append(looked["graph_captures"])
+                    breakdown["prompt_lookup"] = looked["breakdown"]
                 fresh_adaptive()
                 chosen = stream(adaptive, blocks, sampling, args.new_tokens, device)
                 rounds["adaptive"].append(chosen["tok_s"])
                 captures["adaptive"].append(chosen["graph_captures"])
                 breakdown["adaptive"] = chosen["breakdown"]
+                drafts_chosen["adaptive"] = chosen_draft_per_domain(chosen, blocks, adaptive, pool_names)
                 if temperature == 0:
                     same = [a == b for x, y in zip(base["outputs"], chosen["outputs"]) for a, b in zip(x, y)]
                     adaptive_agree = sum(same) / len(same)
@@ -359,6 +392,13 @@ def main(argv: list[str] | None = None) -> int:
                                        "greedy_token_agreement_with_plain": adaptive_agree,
                                        "gamma_share_per_domain_last_round": chosen_gamma_per_domain(
                                            chosen, blocks, [g for _, g in adaptive.arms])},
+                          **({"prompt_lookup_alone": {
+                              "gamma": args.gamma, "fast_speculative": spread(rounds["prompt_lookup"]),
+                              "ratio_per_round": spread([x / y for x, y in zip(rounds["prompt_lookup"],
+                                                                               rounds["fast_plain"])]),
+                              "graph_captures": captures["prompt_lookup"]}} if lookup_alone else {}),
+                          "pool": pool_names,
+                          "draft_share_per_domain_last_round": drafts_chosen,
                           "breakdown_last_round": breakdown}
             results["speed"] = out  # written per sampling setting: a cut run keeps the finished ones
             write()
@@ -369,6 +409,10 @@ def main(argv: list[str] | None = None) -> int:
                   f"{out[label]['one_draft']['ratio_per_round']}", flush=True)
             print(f"[real_pool] {label} adaptive ({args.speed_adaptive_policy}, γ in {args.speed_adaptive_gammas}): "
                   f"ratio {out[label]['adaptive']['ratio_per_round']}", flush=True)
+            if lookup_alone is not None:
+                print(f"[real_pool] {label} prompt lookup alone (γ={args.gamma}): ratio "
+                      f"{out[label]['prompt_lookup_alone']['ratio_per_round']}", flush=True)
+            print(f"[real_pool] {label} drafts chosen per domain: {drafts_chosen}", flush=True)
             for method, parts in breakdown.items():
                 print(f"[real_pool] {label} {method}: " + ", ".join(
                     f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in parts.items()), flush=True)

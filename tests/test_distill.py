@@ -169,6 +169,33 @@ def test_real_pool_keeps_the_contestants_a_failed_or_cut_part_finished(micro_cac
     assert real_pool.gamma_policy("thompson") == ("thompson", False, None)
 
 
+def test_real_pool_speed_part_with_prompt_lookup(micro_cache: Path, tmp_path: Path) -> None:
+    """--prompt-lookup: the choosing contestants draw from the pool plus prompt lookup, prompt lookup is timed
+    alone, and each choosing contestant records which draft served each domain."""
+    from experiments import real_pool
+
+    out = tmp_path / "pool.json"
+    assert real_pool.main(["--size", "micro-distill", "--out", str(out), "--requests", "2", "--block", "1",
+                           "--new-tokens", "6", "--repeats", "1", "--device", "cpu", "--parts", "speed",
+                           "--speed-gammas", "2", "4", "--speed-adaptive-gammas", "2", "4", "--prompt-lookup"]) == 0
+    speed = json.loads(out.read_text())["results"]["speed"]
+    assert "error" not in speed and speed["prompt_lookup"] is True
+    for label in ("greedy", "t1"):
+        entry = speed[label]
+        assert entry["pool"] == ["python", "prose", "cpp", "general", "prompt-lookup"]
+        alone = entry["prompt_lookup_alone"]
+        assert alone["gamma"] == 4 and len(alone["ratio_per_round"]["runs"]) == 1 and alone["graph_captures"] == [0]
+        assert entry["breakdown_last_round"]["prompt_lookup"]["switches"] == 0
+        chosen = entry["draft_share_per_domain_last_round"]
+        assert set(chosen) == {"gamma2", "gamma4", "adaptive"}
+        for per_domain in chosen.values():
+            assert set(per_domain) <= {"python", "prose", "cpp"}
+            for shares in per_domain.values():
+                assert set(shares) <= set(entry["pool"]) and abs(sum(shares.values()) - 1) < 1e-9
+    assert speed["greedy"]["greedy_token_agreement_by_gamma"] == {"2": 1.0, "4": 1.0}  # float32 on a CPU: exact
+    assert speed["greedy"]["adaptive"]["greedy_token_agreement_with_plain"] == 1.0
+
+
 def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, tmp_path: Path) -> None:
     from experiments import real_pool
 
