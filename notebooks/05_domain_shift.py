@@ -1312,6 +1312,65 @@ if ADAPTIVE_SPEED is not None:
         "one-token and a multi-token forward (above), and after the first one the continuations part."))
 
 # %% [markdown]
+# **Prompt lookup joins the pool.** The pool this engine is built around holds model-free prompt lookup beside the
+# small LMs, and the real target's runs above left it out. Here it joins: the same pool built again (every draft's
+# SHA-256 equal), the speed part with `--prompt-lookup` (`results/real_pool_prompt_lookup_h200.json`): Thompson over
+# the four drafts plus prompt lookup at γ = 2 and 4, the shipped adaptive policy over every draft (prompt lookup
+# included) at γ ∈ {2, 4, 6, 8}, and prompt lookup alone, each against fast plain decoding in the same rounds.
+
+# %%
+LOOKUP = committed_result("real_pool_prompt_lookup_h200")
+if LOOKUP is not None:
+    print_wrapped(f"from {provenance.caption(LOOKUP)}; {LOOKUP['settings']['requests']} requests × "
+                  f"{LOOKUP['settings']['new_tokens']} tokens, {LOOKUP['settings']['repeats']} rounds", indent="")
+    for label, name in (("greedy", "greedy"), ("t1", "T = 1")):
+        entry = LOOKUP["results"]["speed"][label]
+        parts = entry["breakdown_last_round"]
+        rows = {**{f"pool + lookup, γ = {g} (Thompson)": (run, parts[f"gamma{g}"])
+                   for g, run in entry["by_gamma"].items()},
+                f"{entry['one_draft']['draft']} alone, γ = {entry['one_draft']['gamma']}":
+                    (entry["one_draft"], parts["one_draft"]),
+                f"prompt lookup alone, γ = {entry['prompt_lookup_alone']['gamma']}":
+                    (entry["prompt_lookup_alone"], parts["prompt_lookup"]),
+                f"adaptive, {entry['adaptive']['policy']} over (draft, γ)": (entry["adaptive"], parts["adaptive"])}
+        print(f"{name}: fast plain {entry['fast_plain']['median']:.1f} tok/s "
+              f"({parts['fast_plain']['ms_per_step']:.2f} ms per token)")
+        print(f"  {'contestant':<44} {'x plain':>8} {'rounds':>13} {'tokens/step':>12} {'ms/step':>8}")
+        for row, (run, part) in rows.items():
+            ratio = run["ratio_per_round"]
+            print(f"  {row:<44} {ratio['median']:>8.3f} {ratio['min']:>6.3f}-{ratio['max']:.3f} "
+                  f"{part['tokens_per_step']:>12.2f} {part['ms_per_step']:>8.2f}")
+        print("  steps served by prompt lookup, adaptive, last round: " + ", ".join(
+            f"{domain} {shares.get('prompt-lookup', 0.0):.0%}"
+            for domain, shares in entry["draft_share_per_domain_last_round"]["adaptive"].items()))
+
+# %%
+if LOOKUP is not None:
+    speed = LOOKUP["results"]["speed"]
+    greedy_shipped, t1_shipped = speed["greedy"]["adaptive"], speed["t1"]["adaptive"]
+    greedy_lookup = speed["greedy"]["breakdown_last_round"]["prompt_lookup"]
+    t1_parts = speed["t1"]["breakdown_last_round"]
+    t1_lookup = t1_parts["prompt_lookup"]
+    display(Markdown(
+        f"Greedy, the shipped policy with prompt lookup in its pool made "
+        f"{greedy_shipped['ratio_per_round']['median']:.2f}× fast plain decoding (rounds "
+        f"{greedy_shipped['ratio_per_round']['min']:.2f}–{greedy_shipped['ratio_per_round']['max']:.2f}×), past "
+        "the 1.5× bar, and it got there mostly on prompt lookup at long γ. The reason is in the greedy samples "
+        "above: greedy SmolLM2-135M falls into loops (`import tempfile` again and again), and prompt lookup "
+        f"drafts a loop's next turn for free ({greedy_lookup['tokens_per_step']:.2f} tokens per step alone, at "
+        f"{greedy_lookup['ms_per_step']:.2f} ms a step against {speed['greedy']['breakdown_last_round']['fast_plain']['ms_per_step']:.2f} "
+        "for a plain token). That is a real gain for a user who decodes this model greedily, and it says more "
+        "about the model's loops than about the distilled drafts. At T = 1 the sampled text rarely repeats: "
+        f"prompt lookup alone made {t1_lookup['tokens_per_step']:.2f} tokens per step, "
+        f"{speed['t1']['prompt_lookup_alone']['ratio_per_round']['median']:.2f}× plain, and the shipped policy "
+        f"{t1_shipped['ratio_per_round']['median']:.2f}×: **the 1.5× bar at T = 1 is still missed**. With the "
+        "drafts' acceptance of about 0.5 per token (above), the shipped policy's step made "
+        f"{t1_parts['adaptive']['tokens_per_step']:.2f} tokens in "
+        f"{t1_parts['adaptive']['ms_per_step'] / t1_parts['fast_plain']['ms_per_step']:.2f}× a plain token's time; "
+        f"1.5× would need {1.5 * t1_parts['adaptive']['ms_per_step'] / t1_parts['fast_plain']['ms_per_step']:.2f} "
+        "tokens per step at that cost, which these two-layer drafts do not reach."))
+
+# %% [markdown]
 # **The switching workload on the real target.** This chapter's two streams (blocks and mixed; 128 new tokens per
 # request, $T = 1$), every contestant served by one fast-path decoder with CUDA graphs (no compiled regions), its
 # requests sharing one decode session and that session's graphs.

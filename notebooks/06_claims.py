@@ -761,6 +761,10 @@ REAL_GAMMA_CLAIM = ("On the real pool, choosing γ online with the draft (Thomps
                     "(draft, γ) arms) beats the best fixed γ")
 GAMMA_TS_CLAIM = ("On the real pool, a policy with one acceptance posterior per draft and measured "
                   "step costs (gamma-ts) matches the best fixed γ without being told it")
+REAL_LOOKUP = committed("real_pool_prompt_lookup_h200.json")  # the speed part with prompt lookup in the pool
+REAL_LOOKUP_FILE = "`results/real_pool_prompt_lookup_h200.json`"
+REAL_LOOKUP_CLAIM = ("The distilled pool plus prompt lookup, under the shipped adaptive policy, speeds up a real "
+                     "target ≥ 1.5× fast plain decoding (SmolLM2-135M; B = 1, the same sampling on both sides)")
 REAL_GAMMA_TS = committed("real_pool_gamma_ts_h200.json")
 REAL_ADAPTIVE_SPEED = committed("real_pool_adaptive_speed_h200.json")  # gamma-ts in the speed runs (greedy)
 REAL_GAMMA_TS_FILE = "`results/real_pool_gamma_ts_h200.json`"
@@ -791,6 +795,21 @@ if REAL_SPEED_RUN and REAL_POOL:
                      else "DIFFERENT pools"))
 
 
+def judge_run(name: str, entry: dict, run: dict) -> tuple[str, str]:
+    """One speculative contestant of a speed entry against that entry's fast plain rounds, at SPEED_BAR:
+    (verdict, text). Every round decodes the same tokens, so its wall time is proportional to 1 / (tok/s)."""
+    plain_s = [1.0 / rate for rate in entry["fast_plain"]["runs"]]
+    spec_s = [1.0 / rate for rate in run["fast_speculative"]["runs"]]
+    speedup = stats.compare_runs(plain_s, spec_s)
+    at_bar = stats.compare_runs([s / SPEED_BAR for s in plain_s], spec_s)
+    rounds = run["ratio_per_round"]
+    return at_bar.verdict, (f"{name}: {run['fast_speculative']['median']:.1f} against "
+                            f"{entry['fast_plain']['median']:.1f} tok/s, {speedup.ratio:.2f}× (ratio of "
+                            f"medians; pairings {speedup.low:.2f}–{speedup.high:.2f}×, per-round ratios "
+                            f"{rounds['min']:.2f}–{rounds['max']:.2f}×); faster than fast plain: "
+                            f"{speedup.verdict}; ≥ {SPEED_BAR}×: {at_bar.verdict}")
+
+
 def judge_speed(record: dict) -> tuple[list[str], list[str]]:
     """The speed part of one real-pool record, judged against SPEED_BAR per sampling setting and γ:
     (verdicts, one text per setting)."""
@@ -799,19 +818,10 @@ def judge_speed(record: dict) -> tuple[list[str], list[str]]:
         entry = record["results"]["speed"].get(label)
         if entry is None:
             continue
-        # every round decodes the same tokens: its wall time is proportional to 1 / (tok/s)
-        plain_s = [1.0 / rate for rate in entry["fast_plain"]["runs"]]
         for gamma, run in (entry.get("by_gamma") or {str(record["settings"]["gamma"]): entry}).items():
-            spec_s = [1.0 / rate for rate in run["fast_speculative"]["runs"]]
-            speedup = stats.compare_runs(plain_s, spec_s)
-            at_bar = stats.compare_runs([s / SPEED_BAR for s in plain_s], spec_s)
-            rounds = run["ratio_per_round"]
-            verdicts.append(at_bar.verdict)
-            parts.append(f"{name}, γ = {gamma}: {run['fast_speculative']['median']:.1f} against "
-                         f"{entry['fast_plain']['median']:.1f} tok/s, {speedup.ratio:.2f}× (ratio of "
-                         f"medians; pairings {speedup.low:.2f}–{speedup.high:.2f}×, per-round ratios "
-                         f"{rounds['min']:.2f}–{rounds['max']:.2f}×); faster than fast plain: "
-                         f"{speedup.verdict}; ≥ {SPEED_BAR}×: {at_bar.verdict}")
+            verdict, text = judge_run(f"{name}, γ = {gamma}", entry, run)
+            verdicts.append(verdict)
+            parts.append(text)
     return verdicts, parts
 
 
@@ -859,6 +869,35 @@ else:
         + before + earlier + "; chapters 4 and 5")
     for part in parts:
         print_wrapped(part)
+
+lookup_speed = REAL_LOOKUP["results"].get("speed", {}) if REAL_LOOKUP else {}
+if not any(label in lookup_speed for label in ("greedy", "t1")):
+    add_claim(REAL_LOOKUP_CLAIM, "pending: `bash experiments/gpu_real.sh` on a GPU with `--parts speed --prompt-lookup`",
+              f"{REAL_LOOKUP_FILE} (not committed yet)")
+for label, name in (("greedy", "greedy"), ("t1", "T = 1")):
+    entry = lookup_speed.get(label)
+    if entry is None:
+        continue
+    # the shipped configuration is judged; the pool at each fixed γ and prompt lookup alone stand beside it
+    verdict, shipped = judge_run(f"adaptive ({entry['adaptive']['policy']} over every draft at γ ∈ "
+                                 f"{entry['adaptive']['gammas']})", entry, entry["adaptive"])
+    others = [judge_run(f"Thompson over the pool at γ = {gamma}", entry, run)[1]
+              for gamma, run in entry["by_gamma"].items()]
+    alone = entry.get("prompt_lookup_alone")
+    if alone:
+        others.append(judge_run(f"prompt lookup alone at γ = {alone['gamma']}", entry, alone)[1])
+    lookup_share = {domain: shares.get("prompt-lookup", 0.0)
+                    for domain, shares in entry["draft_share_per_domain_last_round"]["adaptive"].items()}
+    add_claim(f"{REAL_LOOKUP_CLAIM}, {name}", verdict,
+              f"{real_source(REAL_LOOKUP, REAL_LOOKUP_FILE)}, `speed --prompt-lookup` ("
+              + ("the same pool, every draft's SHA-256 equal, " if same_pool(REAL_LOOKUP, judged_run) else
+                 "a DIFFERENT pool from the speed row's, ")
+              + f"{REAL_LOOKUP['settings']['requests']} held-out prompts × "
+              f"{REAL_LOOKUP['settings']['new_tokens']} tokens, {REAL_LOOKUP['settings']['repeats']} rounds, a "
+              "fresh policy per stream): " + shipped + "; prompt lookup served "
+              + ", ".join(f"{domain} {share:.0%}" for domain, share in lookup_share.items())
+              + " of the adaptive policy's steps (last round). Beside it: " + "; ".join(others) + "; chapter 5")
+    print_wrapped(f"{name}: {shipped}")
 
 real_results = REAL_POOL["results"] if REAL_POOL else {}
 real_quality = real_results.get("quality", {})
