@@ -763,6 +763,8 @@ GAMMA_TS_CLAIM = ("On the real pool, a policy with one acceptance posterior per 
                   "step costs (gamma-ts) matches the best fixed γ without being told it")
 REAL_LOOKUP = committed("real_pool_prompt_lookup_h200.json")  # the speed part with prompt lookup in the pool
 REAL_LOOKUP_FILE = "`results/real_pool_prompt_lookup_h200.json`"
+REAL_LOOKUP_RUN2 = committed("real_pool_prompt_lookup_run2_h200.json")  # the same, again on a fresh machine
+REAL_LOOKUP_RUN2_FILE = "`results/real_pool_prompt_lookup_run2_h200.json`"
 REAL_LOOKUP_CLAIM = ("The distilled pool plus prompt lookup, under the shipped adaptive policy, speeds up a real "
                      "target ≥ 1.5× fast plain decoding (SmolLM2-135M; B = 1, the same sampling on both sides)")
 REAL_GAMMA_TS = committed("real_pool_gamma_ts_h200.json")
@@ -886,6 +888,14 @@ for label, name in (("greedy", "greedy"), ("t1", "T = 1")):
     alone = entry.get("prompt_lookup_alone")
     if alone:
         others.append(judge_run(f"prompt lookup alone at γ = {alone['gamma']}", entry, alone)[1])
+    again = ""
+    if REAL_LOOKUP_RUN2 and label in REAL_LOOKUP_RUN2["results"].get("speed", {}):
+        entry2 = REAL_LOOKUP_RUN2["results"]["speed"][label]
+        verdict2, shipped2 = judge_run("the shipped policy", entry2, entry2["adaptive"])
+        verdict = stats.overall_verdict([verdict, verdict2])
+        again = (f". Built again on a fresh machine ({real_source(REAL_LOOKUP_RUN2, REAL_LOOKUP_RUN2_FILE)}, "
+                 + ("same weights" if same_pool(REAL_LOOKUP_RUN2, REAL_LOOKUP) else "DIFFERENT weights")
+                 + f"): {shipped2}; the verdict combines both runs")
     lookup_share = {domain: shares.get("prompt-lookup", 0.0)
                     for domain, shares in entry["draft_share_per_domain_last_round"]["adaptive"].items()}
     add_claim(f"{REAL_LOOKUP_CLAIM}, {name}", verdict,
@@ -896,7 +906,8 @@ for label, name in (("greedy", "greedy"), ("t1", "T = 1")):
               f"{REAL_LOOKUP['settings']['new_tokens']} tokens, {REAL_LOOKUP['settings']['repeats']} rounds, a "
               "fresh policy per stream): " + shipped + "; prompt lookup served "
               + ", ".join(f"{domain} {share:.0%}" for domain, share in lookup_share.items())
-              + " of the adaptive policy's steps (last round). Beside it: " + "; ".join(others) + "; chapter 5")
+              + " of the adaptive policy's steps (last round). Beside it: " + "; ".join(others) + again
+              + "; chapter 5")
     print_wrapped(f"{name}: {shipped}")
 
 real_results = REAL_POOL["results"] if REAL_POOL else {}
