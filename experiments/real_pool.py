@@ -160,12 +160,6 @@ def share_per_domain(run: dict[str, Any], requests: list[switching.Request], arm
     return {d: {str(label): n / sum(per.values()) for label, n in sorted(per.items())} for d, per in counts.items()}
 
 
-def chosen_gamma_per_domain(run: dict[str, Any], requests: list[switching.Request], arm_gammas: list[int]
-                            ) -> dict[str, dict[str, float]]:
-    """Share of steps at each γ, per domain, from a served stream's arm trace."""
-    return share_per_domain(run, requests, arm_gammas)
-
-
 def chosen_draft_per_domain(run: dict[str, Any], requests: list[switching.Request], decoder: Any,
                             names: list[str]) -> dict[str, dict[str, float]]:
     """Share of steps served by each draft (`names` in the decoder's draft order), per domain."""
@@ -333,17 +327,22 @@ def main(argv: list[str] | None = None) -> int:
             agree: dict[str, float] = {}
             drafts_chosen: dict[str, dict[str, dict[str, float]]] = {}  # of each choosing contestant's last round
             adaptive_agree: float | None = None
+
+            def timed(method: str, decoder: Any) -> dict[str, Any]:  # one timed stream, recorded under `method`
+                served = stream(decoder, blocks, sampling, args.new_tokens, device)
+                rounds[method].append(served["tok_s"])
+                captures[method].append(served["graph_captures"])
+                breakdown[method] = served["breakdown"]
+                return served
+
+            def summary(method: str) -> dict[str, Any]:  # a speculative method's rounds against fast plain's
+                return {"fast_speculative": spread(rounds[method]), "ratio_per_round": spread(
+                    [x / y for x, y in zip(rounds[method], rounds["fast_plain"])]), "graph_captures": captures[method]}
             for _ in range(args.repeats):  # each round runs every method once, so load drift hits them alike
-                base = stream(plain, blocks, sampling, args.new_tokens, device)
-                rounds["fast_plain"].append(base["tok_s"])
-                captures["fast_plain"].append(base["graph_captures"])
-                breakdown["fast_plain"] = base["breakdown"]
+                base = timed("fast_plain", plain)
                 for g, decoder in decoders.items():
                     decoder.policy = make_policy("thompson", len(pool_names), seed=0)
-                    spec = stream(decoder, blocks, sampling, args.new_tokens, device)
-                    rounds[f"gamma{g}"].append(spec["tok_s"])
-                    captures[f"gamma{g}"].append(spec["graph_captures"])
-                    breakdown[f"gamma{g}"] = spec["breakdown"]
+                    spec = timed(f"gamma{g}", decoder)
                     drafts_chosen[f"gamma{g}"] = chosen_draft_per_domain(spec, blocks, decoder, pool_names)
                     if temperature == 0:
                         same = [a == b for x, y in zip(base["outputs"], spec["outputs"]) for a, b in zip(x, y)]
@@ -353,50 +352,29 @@ def main(argv: list[str] | None = None) -> int:
                             firsts.setdefault(request.domain, {"prompt": pool.tokenizer.decode(request.prompt_ids),
                                                                "continuation": pool.tokenizer.decode(output)})
                         out["greedy_samples"] = firsts
-                alone = stream(one_draft, blocks, sampling, args.new_tokens, device)
-                rounds["one_draft"].append(alone["tok_s"])
-                captures["one_draft"].append(alone["graph_captures"])
-                breakdown["one_draft"] = alone["breakdown"]
+                timed("one_draft", one_draft)
                 if lookup_alone is not None:
-                    looked = stream(lookup_alone, blocks, sampling, args.new_tokens, device)
-                    rounds["prompt_lookup"].append(looked["tok_s"])
-                    captures["prompt_lookup"].append(looked["graph_captures"])
-                    breakdown["prompt_lookup"] = looked["breakdown"]
+                    timed("prompt_lookup", lookup_alone)
                 fresh_adaptive()
-                chosen = stream(adaptive, blocks, sampling, args.new_tokens, device)
-                rounds["adaptive"].append(chosen["tok_s"])
-                captures["adaptive"].append(chosen["graph_captures"])
-                breakdown["adaptive"] = chosen["breakdown"]
+                chosen = timed("adaptive", adaptive)
                 drafts_chosen["adaptive"] = chosen_draft_per_domain(chosen, blocks, adaptive, pool_names)
                 if temperature == 0:
                     same = [a == b for x, y in zip(base["outputs"], chosen["outputs"]) for a, b in zip(x, y)]
                     adaptive_agree = sum(same) / len(same)
-            by_gamma = {str(g): {"fast_speculative": spread(rounds[f"gamma{g}"]), "ratio_per_round": spread(
-                [x / y for x, y in zip(rounds[f"gamma{g}"], rounds["fast_plain"])]),
-                "graph_captures": captures[f"gamma{g}"]} for g in gammas}
+            by_gamma = {str(g): summary(f"gamma{g}") for g in gammas}
             main_gamma = by_gamma[str(args.gamma)] if args.gamma in gammas else by_gamma[str(gammas[0])]
             out[label] = {"fast_plain": spread(rounds["fast_plain"]),
                           "fast_plain_graph_captures": captures["fast_plain"], **main_gamma, "by_gamma": by_gamma,
                           "greedy_token_agreement_with_plain": agree.get(str(args.gamma)),
                           "greedy_token_agreement_by_gamma": agree or None,
-                          "one_draft": {"draft": single, "gamma": args.gamma,
-                                        "fast_speculative": spread(rounds["one_draft"]),
-                                        "ratio_per_round": spread([x / y for x, y in zip(rounds["one_draft"],
-                                                                                         rounds["fast_plain"])]),
-                                        "graph_captures": captures["one_draft"]},
+                          "one_draft": {"draft": single, "gamma": args.gamma, **summary("one_draft")},
                           "adaptive": {"policy": args.speed_adaptive_policy, "gammas": args.speed_adaptive_gammas,
-                                       "fast_speculative": spread(rounds["adaptive"]),
-                                       "ratio_per_round": spread([x / y for x, y in zip(rounds["adaptive"],
-                                                                                        rounds["fast_plain"])]),
-                                       "graph_captures": captures["adaptive"],
+                                       **summary("adaptive"),
                                        "greedy_token_agreement_with_plain": adaptive_agree,
-                                       "gamma_share_per_domain_last_round": chosen_gamma_per_domain(
+                                       "gamma_share_per_domain_last_round": share_per_domain(
                                            chosen, blocks, [g for _, g in adaptive.arms])},
-                          **({"prompt_lookup_alone": {
-                              "gamma": args.gamma, "fast_speculative": spread(rounds["prompt_lookup"]),
-                              "ratio_per_round": spread([x / y for x, y in zip(rounds["prompt_lookup"],
-                                                                               rounds["fast_plain"])]),
-                              "graph_captures": captures["prompt_lookup"]}} if lookup_alone else {}),
+                          **({"prompt_lookup_alone": {"gamma": args.gamma, **summary("prompt_lookup")}}
+                             if lookup_alone else {}),
                           "pool": pool_names,
                           "draft_share_per_domain_last_round": drafts_chosen,
                           "breakdown_last_round": breakdown}
@@ -477,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
                                              args.gamma if at_gamma is None else at_gamma, args.new_tokens,
                                              sampling_t, decoder=runner, warm_up="all")
                 entry = {k: run[k] for k in kept}
-                entry["gamma_share_per_domain"] = chosen_gamma_per_domain(run, blocks, runner_gammas)
+                entry["gamma_share_per_domain"] = share_per_domain(run, blocks, runner_gammas)
                 entry["step_ms_by_gamma"] = step_ms_by_gamma(run, runner_gammas)
                 entry["cost_estimates"] = cost_estimates(runner.step_costs,
                                                          [f"{names[draft]}@γ={gamma}" for draft, gamma in runner.arms])

@@ -1345,11 +1345,11 @@ if LOOKUP is not None:
             for domain, shares in entry["draft_share_per_domain_last_round"]["adaptive"].items()))
 LOOKUP_RUN2 = committed_result("real_pool_prompt_lookup_run2_h200")
 if LOOKUP is not None and LOOKUP_RUN2 is not None:
+    again = {name: LOOKUP_RUN2["results"]["speed"][label]["adaptive"]["ratio_per_round"]
+             for label, name in (("greedy", "greedy"), ("t1", "T = 1"))}
     print_wrapped(f"built again on a fresh machine, {provenance.caption(LOOKUP_RUN2)}: the shipped policy " + "; ".join(
-        f"{name} {LOOKUP_RUN2['results']['speed'][label]['adaptive']['ratio_per_round']['median']:.3f}x plain "
-        f"(rounds {LOOKUP_RUN2['results']['speed'][label]['adaptive']['ratio_per_round']['min']:.3f}-"
-        f"{LOOKUP_RUN2['results']['speed'][label]['adaptive']['ratio_per_round']['max']:.3f})"
-        for label, name in (("greedy", "greedy"), ("t1", "T = 1"))), indent="")
+        f"{name} {ratio['median']:.3f}x plain (rounds {ratio['min']:.3f}-{ratio['max']:.3f})"
+        for name, ratio in again.items()), indent="")
 
 # %%
 if LOOKUP is not None:
