@@ -1,0 +1,176 @@
+"""How well a draft that reads the target's hidden states accepts on SmolLM2, before building it into the engine.
+
+The distilled pool's drafts read tokens only: two decoder layers distilled from SmolLM2 accept about 0.44-0.61
+per token at T = 1 (Σ min(p, q), held-out text). A draft that also reads the target's last hidden state
+(EAGLE's idea: the draft's input at position i is fc([embed(x_i), f_{i-1}]), f the target's final, normed
+hidden state; its output is a predicted f̂_i whose head gives the next token) starts from everything the
+target knows about the context. This probe trains such a draft (one decoder layer, from the target's last,
+embedding, norm and head the target's) for `--budget-s` seconds on the pool's corpora and measures, on held-out
+windows, Σ min(p, q) at T = 1 and argmax agreement at depth 1 (true features in) and at depths 2..`--depth`
+(the draft's own predicted features in, every position at once: pessimistic, since in a real step the context
+before the step's first position holds true features).
+
+    python experiments/feature_draft_probe.py --out results/feature_draft_probe_h200.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from flashspec import corpora, provenance, zoo  # noqa: E402
+from flashspec.sampling import SamplingParams, warp_logits  # noqa: E402
+from flashspec.zoo import distill, measure, training  # noqa: E402
+
+
+class FeatureDraft(torch.nn.Module):
+    """One decoder stack over fc([embed(token), feature]); returns (predicted features, logits)."""
+
+    def __init__(self, teacher: torch.nn.Module, layers: tuple[int, ...]) -> None:
+        super().__init__()
+        self.body = distill.draft_from_teacher(teacher, layers)
+        hidden = teacher.config.hidden_size
+        self.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
+        with torch.no_grad():
+            self.fc.weight.copy_(torch.cat([torch.eye(hidden), torch.eye(hidden)], 1))
+
+    def forward(self, tokens: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        embedded = self.body.model.embed_tokens(tokens)
+        x = self.fc(torch.cat([embedded, features.to(embedded.dtype)], -1))
+        out = self.body.model(inputs_embeds=x).last_hidden_state
+        return out, self.body.lm_head(out)
+
+
+@torch.no_grad()
+def teacher_outputs(teacher: torch.nn.Module, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(final normed hidden states, logits) of the teacher on [B, C] windows."""
+    features = teacher.model(input_ids=windows).last_hidden_state
+    return features, teacher.lm_head(features)
+
+
+def train(draft: FeatureDraft, teacher: torch.nn.Module, streams: list[torch.Tensor], budget_s: float,
+          context: int, batch_size: int, lr: float, noise: float, device: torch.device, seed: int = 0) -> dict:
+    """AdamW on KL(p_teacher || q_draft) + smooth-L1(f̂, f) until `budget_s` seconds have passed."""
+    draft.to(device).train()
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
+    generator = torch.Generator().manual_seed(seed)
+    autocast = (torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda"
+                else torch.autocast("cpu", enabled=False))
+    losses, started, step = [], time.perf_counter(), 0
+    estimate = None
+    while True:
+        elapsed = time.perf_counter() - started
+        if elapsed >= budget_s:
+            break
+        if step == 20:
+            estimate = int(budget_s / (elapsed / 20))
+        total = estimate or 10 ** 6
+        for group in optimizer.param_groups:
+            group["lr"] = training.learning_rate(step, total, lr, 0.05)
+        batch = training.sample_batch(streams, batch_size, context, generator).to(device)[:, :-1]
+        with autocast:
+            features, logits = teacher_outputs(teacher, batch)
+            inputs = features[:, :-1] + noise * (torch.rand_like(features[:, :-1]) - 0.5)
+            predicted, draft_logits = draft(batch[:, 1:], inputs)
+            kl = distill.forward_kl(logits[:, 1:], draft_logits)
+            regression = torch.nn.functional.smooth_l1_loss(predicted.float(), features[:, 1:].float())
+            loss = kl + regression
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        if step % 10 == 0:
+            losses.append([step, float(kl.detach()), float(regression.detach())])
+        step += 1
+    draft.eval()
+    return {"steps": step, "seconds": time.perf_counter() - started, "losses_every_10": losses}
+
+
+@torch.no_grad()
+def acceptance(draft: FeatureDraft, teacher: torch.nn.Module, ids: torch.Tensor, context: int, max_tokens: int,
+               depth: int, device: torch.device, batch_size: int = 16) -> dict:
+    """Per depth 1..`depth`: mean Σ min(p, q) at T = 1 and argmax agreement on held-out windows."""
+    windows = measure.heldout_windows(ids, context, max_tokens)
+    sums = {k: [0.0, 0.0, 0] for k in range(1, depth + 1)}
+    params = SamplingParams(temperature=1.0)
+    for start in range(0, windows.shape[0], batch_size):
+        batch = windows[start:start + batch_size].to(device)
+        features, logits = teacher_outputs(teacher, batch)
+        fed = features[:, :-1]
+        for k in range(1, depth + 1):
+            predicted, draft_logits = draft(batch[:, k:], fed)
+            p = warp_logits(logits[:, k:].float(), params).exp()
+            q = warp_logits(draft_logits.float(), params).exp()
+            sums[k][0] += float(torch.minimum(p, q).sum(-1).sum())
+            sums[k][1] += float((logits[:, k:].argmax(-1) == draft_logits.argmax(-1)).sum())
+            sums[k][2] += p.shape[0] * p.shape[1]
+            fed = predicted[:, :-1]
+    return {str(k): {"sum_min_t1": s / n, "argmax_agreement": a / n, "positions": n} for k, (s, a, n) in sums.items()}
+
+
+def expected_tokens(rates: list[float], gamma: int) -> float:
+    """1 + Σ_{j ≤ γ} Π_{i ≤ j} a_i: tokens per step if depth i accepts with probability a_i given the earlier."""
+    total, run = 1.0, 1.0
+    for rate in rates[:gamma]:
+        run *= rate
+        total += run
+    return total
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--teacher", default="smollm2", choices=sorted(distill.TEACHERS))
+    parser.add_argument("--size", default="smollm2")
+    parser.add_argument("--budget-s", type=float, default=120.0)
+    parser.add_argument("--variants", nargs="+", default=None,
+                        help="drafts to train, each the teacher layers it starts from (e.g. 29 28,29)")
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--noise", type=float, default=0.2, help="uniform noise width on training features")
+    parser.add_argument("--batch-size", type=int, default=32)
+    parser.add_argument("--eval-tokens", type=int, default=16384)
+    parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--train-chars", type=int, default=None)
+    parser.add_argument("--git-sha", default=None)
+    args = parser.parse_args(argv)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    config = zoo.get_config(args.size)
+    started = time.perf_counter()
+    teacher, tokenizer = distill.load_teacher(args.teacher, device)
+    domain_corpora = corpora.assemble(args.train_chars or config.train_chars_per_domain, config.domains)
+    train_ids = {d: training.encode_text(tokenizer, domain_corpora[d].train_text) for d in config.domains}
+    heldout = {d: training.encode_text(tokenizer, domain_corpora[d].heldout_text) for d in config.domains}
+    variants = {}
+    for spec in args.variants or [str(teacher.config.num_hidden_layers - 1)]:
+        layers = tuple(int(x) for x in spec.split(","))
+        torch.manual_seed(0)
+        draft = FeatureDraft(teacher, layers)
+        trained = train(draft, teacher, [train_ids[d] for d in config.domains], args.budget_s, config.context,
+                        args.batch_size, args.lr, args.noise, device)
+        print(f"layers {layers}: {trained['steps']} steps in {trained['seconds']:.0f} s; "
+              f"last kl/reg {trained['losses_every_10'][-1]}")
+        results = {}
+        for domain in config.domains:
+            results[domain] = acceptance(draft, teacher, heldout[domain], config.context, args.eval_tokens,
+                                         args.depth, device)
+            rates = [results[domain][str(k)]["sum_min_t1"] for k in range(1, args.depth + 1)]
+            results[domain]["expected_tokens_t1"] = {g: expected_tokens(rates, g) for g in (2, 4)}
+            print(domain, json.dumps({k: round(v["sum_min_t1"], 3) for k, v in results[domain].items()
+                                      if k.isdigit()}), results[domain]["expected_tokens_t1"])
+        variants[spec] = {"layers": list(layers), "training": trained, "acceptance": results,
+                          "trainable_parameters": sum(p.numel() for p in draft.parameters() if p.requires_grad)}
+    provenance.write_result(args.out, provenance.record(sys.argv, args.git_sha), {**vars(args), "context": config.context},
+                            {"variants": variants, "wall_seconds": time.perf_counter() - started})
+
+
+if __name__ == "__main__":
+    main()
