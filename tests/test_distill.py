@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from flashspec import corpora, zoo
-from flashspec.zoo import distill
+from flashspec.zoo import distill, training
 
 
 @pytest.fixture()
@@ -46,6 +46,38 @@ def test_draft_starts_from_the_teachers_layers_with_its_frozen_embedding() -> No
     # a copy, not a view: training the draft leaves the teacher alone
     draft.model.layers[0].mlp.up_proj.weight.data.add_(1.0)
     assert not torch.equal(draft.model.layers[0].mlp.up_proj.weight, teacher.model.layers[2].mlp.up_proj.weight)
+
+
+def test_a_folded_temperature_divides_the_drafts_logits_and_leaves_the_draft_alone() -> None:
+    teacher, _ = distill.load_teacher("tiny", "cpu")
+    draft = distill.draft_from_teacher(teacher, (2,))
+    ids = torch.randint(0, teacher.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(0))
+    before = draft(input_ids=ids).logits
+    folded = distill.fold_temperature(draft, 0.7)
+    assert torch.allclose(folded(input_ids=ids).logits, before / 0.7, atol=1e-5, rtol=1e-5)
+    assert torch.equal(draft(input_ids=ids).logits, before)  # a copy: the draft passed in is unchanged
+    assert folded.lm_head.weight is folded.model.embed_tokens.weight  # still tied
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        distill.fold_temperature(draft, 0.0)
+
+
+def test_calibration_picks_the_best_temperature_on_training_windows_and_never_loses_acceptance() -> None:
+    config = zoo.SIZES["micro-distill"].with_overrides(calibration_tokens=96, context=16)
+    teacher, _ = distill.load_teacher("tiny", "cpu")
+    # a draft whose logits are the teacher's divided by 0.8 (too sharp): the fit must find τ = 1.25
+    sharp = distill.fold_temperature(distill.draft_from_teacher(teacher, (0, 1, 2)), 0.8)
+    stream = [torch.randint(0, teacher.config.vocab_size, (400,), generator=torch.Generator().manual_seed(1))]
+    grid = distill.TEMPERATURE_GRID
+    assert 1.0 in grid and grid == tuple(sorted(grid))
+    calibrated, record = distill.calibrate(sharp, teacher, stream, config, torch.device("cpu"), "draft-general")
+    table = {float(t): v for t, v in record["sum_min_t1_by_temperature"].items()}
+    assert record["temperature"] == max(table, key=table.get) == 1.25
+    assert table[record["temperature"]] >= table[1.0]
+    assert record["uncalibrated_weights_sha256"] != training.weights_sha256(calibrated)
+    assert record["calibration_tokens"] == (96 // 16) * 16
+    windows = torch.stack([stream[0][:16], stream[0][16:32]])
+    assert distill.overlap_by_temperature(teacher, calibrated, windows, (1.0,), torch.device("cpu"))[1.0] == \
+        pytest.approx(1.0, abs=1e-5)  # the teacher's own distribution
 
 
 def test_init_layers_checks_and_spreads() -> None:
@@ -99,6 +131,12 @@ def test_micro_distill_zoo_builds_deterministically_and_loads_the_teacher_as_tar
     assert manifest["models"]["target"]["teacher"] == "tiny"
     assert manifest["models"]["draft-general"]["initialised_from"] == "tiny layers [2]"
     assert manifest["models"]["draft-python"]["initialised_from"] == "draft-general"
+    for name, info in manifest["models"].items():  # each draft's temperature is fitted and folded in
+        if name != "target":
+            fit = info["calibration"]
+            assert fit["temperature"] in distill.TEMPERATURE_GRID
+            assert fit["sum_min_t1_by_temperature"][str(fit["temperature"])] >= fit["sum_min_t1_by_temperature"]["1.0"]
+            assert (fit["uncalibrated_weights_sha256"] == info["weights_sha256"]) == (fit["temperature"] == 1.0)
     teacher, tokenizer = distill.load_teacher("tiny", "cpu")
     assert torch.equal(loaded.target.model.embed_tokens.weight, teacher.model.embed_tokens.weight)
     assert loaded.tokenizer.get_vocab() == tokenizer.get_vocab()

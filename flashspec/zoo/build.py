@@ -138,6 +138,10 @@ def _train_into(work_dir: Path, config: ZooConfig, domain_corpora: dict[str, cor
         fresh = "random"
         trained = training.train_plan(training.training_plan(config), config, tokenizer, train_ids, device_, progress)
     for step, model, losses in trained:
+        calibration = None
+        if config.distilled and config.calibration_tokens:
+            model, calibration = distill.calibrate(model, teacher, [train_ids[d] for d in step.domains], config,
+                                                   device_, step.name)
         model.save_pretrained(work_dir / step.name)
         tokenizer.save_pretrained(work_dir / step.name)
         models_info[step.name] = {
@@ -146,6 +150,7 @@ def _train_into(work_dir: Path, config: ZooConfig, domain_corpora: dict[str, cor
             "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
             "weights_sha256": training.weights_sha256(model),
             "final_loss": sum(losses[-20:]) / len(losses[-20:]), "train_seconds": time.perf_counter() - mark,
+            **({} if calibration is None else {"calibration": calibration}),
         }
         timings[f"train_{step.name}_s"] = time.perf_counter() - mark
         del model

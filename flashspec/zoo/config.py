@@ -58,6 +58,9 @@ class ZooConfig:
     # target, and distils the drafts from it; `target` only records its shape and `draft` sets the drafts' depth.
     teacher: str | None = None
     draft_init_layers: tuple[int, ...] = ()  # the teacher's layers the drafts' layers start from (teacher zoos)
+    # Tokens of training windows on which each distilled draft's output temperature is fitted and folded into
+    # its weights (`distill.calibrate`); 0: none.
+    calibration_tokens: int = 0
 
     @property
     def distilled(self) -> bool:
@@ -66,7 +69,8 @@ class ZooConfig:
     def key(self, corpus_sha256: str) -> str:
         """Cache key: SHA-256 of the zoo format, this config and the corpus hash (16 hex digits).
 
-        The teacher fields enter only when set, so zoos trained from scratch keep the keys they always had.
+        The teacher fields enter only when set, and `calibration_tokens` only when not 0, so zoos trained from
+        scratch keep the keys they always had.
         A distilled config's key also holds `DISTILL_RECIPE`: a change to how drafts are distilled that gives
         other weights for the same config on some device (a GPU's bf16 numerics) bumps it, so a pool cached
         by the earlier recipe is not served as this one. Keys without the entry are the first recipe's."""
@@ -76,6 +80,8 @@ class ZooConfig:
             content["distill_recipe"] = DISTILL_RECIPE
         else:
             del config["teacher"], config["draft_init_layers"]
+        if not self.calibration_tokens:
+            del config["calibration_tokens"]
         blob = json.dumps(content, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -116,6 +122,7 @@ SIZES: dict[str, ZooConfig] = {
         target_steps=0, draft_steps=1600, specialist_steps=500, batch_size=0, draft_batch_size=32,
         target_lr=0.0, draft_lr=1e-3, specialist_lr=5e-4,
         num_prompts=32, prompt_tokens=48, eval_tokens=32768, teacher="smollm2", draft_init_layers=(0, 29),
+        calibration_tokens=8192,
     ),
     # The same recipe with a tiny random teacher and its character tokenizer: seconds on a CPU, for tests.
     "micro-distill": ZooConfig(
@@ -126,6 +133,7 @@ SIZES: dict[str, ZooConfig] = {
         target_steps=0, draft_steps=6, specialist_steps=3, batch_size=0, draft_batch_size=4,
         target_lr=0.0, draft_lr=3e-3, specialist_lr=3e-3,
         num_prompts=2, prompt_tokens=8, eval_tokens=256, teacher="tiny", draft_init_layers=(2,),
+        calibration_tokens=128,
     ),
     # A few seconds on a CPU: for tests of determinism and caching only (not specialised).
     "micro": ZooConfig(

@@ -12,6 +12,13 @@ Here a draft is the target's architecture cut to a few decoder layers:
 - the loss is the forward KL divergence KL(p_target || q_draft) at temperature 1 over every position of
   windows of the offline corpora, the target's logits computed on the fly (no stored teacher outputs).
 
+After training, each draft's output temperature is fitted (`calibrate`): a draft trained by forward KL
+spreads its mass to cover the target's, and dividing its logits by a fitted τ can raise the exact acceptance
+Σ min(p, q) at T = 1. τ is chosen on training windows (never the held-out text the pool is measured on) from
+`TEMPERATURE_GRID`, which holds τ = 1, so the fit never lowers the acceptance there, and folded into the draft's
+weights (its final norm's scale): the calibrated draft is just another model, so the engine's output
+distribution stays the target's.
+
 The pool follows the zoo's recipe: a generalist distilled on the mixture of all domains, then one
 specialist per domain fine-tuned from it on that domain alone.  `TEACHERS` names the targets a zoo size can
 distil from: ``smollm2`` (flashspec.real's SmolLM2-135M-Instruct), ``tiny`` (a tiny random Llama with
@@ -28,8 +35,8 @@ from typing import Any
 import torch
 
 from flashspec import models
-from flashspec.zoo.config import ZooConfig
-from flashspec.zoo.training import PlanStep, train_model, train_plan, training_plan
+from flashspec.zoo.config import ZooConfig, component_seed
+from flashspec.zoo.training import PlanStep, sample_batch, train_model, train_plan, training_plan, weights_sha256
 
 
 def _smollm2(device: torch.device) -> tuple[torch.nn.Module, Any]:
@@ -192,3 +199,55 @@ def distill_pool(config: ZooConfig, teacher: torch.nn.Module, train_ids: dict[st
     teacher.to(device).eval()
     return train_plan(distill_plan(config), config, None, train_ids, device, progress,
                       start=lambda step: draft_from_teacher(teacher, layers), loss=kl_to(teacher))
+
+
+TEMPERATURE_GRID = tuple(round(0.5 + 0.05 * i, 2) for i in range(21))  # 0.5, 0.55, ..., 1.5 (1.0 included)
+
+
+@torch.no_grad()
+def overlap_by_temperature(teacher: torch.nn.Module, draft: torch.nn.Module, windows: torch.Tensor,
+                           temperatures: tuple[float, ...], device: torch.device,
+                           batch_size: int = 16) -> dict[float, float]:
+    """τ -> mean over the [N, C] windows' positions of Σ_v min(p_v, q_τ,v), p the teacher's softmax at T = 1
+    and q_τ = softmax(draft logits / τ): the exact acceptance at T = 1 of the draft with its logits divided by τ."""
+    totals = dict.fromkeys(temperatures, 0.0)
+    count = 0
+    teacher.to(device).eval()
+    draft = draft.to(device).eval()
+    for start in range(0, windows.shape[0], batch_size):
+        batch = windows[start:start + batch_size].to(device)
+        p = torch.softmax(teacher(input_ids=batch).logits.float(), dim=-1)
+        logits = draft(input_ids=batch).logits.float()
+        for temperature in temperatures:
+            totals[temperature] += float(torch.minimum(p, torch.softmax(logits / temperature, dim=-1)).sum())
+        count += batch.numel()
+    draft.to("cpu")
+    return {temperature: total / count for temperature, total in totals.items()}
+
+
+def fold_temperature(draft: torch.nn.Module, temperature: float) -> torch.nn.Module:
+    """A copy of `draft` whose logits are its own divided by `temperature`: its final RMSNorm's weight scaled
+    by 1/τ (the head is linear in it, and the tied embedding is left as it is)."""
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    scaled = copy.deepcopy(draft)
+    with torch.no_grad():
+        scaled.model.norm.weight.div_(temperature)
+    return scaled
+
+
+def calibrate(draft: torch.nn.Module, teacher: torch.nn.Module, streams: list[torch.Tensor], config: ZooConfig,
+              device: torch.device, label: str) -> tuple[torch.nn.Module, dict[str, Any]]:
+    """(`draft` with its fitted temperature folded in, the fit's record): τ from `TEMPERATURE_GRID` with the
+    largest `overlap_by_temperature` on `config.calibration_tokens` tokens of random training windows of
+    `streams` (seeded by `label`); the smallest such τ on a tie. The draft passed in is left as it is."""
+    started = time.perf_counter()
+    count = max(1, config.calibration_tokens // config.context)
+    generator = torch.Generator().manual_seed(component_seed(config.seed, "calibrate:" + label))
+    windows = sample_batch(streams, count, config.context, generator)[:, :-1]
+    table = overlap_by_temperature(teacher, draft, windows, TEMPERATURE_GRID, device)
+    best = max(TEMPERATURE_GRID, key=lambda temperature: (table[temperature], -temperature))
+    record = {"temperature": best, "sum_min_t1_by_temperature": {str(t): v for t, v in table.items()},
+              "calibration_tokens": int(windows.numel()), "uncalibrated_weights_sha256": weights_sha256(draft),
+              "seconds": time.perf_counter() - started}
+    return fold_temperature(draft, best), record
