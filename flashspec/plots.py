@@ -223,6 +223,33 @@ def plot_acceptance_matrix(record: dict[str, Any], path: str | Path | None = Non
     return _finish(fig, footer, path)
 
 
+def plot_temperature_fit(record: dict[str, Any], path: str | Path | None = None) -> Figure:
+    """Σ min(p, q_τ) at T = 1 against the draft temperature τ, a line per distilled draft, its fitted τ marked.
+
+    Takes a record of `experiments/real_pool.py` (or a zoo manifest's "models"): each draft's
+    "calibration" entry from `flashspec.zoo.distill.calibrate`.
+    """
+    data, footer = _unpack(record, settings=False)
+    models = data["build"]["models"] if "build" in data else data
+    fig = Figure(figsize=(6.4, 3.6), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    for name, info in models.items():
+        fit = info.get("calibration")
+        if fit is None:
+            continue
+        table = {float(t): v for t, v in fit["sum_min_t1_by_temperature"].items()}
+        temperatures = sorted(table)
+        line, = ax.plot(temperatures, [table[t] for t in temperatures], marker=".", label=name)
+        chosen = fit["temperature"]
+        ax.plot([chosen], [table[chosen]], marker="o", markersize=8, fillstyle="none", color=line.get_color())
+    ax.axvline(1.0, color="0.6", linestyle=":", linewidth=1)
+    ax.set_xlabel("draft temperature τ (draft logits / τ)")
+    ax.set_ylabel("Σ min(p, q_τ) at T = 1, training windows")
+    ax.set_title("Fitting each draft's temperature (circle: the τ folded into its weights)", fontsize=9)
+    ax.legend(fontsize=8)
+    return _finish(fig, footer, path)
+
+
 def plot_arm_trace(record: dict[str, Any], path: str | Path | None = None,
                    policies: tuple[str, ...] | None = None) -> Figure:
     """Arm chosen at every step of the domain-switching stream, one strip per policy, per workload.

@@ -58,3 +58,22 @@ def test_plot_kernel_floors(tmp_path):
     heights = sorted(patch.get_height() for patch in figure.axes[0].patches)
     assert heights == sorted([10.0, 80.0, 4.0, 32.0, 12.0, 96.0, 9.0, 72.0])
     assert [t.get_text() for t in figure.axes[0].get_legend().get_texts()] == ["stats pass", "sampling pass"]
+
+
+def test_plot_temperature_fit(tmp_path):
+    """A line per calibrated draft over its τ grid and a circle at its fitted τ, from a real_pool-shaped record."""
+    from flashspec.plots import plot_temperature_fit
+
+    def fit(best: float) -> dict:
+        grid = [0.8, 0.9, 1.0, 1.1]
+        return {"temperature": best, "sum_min_t1_by_temperature": {str(t): 1.0 - abs(t - best) for t in grid}}
+
+    models = {"target": {}, "draft-general": {"calibration": fit(0.9)}, "draft-cpp": {"calibration": fit(1.1)}}
+    path = tmp_path / "temperature.png"
+    figure = plot_temperature_fit({"provenance": {}, "results": {"build": {"models": models}}}, path)
+    assert path.stat().st_size > 0
+    lines = figure.axes[0].get_lines()
+    curves = [line for line in lines if len(line.get_xdata()) == 4]
+    circles = [line for line in lines if len(line.get_xdata()) == 1 and line.get_marker() == "o"]
+    assert len(curves) == 2 and [(c.get_xdata()[0], c.get_ydata()[0]) for c in circles] == [(0.9, 1.0), (1.1, 1.0)]
+    assert [t.get_text() for t in figure.axes[0].get_legend().get_texts()] == ["draft-general", "draft-cpp"]
