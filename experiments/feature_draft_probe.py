@@ -3,7 +3,8 @@
 The distilled pool's drafts read tokens only: two decoder layers distilled from SmolLM2 accept about 0.44-0.61
 per token at T = 1 (Σ min(p, q), held-out text). A draft that also reads the target's last hidden state
 (EAGLE's idea: the draft's input at position i is fc([embed(x_i), f_{i-1}]), f the target's final, normed
-hidden state; its output is a predicted f̂_i whose head gives the next token) starts from everything the
+hidden state; its output is a predicted f̂_i whose head gives the next token; or, as in EAGLE-3, a linear map of
+a low, a middle and the top layer's states, trained on the token loss alone) starts from everything the
 target knows about the context. This probe trains such a draft (one decoder layer, from the target's last,
 embedding, norm and head the target's) for `--budget-s` seconds on the pool's corpora and measures, on held-out
 windows, Σ min(p, q) at T = 1 and argmax agreement at depth 1 (true features in) and at depths 2..`--depth`
@@ -30,28 +31,42 @@ from flashspec.zoo import distill, measure, training  # noqa: E402
 
 
 class FeatureDraft(torch.nn.Module):
-    """One decoder stack over fc([embed(token), feature]); returns (predicted features, logits)."""
+    """A decoder stack over fc([embed(token), g]); returns (its output hidden state, logits). g is the target's
+    features reduced to the hidden size (`reduce`: identity for the final layer's alone, a linear map of several
+    layers' normalised hidden states as in EAGLE-3) or, fed back, the draft's own output."""
 
-    def __init__(self, teacher: torch.nn.Module, layers: tuple[int, ...]) -> None:
+    def __init__(self, teacher: torch.nn.Module, layers: tuple[int, ...], feature_layers: tuple[int, ...]) -> None:
         super().__init__()
         self.body = distill.draft_from_teacher(teacher, layers)
         hidden = teacher.config.hidden_size
+        self.feature_layers = feature_layers
         self.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
+        self.reduce = (torch.nn.Linear(len(feature_layers) * hidden, hidden, bias=False)
+                       if len(feature_layers) > 1 else torch.nn.Identity())
         with torch.no_grad():
             self.fc.weight.copy_(torch.cat([torch.eye(hidden), torch.eye(hidden)], 1))
 
-    def forward(self, tokens: torch.Tensor, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, tokens: torch.Tensor, features: torch.Tensor,
+                reduced: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
         embedded = self.body.model.embed_tokens(tokens)
-        x = self.fc(torch.cat([embedded, features.to(embedded.dtype)], -1))
+        g = features.to(embedded.dtype) if reduced else self.reduce(features.to(embedded.dtype))
+        x = self.fc(torch.cat([embedded, g], -1))
         out = self.body.model(inputs_embeds=x).last_hidden_state
         return out, self.body.lm_head(out)
 
 
 @torch.no_grad()
-def teacher_outputs(teacher: torch.nn.Module, windows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(final normed hidden states, logits) of the teacher on [B, C] windows."""
-    features = teacher.model(input_ids=windows).last_hidden_state
-    return features, teacher.lm_head(features)
+def teacher_outputs(teacher: torch.nn.Module, windows: torch.Tensor,
+                    feature_layers: tuple[int, ...] = (-1,)) -> tuple[torch.Tensor, torch.Tensor]:
+    """(features, logits) of the teacher on [B, C] windows: the hidden states at `feature_layers` (indices of
+    HF's hidden_states: 0 the embeddings, -1 the final normed state), each RMS-normalised, concatenated."""
+    out = teacher.model(input_ids=windows, output_hidden_states=len(feature_layers) > 1 or feature_layers != (-1,))
+    logits = teacher.lm_head(out.last_hidden_state)
+    if feature_layers == (-1,):
+        return out.last_hidden_state, logits
+    states = [out.hidden_states[i] for i in feature_layers]
+    states = [h * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(h.dtype) for h in states]
+    return torch.cat(states, -1), logits
 
 
 def train(draft: FeatureDraft, teacher: torch.nn.Module, streams: list[torch.Tensor], budget_s: float,
@@ -76,11 +91,14 @@ def train(draft: FeatureDraft, teacher: torch.nn.Module, streams: list[torch.Ten
             group["lr"] = training.learning_rate(step, total, lr, 0.05)
         batch = training.sample_batch(streams, batch_size, context, generator).to(device)[:, :-1]
         with autocast:
-            features, logits = teacher_outputs(teacher, batch)
+            features, logits = teacher_outputs(teacher, batch, draft.feature_layers)
             inputs = features[:, :-1] + noise * (torch.rand_like(features[:, :-1]) - 0.5)
             predicted, draft_logits = draft(batch[:, 1:], inputs)
             kl = distill.forward_kl(logits[:, 1:], draft_logits)
-            regression = torch.nn.functional.smooth_l1_loss(predicted.float(), features[:, 1:].float())
+            if draft.feature_layers == (-1,):  # the draft's output imitates the final feature it is fed back as
+                regression = torch.nn.functional.smooth_l1_loss(predicted.float(), features[:, 1:].float())
+            else:  # several layers' features: the token loss alone (EAGLE-3)
+                regression = torch.zeros((), device=kl.device)
             loss = kl + regression
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -102,10 +120,10 @@ def acceptance(draft: FeatureDraft, teacher: torch.nn.Module, ids: torch.Tensor,
     params = SamplingParams(temperature=1.0)
     for start in range(0, windows.shape[0], batch_size):
         batch = windows[start:start + batch_size].to(device)
-        features, logits = teacher_outputs(teacher, batch)
+        features, logits = teacher_outputs(teacher, batch, draft.feature_layers)
         fed = features[:, :-1]
         for k in range(1, depth + 1):
-            predicted, draft_logits = draft(batch[:, k:], fed)
+            predicted, draft_logits = draft(batch[:, k:], fed, reduced=k > 1)
             p = warp_logits(logits[:, k:].float(), params).exp()
             q = warp_logits(draft_logits.float(), params).exp()
             sums[k][0] += float(torch.minimum(p, q).sum(-1).sum())
@@ -131,7 +149,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--size", default="smollm2")
     parser.add_argument("--budget-s", type=float, default=120.0)
     parser.add_argument("--variants", nargs="+", default=None,
-                        help="drafts to train, each the teacher layers it starts from (e.g. 29 28,29)")
+                        help="drafts to train: the teacher layers each starts from, optionally ':' and the hidden "
+                             "states it reads (indices of HF's hidden_states; default -1, the final normed one), "
+                             "e.g. 29 28,29 29:3,15,-1")
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--noise", type=float, default=0.2, help="uniform noise width on training features")
     parser.add_argument("--batch-size", type=int, default=32)
@@ -151,9 +171,11 @@ def main(argv: list[str] | None = None) -> None:
     heldout = {d: training.encode_text(tokenizer, domain_corpora[d].heldout_text) for d in config.domains}
     variants = {}
     for spec in args.variants or [str(teacher.config.num_hidden_layers - 1)]:
-        layers = tuple(int(x) for x in spec.split(","))
+        init, _, fed = spec.partition(":")
+        layers = tuple(int(x) for x in init.split(","))
+        feature_layers = tuple(int(x) for x in fed.split(",")) if fed else (-1,)
         torch.manual_seed(0)
-        draft = FeatureDraft(teacher, layers)
+        draft = FeatureDraft(teacher, layers, feature_layers)
         trained = train(draft, teacher, [train_ids[d] for d in config.domains], args.budget_s, config.context,
                         args.batch_size, args.lr, args.noise, device)
         print(f"layers {layers}: {trained['steps']} steps in {trained['seconds']:.0f} s; "
@@ -166,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
             results[domain]["expected_tokens_t1"] = {g: expected_tokens(rates, g) for g in (2, 4)}
             print(domain, json.dumps({k: round(v["sum_min_t1"], 3) for k, v in results[domain].items()
                                       if k.isdigit()}), results[domain]["expected_tokens_t1"])
-        variants[spec] = {"layers": list(layers), "training": trained, "acceptance": results,
+        variants[spec] = {"layers": list(layers), "feature_layers": list(feature_layers), "training": trained, "acceptance": results,
                           "trainable_parameters": sum(p.numel() for p in draft.parameters() if p.requires_grad)}
     provenance.write_result(args.out, provenance.record(sys.argv, args.git_sha), {**vars(args), "context": config.context},
                             {"variants": variants, "wall_seconds": time.perf_counter() - started})
