@@ -4,7 +4,8 @@ The distilled pool's drafts read tokens only: two decoder layers distilled from 
 per token at T = 1 (Σ min(p, q), held-out text). A draft that also reads the target's last hidden state
 (EAGLE's idea: the draft's input at position i is fc([embed(x_i), f_{i-1}]), f the target's final, normed
 hidden state; its output is a predicted f̂_i whose head gives the next token; or, as in EAGLE-3, a linear map of
-a low, a middle and the top layer's states, trained on the token loss alone) starts from everything the
+a low, a middle and the top layer's states, trained on the token loss alone, optionally also on its own
+outputs fed back, `--ttt` depths deep: EAGLE-3's training-time test) starts from everything the
 target knows about the context. This probe trains such a draft (one decoder layer, from the target's last,
 embedding, norm and head the target's) for `--budget-s` seconds on the pool's corpora and measures, on held-out
 windows, Σ min(p, q) at T = 1 and argmax agreement at depth 1 (true features in) and at depths 2..`--depth`
@@ -70,8 +71,11 @@ def teacher_outputs(teacher: torch.nn.Module, windows: torch.Tensor,
 
 
 def train(draft: FeatureDraft, teacher: torch.nn.Module, streams: list[torch.Tensor], budget_s: float,
-          context: int, batch_size: int, lr: float, noise: float, device: torch.device, seed: int = 0) -> dict:
-    """AdamW on KL(p_teacher || q_draft) + smooth-L1(f̂, f) until `budget_s` seconds have passed."""
+          context: int, batch_size: int, lr: float, noise: float, device: torch.device, ttt: int = 1,
+          seed: int = 0) -> dict:
+    """AdamW on KL(p_teacher || q_draft), summed over depths 1..`ttt` (the draft's own outputs fed back past
+    depth 1, every position at once, as `acceptance` measures), + smooth-L1(f̂, f) for a final-feature draft,
+    until `budget_s` seconds have passed."""
     draft.to(device).train()
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -92,13 +96,16 @@ def train(draft: FeatureDraft, teacher: torch.nn.Module, streams: list[torch.Ten
         batch = training.sample_batch(streams, batch_size, context, generator).to(device)[:, :-1]
         with autocast:
             features, logits = teacher_outputs(teacher, batch, draft.feature_layers)
-            inputs = features[:, :-1] + noise * (torch.rand_like(features[:, :-1]) - 0.5)
-            predicted, draft_logits = draft(batch[:, 1:], inputs)
-            kl = distill.forward_kl(logits[:, 1:], draft_logits)
-            if draft.feature_layers == (-1,):  # the draft's output imitates the final feature it is fed back as
-                regression = torch.nn.functional.smooth_l1_loss(predicted.float(), features[:, 1:].float())
-            else:  # several layers' features: the token loss alone (EAGLE-3)
-                regression = torch.zeros((), device=kl.device)
+            fed = features[:, :-1] + noise * (torch.rand_like(features[:, :-1]) - 0.5)
+            kl = torch.zeros((), device=batch.device)
+            for depth in range(1, ttt + 1):  # depth > 1: the draft's own outputs fed back (training-time test)
+                predicted, draft_logits = draft(batch[:, depth:], fed, reduced=depth > 1)
+                kl = kl + distill.forward_kl(logits[:, depth:], draft_logits)
+                if depth == 1 and draft.feature_layers == (-1,):  # the output imitates the feature fed back
+                    regression = torch.nn.functional.smooth_l1_loss(predicted.float(), features[:, 1:].float())
+                elif depth == 1:  # several layers' features: the token loss alone (EAGLE-3)
+                    regression = torch.zeros((), device=batch.device)
+                fed = predicted[:, :-1]
             loss = kl + regression
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -157,6 +164,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--eval-tokens", type=int, default=16384)
     parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--ttt", type=int, default=1,
+                        help="training depths: past 1, the draft learns on its own outputs fed back (EAGLE-3)")
     parser.add_argument("--train-chars", type=int, default=None)
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
@@ -177,7 +186,7 @@ def main(argv: list[str] | None = None) -> None:
         torch.manual_seed(0)
         draft = FeatureDraft(teacher, layers, feature_layers)
         trained = train(draft, teacher, [train_ids[d] for d in config.domains], args.budget_s, config.context,
-                        args.batch_size, args.lr, args.noise, device)
+                        args.batch_size, args.lr, args.noise, device, args.ttt)
         print(f"layers {layers}: {trained['steps']} steps in {trained['seconds']:.0f} s; "
               f"last kl/reg {trained['losses_every_10'][-1]}")
         results = {}
