@@ -1384,46 +1384,96 @@ if LOOKUP is not None:
 # **A draft that reads the target's hidden states.** The distilled drafts read tokens only. EAGLE
 # {cite}`eagle` feeds the draft the target's own last hidden state as well: its input at position $i$ is
 # $\mathrm{fc}([\mathrm{embed}(x_i), f_{i-1}])$, $f$ the target's final normed hidden state, and it predicts
-# $\hat f_i$, whose head gives the next token. Before building such a drafter into the engine,
-# `experiments/feature_draft_probe.py` trained one on the pool's corpora on the H200, within the time the
-# pool's generalist gets (one decoder layer from the target's last, then two from its last two; embedding, norm
-# and head the target's, the loss the forward KL plus a smooth-L1 on $\hat f$, noise on the features fed in),
-# and measured on held-out windows the exact acceptance $\sum\min(p, q)$ at $T = 1$. Depth 1 feeds it the
-# target's true features; depth $k > 1$ feeds every position the draft's own prediction from $k - 1$ steps back
-# (pessimistic: in a real step only the step's own positions carry predictions).
+# $\hat f_i$, whose head gives the next token. EAGLE-3 {cite}`eagle3` feeds it instead a linear map of a low, a
+# middle and the top layer's states, drops the feature regression, and trains the draft on its own outputs fed
+# back ("training-time test"), since that is what it reads past the first drafted token. Before building such a
+# drafter into the engine, `experiments/feature_draft_probe.py` trained each kind on the pool's corpora on the
+# H200, for about the time the pool's generalist gets or a little more (one decoder layer started from the
+# target's last, or two from its last two; embedding, norm and head the target's; forward KL; noise on the
+# features fed in), and measured on held-out windows the exact acceptance $\sum\min(p, q)$ at $T = 1$. Depth 1
+# feeds it the target's true features; depth $k > 1$ feeds every position the draft's own output from $k - 1$
+# steps back (pessimistic: in a real step only the step's own positions carry the draft's outputs). The last
+# column is $1 + a_1 + a_1 a_2$, the tokens per step at γ = 2 if depth $k$ accepts $a_k$ (mean over domains).
 
 # %%
-FEATURES = committed_result("feature_draft_probe_h200")
-if FEATURES is not None:
-    print_wrapped(f"from {provenance.caption(FEATURES)}; {FEATURES['settings']['budget_s']:.0f} s of training "
-                  f"each, Σ min(p, q) at T = 1 on held-out windows", indent="")
-    token_drafts = POOL["results"]["quality"]["acceptance_t1"] if POOL is not None else None
-    domains = list(next(iter(FEATURES["results"]["variants"].values()))["acceptance"])
-    print(f"  {'draft':<40}" + "".join(f"{d:>9}" for d in domains))
-    for spec, variant in FEATURES["results"]["variants"].items():
+FEATURE_RUNS = {name: record for name in ("feature_draft_probe_h200", "feature_draft_probe_eagle3_100s_h200",
+                                          "feature_draft_probe_eagle3_250s_h200", "feature_draft_probe_eagle3_ttt_h200")
+                if (record := committed_result(name)) is not None}
+
+
+def feature_label(record: dict, variant: dict) -> str:
+    """What a probed feature draft reads and how long it trained."""
+    fed = variant.get("feature_layers", [-1])  # the first probe read the top state only and did not record it
+    reads = "top state" if fed == [-1] else "states " + ",".join(
+        str(i) for i in fed)
+    ttt = record["settings"].get("ttt", 1)
+    return (f"{len(variant['layers'])} layer, {reads}, {record['settings']['budget_s']:.0f} s"
+            + (f", TTT {ttt}" if ttt > 1 else ""))
+
+
+def two_step_tokens(rates: list[float]) -> float:
+    """Tokens per step at γ = 2 when depth 1 accepts rates[0] and depth 2 rates[1] (rates[0] twice if alone)."""
+    first, second = rates[0], rates[1] if len(rates) > 1 else rates[0]
+    return 1 + first + first * second
+
+
+if FEATURE_RUNS:
+    probes = [(record, variant) for record in FEATURE_RUNS.values()
+              for variant in record["results"]["variants"].values()]
+    domains = list(probes[0][1]["acceptance"])
+    print_wrapped("from " + "; ".join(sorted({provenance.caption(r) for r in FEATURE_RUNS.values()}))
+                  + "; Σ min(p, q) at T = 1 on held-out windows", indent="")
+    print(f"  {'draft':<36}{'depth':>6}" + "".join(f"{d:>8}" for d in domains) + f"{'γ=2 tok':>9}")
+    tokens_at_two = {}
+    for record, variant in probes:
+        label = feature_label(record, variant)
         depth = len([k for k in variant["acceptance"][domains[0]] if k.isdigit()])
+        rates = {d: [variant["acceptance"][d][str(k)]["sum_min_t1"] for k in range(1, depth + 1)] for d in domains}
+        tokens_at_two[label] = sum(two_step_tokens(r) for r in rates.values()) / len(domains)
         for k in range(1, depth + 1):
-            label = (f"features, layers {spec}, {variant['training']['steps']} steps" if k == 1
-                     else f"  depth {k}")
-            print(f"  {label:<40}" + "".join(f"{variant['acceptance'][d][str(k)]['sum_min_t1']:>9.3f}"
-                                              for d in domains))
+            print(f"  {label if k == 1 else '':<36}{k:>6}" + "".join(f"{rates[d][k - 1]:>8.3f}" for d in domains)
+                  + (f"{tokens_at_two[label]:>9.2f}" if k == 1 else ""))
+    token_drafts = POOL["results"]["quality"]["acceptance_t1"] if POOL is not None else None
     if token_drafts is not None:
-        print(f"  {'tokens only: general (pool above)':<40}"
-              + "".join(f"{token_drafts['general'][d]:>9.3f}" for d in domains))
-        print(f"  {'tokens only: best draft per domain':<40}"
-              + "".join(f"{max(row[d] for row in token_drafts.values()):>9.3f}" for d in domains))
-        best_features = max(v["acceptance"][d]["1"]["sum_min_t1"]
-                            for v in FEATURES["results"]["variants"].values() for d in domains)
-        gain = max(v["acceptance"][d]["1"]["sum_min_t1"] - token_drafts["general"][d]
-                   for v in FEATURES["results"]["variants"].values() for d in domains)
-        display(Markdown(
-            f"Fed the target's true features, the draft accepts no better than the token-only generalist: at most "
-            f"{gain:+.3f} on any domain, {best_features:.2f} at best, short of what the 1.5× bar at T = 1 needs "
-            "(above). "
-            "Its own predictions fed back lose more at every further depth. On this 135M target, in a build-sized "
-            "budget, the last layer's features add little to what two distilled layers learn from the tokens; "
-            "EAGLE's later versions feed the draft low-, middle- and top-layer features together for this reason "
-            "{cite}`eagle3`, a drafter this probe did not try. No feature drafter was built into the engine."))
+        general = token_drafts["general"]
+        general_tokens = sum(two_step_tokens([general[d]]) for d in domains) / len(domains)
+        print(f"  {'tokens only: general (pool above)':<36}{'any':>6}" + "".join(f"{general[d]:>8.3f}" for d in domains)
+              + f"{general_tokens:>9.2f}")
+
+        def gains(record_name: str, depth: int = 1) -> list[float]:
+            record = FEATURE_RUNS[record_name]
+            return [v["acceptance"][d][str(depth)]["sum_min_t1"] - general[d]
+                    for v in record["results"]["variants"].values() for d in domains]
+
+        text = []
+        if "feature_draft_probe_h200" in FEATURE_RUNS:
+            text.append("Fed the target's top state alone (EAGLE), the draft accepts no better than the token-only "
+                        f"generalist: at most {max(gains('feature_draft_probe_h200')):+.3f} on any domain at depth 1, "
+                        "and less at every further depth.")
+        short, long_ = "feature_draft_probe_eagle3_100s_h200", "feature_draft_probe_eagle3_250s_h200"
+        if short in FEATURE_RUNS and long_ in FEATURE_RUNS:
+            collapsed = max(v["acceptance"][d]["2"]["sum_min_t1"] for name in (short, long_)
+                            for v in FEATURE_RUNS[name]["results"]["variants"].values() for d in domains)
+            text.append(
+                "Fed a low, a middle and the top state (EAGLE-3), it does better at depth 1 than the token-only "
+                f"generalist: {min(gains(short)):+.3f} to {max(gains(short)):+.3f} over the generalist in "
+                f"{FEATURE_RUNS[short]['settings']['budget_s']:.0f} s, {min(gains(long_)):+.3f} to "
+                f"{max(gains(long_)):+.3f} in {FEATURE_RUNS[long_]['settings']['budget_s']:.0f} s, still improving "
+                "with training time. Trained on true states only, it cannot read its own outputs: depth 2 falls to "
+                f"{collapsed:.2f} at best, which is what EAGLE-3's training-time test is for.")
+        ttt = "feature_draft_probe_eagle3_ttt_h200"
+        if ttt in FEATURE_RUNS:
+            label = feature_label(FEATURE_RUNS[ttt], next(iter(FEATURE_RUNS[ttt]["results"]["variants"].values())))
+            text.append(
+                f"Trained on its own outputs as well ({label}), it keeps {min(gains(ttt, 2)):+.3f} to "
+                f"{max(gains(ttt, 2)):+.3f} over the generalist's single-depth acceptance at depth 2, and "
+                f"{min(gains(ttt)):+.3f} to {max(gains(ttt)):+.3f} at depth 1: "
+                f"{tokens_at_two[label]:.2f} tokens per step at γ = 2 against {general_tokens:.2f} for the "
+                "generalist, from a draft of one layer where the pool's have two.")
+        text.append("No feature drafter is in the engine yet: it needs the target's runner to hand three layers' "
+                    "states to the draft inside the step's graph, a drafter kind that reads them, and a build that "
+                    "trains it in the pool's budget.")
+        display(Markdown(" ".join(text)))
 
 # %% [markdown]
 # **Fitting each draft's temperature.** A draft distilled by the forward KL learns to cover the target's mass, so
