@@ -199,7 +199,9 @@ def main(argv: list[str] | None = None) -> None:
                                       if k.isdigit()}), results[domain]["expected_tokens_t1"])
         variants[spec] = {"layers": list(layers), "feature_layers": list(feature_layers), "training": trained, "acceptance": results,
                           "trainable_parameters": sum(p.numel() for p in draft.parameters() if p.requires_grad)}
-    provenance.write_result(args.out, provenance.record(sys.argv, args.git_sha), {**vars(args), "context": config.context},
+    command = "python experiments/feature_draft_probe.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    provenance.write_result(args.out, provenance.record(command, args.git_sha),
+                            {**vars(args), "context": config.context},
                             {"variants": variants, "wall_seconds": time.perf_counter() - started})
 
 

@@ -298,3 +298,37 @@ def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, 
     # every stream step fed the estimates (the warm-up's measurements were put back before timing)
     assert sum(estimates["steps"]["all"].values()) >= sum(row["steps"] for row in by_policy["gamma-ts"]["step_ms_by_gamma"].values())
     assert estimates["log_spread"] is None or estimates["log_spread"] >= 0
+
+
+def test_feature_draft_probe_reads_the_teachers_states_and_runs_end_to_end(tmp_path: Path) -> None:
+    """experiments/feature_draft_probe.py on the tiny teacher: the features it feeds, the tokens-per-step
+    arithmetic, and a short run of a top-state draft and a several-state draft trained on its own outputs."""
+    from experiments import feature_draft_probe as probe
+
+    teacher, _ = distill.load_teacher("tiny", "cpu")
+    windows = torch.randint(0, teacher.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
+    top, logits = probe.teacher_outputs(teacher, windows)
+    assert torch.allclose(logits, teacher(input_ids=windows).logits, atol=1e-6)
+    assert torch.allclose(top, teacher.model(input_ids=windows).last_hidden_state)
+    several, _ = probe.teacher_outputs(teacher, windows, (1, 2, -1))
+    hidden = teacher.config.hidden_size
+    assert several.shape == (2, 7, 3 * hidden)
+    for chunk in several.split(hidden, dim=-1):  # each state RMS-normalised before concatenation
+        assert torch.allclose(chunk.pow(2).mean(-1), torch.ones(2, 7), atol=1e-3)
+    assert probe.expected_tokens([0.5, 0.4], 2) == pytest.approx(1 + 0.5 + 0.5 * 0.4)
+    assert probe.expected_tokens([0.5, 0.4], 4) == probe.expected_tokens([0.5, 0.4], 2)  # only the depths measured
+
+    out = tmp_path / "probe.json"
+    probe.main(["--out", str(out), "--teacher", "tiny", "--size", "micro-distill", "--budget-s", "0.3",
+                "--train-chars", "40000", "--eval-tokens", "128", "--depth", "2", "--ttt", "2",
+                "--variants", "2", "2:1,2,-1"])
+    record = json.loads(out.read_text())
+    assert record["provenance"]["command"].startswith("python experiments/feature_draft_probe.py --out ")
+    variants = record["results"]["variants"]
+    assert [v["feature_layers"] for v in variants.values()] == [[-1], [1, 2, -1]]
+    for variant in variants.values():
+        assert variant["training"]["steps"] > 0
+        for domain, measured in variant["acceptance"].items():
+            for depth in ("1", "2"):
+                assert 0.0 <= measured[depth]["sum_min_t1"] <= 1.0 and measured[depth]["positions"] > 0
+            assert 1.0 <= measured["expected_tokens_t1"]["2"] <= 3.0
