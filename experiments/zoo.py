@@ -220,8 +220,14 @@ def info(size: str) -> str:
     if manifest is not None:
         lines.append(f"  built on {manifest['device']} in {manifest['timings']['total_s']:.1f} s")
         for name, model in manifest["models"].items():
+            if "teacher" in model:  # a distilled zoo's target: the teacher it was distilled from, not trained here
+                lines.append(f"  {name:<14} {model['parameters']:>11,} parameters  the teacher {model['teacher']}"
+                             f" ({model['weights']})")
+                continue
+            fit = model.get("calibration")
             lines.append(f"  {name:<14} {model['parameters']:>11,} parameters  trained on {'+'.join(model['domains'])}"
-                         f" ({model['steps']} steps, final loss {model['final_loss']:.3f})")
+                         f" ({model['steps']} steps, final loss {model['final_loss']:.3f}"
+                         + ("" if fit is None else f", temperature {fit['temperature']:.2f} folded in") + ")")
     for domain, corpus in domain_corpora.items():
         lines.append(f"  corpus {domain:<7} {len(corpus.train_text):>10,} train chars  sha256 {corpus.sha256[:16]}…"
                      f"  licence: {corpus.licence}")

@@ -137,6 +137,11 @@ def test_micro_distill_zoo_builds_deterministically_and_loads_the_teacher_as_tar
             assert fit["temperature"] in distill.TEMPERATURE_GRID
             assert fit["sum_min_t1_by_temperature"][str(fit["temperature"])] >= fit["sum_min_t1_by_temperature"]["1.0"]
             assert (fit["uncalibrated_weights_sha256"] == info["weights_sha256"]) == (fit["temperature"] == 1.0)
+    from experiments import zoo as zoo_experiments
+
+    shown = zoo_experiments.info("micro-distill")  # `flashspec zoo info` says which temperature each draft holds
+    fitted = manifest["models"]["draft-general"]["calibration"]["temperature"]
+    assert f"temperature {fitted:.2f} folded in" in shown and "not built" not in shown
     teacher, tokenizer = distill.load_teacher("tiny", "cpu")
     assert torch.equal(loaded.target.model.embed_tokens.weight, teacher.model.embed_tokens.weight)
     assert loaded.tokenizer.get_vocab() == tokenizer.get_vocab()
