@@ -9,8 +9,9 @@ outputs fed back, `--ttt` depths deep: EAGLE-3's training-time test) starts from
 target knows about the context. This probe trains such a draft (one decoder layer, from the target's last,
 embedding, norm and head the target's) for `--budget-s` seconds on the pool's corpora and measures, on held-out
 windows, Σ min(p, q) at T = 1 and argmax agreement at depth 1 (true features in) and at depths 2..`--depth`
-(the draft's own predicted features in, every position at once: pessimistic, since in a real step the context
-before the step's first position holds true features).
+(the draft's own outputs in). `--regime exact` (the default) trains and measures the later depths as a real step
+sees them, the context read with true states (`unroll`); the first runs used `pessimistic`, every position of a
+later depth reading the draft's outputs, its context included.
 
     python experiments/feature_draft_probe.py --out results/feature_draft_probe_h200.json
 """
@@ -70,12 +71,62 @@ def teacher_outputs(teacher: torch.nn.Module, windows: torch.Tensor,
     return torch.cat(states, -1), logits
 
 
+REGIMES = ("exact", "pessimistic")
+
+
+def depth_mask(depth: int, n: int, device: torch.device) -> torch.Tensor:
+    """[depth·n, depth·n] bool attention mask of `unroll`'s exact regime (True: attend): block a's entry j (the
+    depth-(a+1) draft token of the step whose first drafted position is j + 1) sees block 0 up to j (the
+    context, read with the target's true states) and blocks 1..a at j (the step's earlier drafted tokens)."""
+    index = torch.arange(n, device=device).repeat(depth)
+    block = torch.arange(depth, device=device).repeat_interleave(n)
+    context = (block[None] == 0) & (index[None] <= index[:, None])
+    same_step = (block[None] >= 1) & (block[None] <= block[:, None]) & (index[None] == index[:, None])
+    return context | same_step
+
+
+def unroll(draft: FeatureDraft, tokens: torch.Tensor, features: torch.Tensor, depth: int, regime: str = "exact",
+           noise: float = 0.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The draft at depths 1..`depth` over [B, C] windows: per depth k, (hidden states, logits) [B, C - k, ·],
+    entry j predicting token j + k + 1 (the teacher's logits[:, k:] score the same tokens).
+
+    Depth 1 reads the target's true states; depth k > 1 reads the draft's own depth k - 1 output. "exact": as in
+    a real step, whose context before its first drafted position was read with true states: every depth's
+    entries see the true-state context and their own step's earlier depths (`depth_mask`, one forward per
+    depth over the blocks so far). "pessimistic": every position of depth k reads depth k - 1's outputs, its
+    context included."""
+    if regime not in REGIMES:
+        raise ValueError(f"regime must be one of {REGIMES}, got {regime!r}")
+    fed = features[:, :-1] + noise * (torch.rand_like(features[:, :-1]) - 0.5) if noise else features[:, :-1]
+    if regime == "pessimistic":
+        out = []
+        for k in range(1, depth + 1):
+            hidden, logits = draft(tokens[:, k:], fed, reduced=k > 1)
+            out.append((hidden, logits))
+            fed = hidden[:, :-1]
+        return out
+    batch, n = tokens.shape[0], tokens.shape[1] - 1
+    embed, model = draft.body.model.embed_tokens, draft.body.model
+    mask = depth_mask(depth, n, tokens.device)
+    blocks = [draft.fc(torch.cat([embed(tokens[:, 1:]), draft.reduce(fed.to(embed.weight.dtype))], -1))]
+    out = []
+    for k in range(1, depth + 1):
+        positions = torch.cat([torch.arange(n, device=tokens.device) + a + 1 for a in range(k)])
+        hidden = model(inputs_embeds=torch.cat(blocks, 1), position_ids=positions[None].expand(batch, -1),
+                       attention_mask=mask[:k * n, :k * n][None, None]).last_hidden_state[:, (k - 1) * n:]
+        out.append((hidden[:, :n - k + 1], draft.body.lm_head(hidden[:, :n - k + 1])))
+        if k < depth:  # depth k + 1's entry j: token j + k + 1 (padded past the window), fed depth k's output j
+            following = torch.nn.functional.pad(tokens[:, k + 1:], (0, k))
+            blocks.append(draft.fc(torch.cat([embed(following), hidden.to(embed.weight.dtype)], -1)))
+    return out
+
+
 def train(draft: FeatureDraft, teacher: torch.nn.Module, streams: list[torch.Tensor], budget_s: float,
           context: int, batch_size: int, lr: float, noise: float, device: torch.device, ttt: int = 1,
-          seed: int = 0) -> dict:
-    """AdamW on KL(p_teacher || q_draft), summed over depths 1..`ttt` (the draft's own outputs fed back past
-    depth 1, every position at once, as `acceptance` measures), + smooth-L1(f̂, f) for a final-feature draft,
-    until `budget_s` seconds have passed."""
+          regime: str = "exact", seed: int = 0) -> dict:
+    """AdamW on KL(p_teacher || q_draft), summed over depths 1..`ttt` (`unroll` in `regime`: past depth 1 the
+    draft reads its own outputs), + smooth-L1(f̂, f) for a final-feature draft, until `budget_s` seconds have
+    passed."""
     draft.to(device).train()
     params = [p for p in draft.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -96,16 +147,13 @@ def train(draft: FeatureDraft, teacher: torch.nn.Module, streams: list[torch.Ten
         batch = training.sample_batch(streams, batch_size, context, generator).to(device)[:, :-1]
         with autocast:
             features, logits = teacher_outputs(teacher, batch, draft.feature_layers)
-            fed = features[:, :-1] + noise * (torch.rand_like(features[:, :-1]) - 0.5)
-            kl = torch.zeros((), device=batch.device)
-            for depth in range(1, ttt + 1):  # depth > 1: the draft's own outputs fed back (training-time test)
-                predicted, draft_logits = draft(batch[:, depth:], fed, reduced=depth > 1)
-                kl = kl + distill.forward_kl(logits[:, depth:], draft_logits)
-                if depth == 1 and draft.feature_layers == (-1,):  # the output imitates the feature fed back
-                    regression = torch.nn.functional.smooth_l1_loss(predicted.float(), features[:, 1:].float())
-                elif depth == 1:  # several layers' features: the token loss alone (EAGLE-3)
-                    regression = torch.zeros((), device=batch.device)
-                fed = predicted[:, :-1]
+            # depth > 1: the draft's own outputs fed back (training-time test)
+            depths = unroll(draft, batch, features, ttt, regime, noise)
+            kl = sum(distill.forward_kl(logits[:, k:], out) for k, (_, out) in enumerate(depths, start=1))
+            if draft.feature_layers == (-1,):  # the output imitates the final feature it is fed back as
+                regression = torch.nn.functional.smooth_l1_loss(depths[0][0].float(), features[:, 1:].float())
+            else:  # several layers' features: the token loss alone (EAGLE-3)
+                regression = torch.zeros((), device=batch.device)
             loss = kl + regression
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
@@ -120,23 +168,21 @@ def train(draft: FeatureDraft, teacher: torch.nn.Module, streams: list[torch.Ten
 
 @torch.no_grad()
 def acceptance(draft: FeatureDraft, teacher: torch.nn.Module, ids: torch.Tensor, context: int, max_tokens: int,
-               depth: int, device: torch.device, batch_size: int = 16) -> dict:
-    """Per depth 1..`depth`: mean Σ min(p, q) at T = 1 and argmax agreement on held-out windows."""
+               depth: int, device: torch.device, regime: str = "exact", batch_size: int = 16) -> dict:
+    """Per depth 1..`depth` (`unroll` in `regime`): mean Σ min(p, q) at T = 1 and argmax agreement on held-out
+    windows."""
     windows = measure.heldout_windows(ids, context, max_tokens)
     sums = {k: [0.0, 0.0, 0] for k in range(1, depth + 1)}
     params = SamplingParams(temperature=1.0)
     for start in range(0, windows.shape[0], batch_size):
         batch = windows[start:start + batch_size].to(device)
         features, logits = teacher_outputs(teacher, batch, draft.feature_layers)
-        fed = features[:, :-1]
-        for k in range(1, depth + 1):
-            predicted, draft_logits = draft(batch[:, k:], fed, reduced=k > 1)
+        for k, (_, draft_logits) in enumerate(unroll(draft, batch, features, depth, regime), start=1):
             p = warp_logits(logits[:, k:].float(), params).exp()
             q = warp_logits(draft_logits.float(), params).exp()
             sums[k][0] += float(torch.minimum(p, q).sum(-1).sum())
             sums[k][1] += float((logits[:, k:].argmax(-1) == draft_logits.argmax(-1)).sum())
             sums[k][2] += p.shape[0] * p.shape[1]
-            fed = predicted[:, :-1]
     return {str(k): {"sum_min_t1": s / n, "argmax_agreement": a / n, "positions": n} for k, (s, a, n) in sums.items()}
 
 
@@ -164,6 +210,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--eval-tokens", type=int, default=16384)
     parser.add_argument("--depth", type=int, default=4)
+    parser.add_argument("--regime", default="exact", choices=REGIMES,
+                        help="what depths past 1 see, in training and measurement (`unroll`); the first runs "
+                             "used 'pessimistic'")
     parser.add_argument("--ttt", type=int, default=1,
                         help="training depths: past 1, the draft learns on its own outputs fed back (EAGLE-3)")
     parser.add_argument("--train-chars", type=int, default=None)
@@ -186,13 +235,13 @@ def main(argv: list[str] | None = None) -> None:
         torch.manual_seed(0)
         draft = FeatureDraft(teacher, layers, feature_layers)
         trained = train(draft, teacher, [train_ids[d] for d in config.domains], args.budget_s, config.context,
-                        args.batch_size, args.lr, args.noise, device, args.ttt)
+                        args.batch_size, args.lr, args.noise, device, args.ttt, args.regime)
         print(f"layers {layers}: {trained['steps']} steps in {trained['seconds']:.0f} s; "
               f"last kl/reg {trained['losses_every_10'][-1]}")
         results = {}
         for domain in config.domains:
             results[domain] = acceptance(draft, teacher, heldout[domain], config.context, args.eval_tokens,
-                                         args.depth, device)
+                                         args.depth, device, args.regime)
             rates = [results[domain][str(k)]["sum_min_t1"] for k in range(1, args.depth + 1)]
             results[domain]["expected_tokens_t1"] = {g: expected_tokens(rates, g) for g in (2, 4)}
             print(domain, json.dumps({k: round(v["sum_min_t1"], 3) for k, v in results[domain].items()

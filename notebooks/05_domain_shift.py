@@ -1391,9 +1391,11 @@ if LOOKUP is not None:
 # H200, for about the time the pool's generalist gets or a little more (one decoder layer started from the
 # target's last, or two from its last two; embedding, norm and head the target's; forward KL; noise on the
 # features fed in), and measured on held-out windows the exact acceptance $\sum\min(p, q)$ at $T = 1$. Depth 1
-# feeds it the target's true features; depth $k > 1$ feeds every position the draft's own output from $k - 1$
-# steps back (pessimistic: in a real step only the step's own positions carry the draft's outputs). The last
-# column is $1 + a_1 + a_1 a_2$, the tokens per step at γ = 2 if depth $k$ accepts $a_k$ (mean over domains).
+# feeds it the target's true features; depth $k > 1$ its own output from depth $k - 1$. The probe can unroll the
+# depths in two regimes: "exact", as a real step sees them (the context before the step's first drafted position
+# read with true states, one masked forward per depth), and "pessimistic" (every position of depth $k$ reads
+# depth $k - 1$'s outputs, its context included); each row says which. The last column is $1 + a_1 + a_1 a_2$,
+# the tokens per step at γ = 2 if depth $k$ accepts $a_k$ (mean over domains).
 
 # %%
 FEATURE_RUNS = {name: record for name in ("feature_draft_probe_h200", "feature_draft_probe_eagle3_100s_h200",
@@ -1407,8 +1409,9 @@ def feature_label(record: dict, variant: dict) -> str:
     reads = "top state" if fed == [-1] else "states " + ",".join(
         str(i) for i in fed)
     ttt = record["settings"].get("ttt", 1)
+    regime = record["settings"].get("regime", "pessimistic")  # the first runs had no choice: pessimistic
     return (f"{len(variant['layers'])} layer, {reads}, {record['settings']['budget_s']:.0f} s"
-            + (f", TTT {ttt}" if ttt > 1 else ""))
+            + (f", TTT {ttt}" if ttt > 1 else "") + f", {regime}")
 
 
 def two_step_tokens(rates: list[float]) -> float:
@@ -1423,7 +1426,7 @@ if FEATURE_RUNS:
     domains = list(probes[0][1]["acceptance"])
     print_wrapped("from " + "; ".join(sorted({provenance.caption(r) for r in FEATURE_RUNS.values()}))
                   + "; Σ min(p, q) at T = 1 on held-out windows", indent="")
-    print(f"  {'draft':<36}{'depth':>6}" + "".join(f"{d:>8}" for d in domains) + f"{'γ=2 tok':>9}")
+    print(f"  {'draft':<50}{'depth':>6}" + "".join(f"{d:>8}" for d in domains) + f"{'γ=2 tok':>9}")
     tokens_at_two = {}
     for record, variant in probes:
         label = feature_label(record, variant)
@@ -1431,13 +1434,13 @@ if FEATURE_RUNS:
         rates = {d: [variant["acceptance"][d][str(k)]["sum_min_t1"] for k in range(1, depth + 1)] for d in domains}
         tokens_at_two[label] = sum(two_step_tokens(r) for r in rates.values()) / len(domains)
         for k in range(1, depth + 1):
-            print(f"  {label if k == 1 else '':<36}{k:>6}" + "".join(f"{rates[d][k - 1]:>8.3f}" for d in domains)
+            print(f"  {label if k == 1 else '':<50}{k:>6}" + "".join(f"{rates[d][k - 1]:>8.3f}" for d in domains)
                   + (f"{tokens_at_two[label]:>9.2f}" if k == 1 else ""))
     token_drafts = POOL["results"]["quality"]["acceptance_t1"] if POOL is not None else None
     if token_drafts is not None:
         general = token_drafts["general"]
         general_tokens = sum(two_step_tokens([general[d]]) for d in domains) / len(domains)
-        print(f"  {'tokens only: general (pool above)':<36}{'any':>6}" + "".join(f"{general[d]:>8.3f}" for d in domains)
+        print(f"  {'tokens only: general (pool above)':<50}{'any':>6}" + "".join(f"{general[d]:>8.3f}" for d in domains)
               + f"{general_tokens:>9.2f}")
 
         def gains(record_name: str, depth: int = 1) -> list[float]:
@@ -1460,7 +1463,8 @@ if FEATURE_RUNS:
                 f"{FEATURE_RUNS[short]['settings']['budget_s']:.0f} s, {min(gains(long_)):+.3f} to "
                 f"{max(gains(long_)):+.3f} in {FEATURE_RUNS[long_]['settings']['budget_s']:.0f} s, still improving "
                 "with training time. Trained on true states only, it cannot read its own outputs: depth 2 falls to "
-                f"{collapsed:.2f} at best, which is what EAGLE-3's training-time test is for.")
+                f"{collapsed:.2f} at best (measured pessimistically, every position reading them), which is what "
+                "EAGLE-3's training-time test is for.")
         ttt = "feature_draft_probe_eagle3_ttt_h200"
         if ttt in FEATURE_RUNS:
             label = feature_label(FEATURE_RUNS[ttt], next(iter(FEATURE_RUNS[ttt]["results"]["variants"].values())))
