@@ -186,6 +186,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return out.reshape(batch, length, q_heads * head_dim)
 
 
+def rms_normalise(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x scaled to unit root-mean-square over its last dimension (no weight), computed in float32."""
+    return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
+
+
 def project_qkv(layer: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 heads: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decoder layer up to attention: input norm, q/k/v projections, RoPE on q and k.
@@ -254,11 +259,17 @@ class LlamaRunner:
             minutes); capture graphs after it.
         compile_lengths: the query lengths q that use the compiled regions (the decode and
             verify shapes); other calls (prefill, draft catch-up) run the same code eagerly.
+        state_layers: hidden states every forward also writes, RMS-normalised and concatenated, into
+            `states` [max_batch, max_len + 1, len(state_layers) * hidden] at the call's positions, for drafts
+            that read the target's states (`flashspec.features`). Indices as in HF's `hidden_states`: 0 the
+            embeddings, i the output of decoder layer i (1-based), -1 (or the layer count) the final normed
+            state. Empty (default): no buffer, nothing written.
     """
 
     def __init__(self, model: torch.nn.Module, max_batch: int, max_len: int,
                  logits_dtype: torch.dtype | None = None, attention: str = "auto",
-                 compile: bool | str = False, compile_lengths: tuple[int, ...] = (1,)) -> None:
+                 compile: bool | str = False, compile_lengths: tuple[int, ...] = (1,),
+                 state_layers: tuple[int, ...] = ()) -> None:
         check_supported(model, max_len)
         if attention not in ATTENTION_MODES or (attention == "gqa" and not HAS_ENABLE_GQA):
             raise ValueError(f"attention must be one of {ATTENTION_MODES} ('gqa' needs torch >= 2.5), "
@@ -295,6 +306,12 @@ class LlamaRunner:
             raise ValueError(f"compile must be True, False or one of {COMPILE_MODES}, got {compile!r}")
         self.compile_lengths = tuple(compile_lengths)
         self._compiled = None if compile is False else compile_regions("default" if compile is True else compile)
+        depth = len(self.layers)
+        self.state_layers = tuple(depth if index == -1 else index for index in state_layers)
+        if not all(0 <= index <= depth for index in self.state_layers):
+            raise ValueError(f"state_layers must be hidden-state indices in 0..{depth} or -1, got {state_layers}")
+        self.states = None if not state_layers else torch.zeros(
+            (max_batch, max_len + 1, len(state_layers) * config.hidden_size), dtype=self.dtype, device=self.device)
 
     @torch.no_grad()
     def _rope_table(self, rotary_emb: torch.nn.Module, length: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -320,7 +337,7 @@ class LlamaRunner:
         batch, length = tokens.shape
         fold = self.attention == "fold" or (self.attention == "auto" and (
             not HAS_ENABLE_GQA or (batch * length > FOLD_ABOVE and length <= FOLD_MAX_Q)))
-        x = self.embed_tokens(tokens)                                   # [B, q, hidden]
+        x = self.inputs(tokens, positions)                              # [B, q, hidden]
         cos = self.cos[positions].unsqueeze(2)                          # [B, q, 1, D]
         sin = self.sin[positions].unsqueeze(2)
         visible = (self.slots[:bucket] <= positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, q, S]
@@ -330,14 +347,39 @@ class LlamaRunner:
         compiled = self._compiled is not None and length in self.compile_lengths
         qkv, finish, head = self._compiled if compiled else (project_qkv, finish_layer, project_logits)
         heads = (self.num_heads, self.num_kv_heads, self.head_dim)
+        self._write_state(0, x, rows, positions)
         for index, layer in enumerate(self.layers):
             q, k, v = qkv(layer, x, cos, sin, heads)
             self.cache.write(index, rows, positions, k, v)
             keys, values = self.cache.read(index, batch, bucket)
             x = finish(layer, x, attend(q, keys, values, mask, self.scale, fold))
+            if index + 1 < len(self.layers):
+                self._write_state(index + 1, x, rows, positions)
+        if len(self.layers) in self.state_layers:
+            self._write_state(len(self.layers), self.norm(x), rows, positions)
         if logits_index is not None:
             x = x.gather(1, logits_index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [B, k, hidden]
-        return head(self.norm, self.lm_head, x, self.logits_dtype)      # [B, q or k, V]
+        return self.output(head, x)                                      # [B, q or k, V]
+
+    def next_draft(self, tokens: torch.Tensor, positions: torch.Tensor, bucket: int) -> torch.Tensor:
+        """A draft's next drafted token's logits, `tokens` [B, 1] the one it drafted last: a plain forward."""
+        return self.forward(tokens, positions, bucket)
+
+    def inputs(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """The first layer's input for `tokens` at `positions`: their embeddings."""
+        return self.embed_tokens(tokens)
+
+    def output(self, head: Any, x: torch.Tensor) -> torch.Tensor:
+        """Logits of the last layer's output `x` through `head` (`project_logits`, compiled or not)."""
+        return head(self.norm, self.lm_head, x, self.logits_dtype)
+
+    def _write_state(self, index: int, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> None:
+        """Store hidden state `index` (`state_layers`), RMS-normalised, at `positions` of `rows` in `states`."""
+        if index not in self.state_layers:
+            return
+        width = x.shape[-1]
+        slot = self.state_layers.index(index)
+        self.states[:, :, slot * width:(slot + 1) * width][rows, positions] = rms_normalise(x).to(self.dtype)
 
     __call__ = forward
 
