@@ -213,6 +213,10 @@ def as_drafter(draft: Any, index: int) -> Any:
     """Wrap a bare HF model in a ModelDrafter; pass drafters through; reject anything else."""
     if isinstance(draft, (ModelDrafter, PromptLookupDrafter)):
         return draft
+    if getattr(draft, "feature_layers", None) is not None:  # flashspec.features.FeatureDraft
+        raise ValueError(f"drafts[{index}] is a FeatureDraft: it reads the target's hidden states, which only the "
+                         "fast path hands to drafts; use flashspec.fast.FastSpeculativeDecoder (a Llama-family "
+                         "target)")
     if isinstance(draft, torch.nn.Module) and hasattr(draft, "config"):
         path = str(getattr(draft.config, "_name_or_path", "") or "").rstrip("/")
         return ModelDrafter(draft, name=f"draft{index}:{path.rsplit('/', 1)[-1]}" if path else f"draft{index}")

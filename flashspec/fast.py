@@ -5,6 +5,8 @@ the host taken off the critical path:
 
 - Every model (target and model drafts) runs through a `LlamaRunner`: a static KV cache with
   slot == position, so a rejected draft slot needs no rollback -- the next step writes it again.
+  A `FeatureDraft` runs through a `FeatureRunner`, which reads the hidden states the target's runner
+  writes at the same positions (`flashspec.features`).
 - One step is pure device work on preallocated buffers: the chosen draft re-reads the last γ+1
   tokens (a "window" forward; a draft chosen after steps away first catches up over the older
   tokens it missed, in one forward captured as its own small graph), samples γ tokens, the target scores them in one (γ+1)-token forward, `verify`
@@ -46,6 +48,7 @@ import torch
 from flashspec import models, rng, runner
 from flashspec.checks import check_budgets, check_prompt, check_token_ids, resolve_pad
 from flashspec.drafters import PromptLookupDrafter
+from flashspec.features import FeatureDraft, FeatureRunner
 from flashspec.engine import (GenerationResult, StepEvent, arm_cost_groups, check_gamma, check_gammas,
                               make_arms, make_step_costs, resolve_policy, start_request,
                               update_policy)
@@ -155,7 +158,9 @@ class FastSpeculativeDecoder:
 
     Args:
         target: a Llama-family HF causal LM (`flashspec.runner.supports`).
-        drafts: Llama-family HF causal LMs sharing the target's tokenizer and/or `PromptLookupDrafter` objects.
+        drafts: Llama-family HF causal LMs sharing the target's tokenizer, `flashspec.features.FeatureDraft`
+            drafts (fed the target's hidden states, which the target's runner then writes at every position;
+            all of them must read the same states) and/or `PromptLookupDrafter` objects.
         policy, policy_kwargs: as for `SpeculativeDecoder`.
         gamma: drafted tokens per step (fixed: it is part of the captured graphs).
         gammas, arm_costs: as for `SpeculativeDecoder`: arms are (draft, γ) pairs learning from the
@@ -214,13 +219,21 @@ class FastSpeculativeDecoder:
                 self.drafts.append(draft)
                 continue
             if not isinstance(draft, torch.nn.Module):
-                raise ValueError(f"drafts[{index}] must be a Llama-family HF model or a PromptLookupDrafter, "
-                                 f"got {type(draft).__name__} (the eager SpeculativeDecoder takes any Drafter)")
-            reason = runner.unsupported_reason(draft)
+                raise ValueError(f"drafts[{index}] must be a Llama-family HF model, a FeatureDraft or a "
+                                 f"PromptLookupDrafter, got {type(draft).__name__} (the eager SpeculativeDecoder "
+                                 "takes any Drafter)")
+            reason = runner.unsupported_reason(draft.body if isinstance(draft, FeatureDraft) else draft)
             if reason is not None:
                 raise ValueError(f"drafts[{index}] cannot run on the fast path: {reason}")
             models.check_compatible(target, draft, draft_name=f"drafts[{index}]")
             self.drafts.append(draft)
+        read = {draft.feature_layers for draft in self.drafts if isinstance(draft, FeatureDraft)}
+        if len(read) > 1:
+            raise ValueError(f"every FeatureDraft of one decoder must read the same target states, got {sorted(read)}")
+        if read and tp is not None:
+            raise ValueError("FeatureDraft drafts read the target's hidden states, which a sharded target does not "
+                             "hand over: run them without tp")
+        self.state_layers: tuple[int, ...] = next(iter(read), ())  # what the target's runner writes for them
         self.gamma = gamma
         self.lag = lag
         self.graphs = graphs
@@ -374,11 +387,19 @@ class _Session:
         gammas = sorted({arm_gamma for _, arm_gamma in self.arms})
         verify_lengths = (1, *(g + 1 for g in gammas))
         catch_ups = tuple(dict.fromkeys(catch_up_length(2, g, capacity) for g in gammas))
-        make = lambda model, lengths: runner.LlamaRunner(model, batch, capacity, torch.float32,  # noqa: E731
-                                                         compile=decoder.compile, compile_lengths=lengths)
-        self.target = make(decoder.target, verify_lengths)
-        self.drafts: list[runner.LlamaRunner | PromptLookupDrafter] = [
-            d if isinstance(d, PromptLookupDrafter) else make(d, verify_lengths + catch_ups) for d in decoder.drafts]
+        options = {"logits_dtype": torch.float32, "compile": decoder.compile}
+        self.target = runner.LlamaRunner(decoder.target, batch, capacity, compile_lengths=verify_lengths,
+                                         state_layers=decoder.state_layers, **options)
+
+        def make(draft: Any) -> runner.LlamaRunner | PromptLookupDrafter:
+            if isinstance(draft, PromptLookupDrafter):
+                return draft
+            if isinstance(draft, FeatureDraft):
+                return FeatureRunner(draft, self.target, batch, capacity, compile_lengths=verify_lengths + catch_ups,
+                                     **options)
+            return runner.LlamaRunner(draft, batch, capacity, compile_lengths=verify_lengths + catch_ups, **options)
+
+        self.drafts: list[runner.LlamaRunner | PromptLookupDrafter] = [make(d) for d in decoder.drafts]
         self.sync_all = decoder.draft_sync == "all"
         # the step's small device-side pieces: dozens of tiny kernels each unless compiled
         self.sample, self.prologue, self.commit = sample_from_logits, step_prologue, commit
@@ -491,7 +512,7 @@ class _Session:
                 tokens.append(token)
                 all_logits.append(logits)
                 if position < gamma - 1:
-                    logits = chosen.forward(token[:, None], (b.lengths + position)[:, None], bucket)[:, 0]
+                    logits = chosen.next_draft(token[:, None], (b.lengths + position)[:, None], bucket)[:, 0]
             drafted, draft_logits = torch.stack(tokens, 1), torch.stack(all_logits, 1)
         target_tokens = torch.cat([b.seq.gather(1, last[:, None]), drafted], 1)
         target_logits = self.target.forward(target_tokens, last[:, None] + offsets, bucket)
@@ -719,7 +740,7 @@ def fast_supported(target: torch.nn.Module, drafts: Sequence[Any]) -> str | None
             continue
         if not isinstance(draft, torch.nn.Module):
             return f"drafts[{index}] is a custom Drafter"
-        reason = runner.unsupported_reason(draft)
+        reason = runner.unsupported_reason(draft.body if isinstance(draft, FeatureDraft) else draft)
         if reason is not None:
             return f"drafts[{index}]: {reason}"
     return None

@@ -1,0 +1,162 @@
+"""Drafts that read the target's hidden states (`flashspec.features`): the states the target's runner writes
+are HF's, the draft's runner reads them as the draft's own forward does, its later depths unroll as a real step
+sees them, and on the fast path it keeps the output exactly the target's (greedy token for token, sampled
+in law), alone or beside token drafts and prompt lookup."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import flashspec as fs
+from flashspec import models, runner
+from flashspec.drafters import PromptLookupDrafter
+from flashspec.engine import SpeculativeDecoder
+from flashspec.fast import FastSpeculativeDecoder
+from flashspec.features import FeatureDraft, FeatureRunner, target_states, unroll
+
+from test_engine_exact import SETTINGS, VOCAB, exact_continuations, fit_p_values, passes
+from test_fast import chi2_calls
+
+STATES = (0, 1, -1)  # the embeddings, the first layer's output and the final normed state of a 2-layer target
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    return models.tiny_llama(vocab_size=VOCAB, hidden_size=16, num_layers=2, initializer_range=0.3, seed=1,
+                             max_positions=64)
+
+
+@pytest.fixture(scope="module")
+def feature_draft(target) -> FeatureDraft:
+    torch.manual_seed(0)
+    return FeatureDraft.from_target(target, (1,), STATES).eval()
+
+
+PROMPTS = torch.tensor([[0, 0, 5, 6, 7, 5], [0, 3, 7, 3, 9, 4], [1, 4, 4, 4, 4, 2]])
+MASK = torch.tensor([[0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+
+
+def real_tokens(row: int) -> torch.Tensor:
+    return PROMPTS[row][MASK[row].bool()][None]
+
+
+def test_the_target_runner_writes_the_states_hf_computes(target):
+    run = runner.LlamaRunner(target, max_batch=3, max_len=32, state_layers=STATES)
+    run.prefill(PROMPTS, MASK)
+    for row in range(3):
+        tokens = real_tokens(row)
+        expected, _ = target_states(target, tokens, STATES)
+        assert torch.allclose(run.states[row, :tokens.shape[1]], expected[0], atol=1e-5), row
+    hidden = target.config.hidden_size
+    for chunk in run.states[0, :4].split(hidden, dim=-1):  # each state at unit RMS
+        assert torch.allclose(chunk.pow(2).mean(-1), torch.ones(4), atol=1e-4)
+    with pytest.raises(ValueError, match="state_layers"):
+        runner.LlamaRunner(target, max_batch=1, max_len=8, state_layers=(3,))
+
+
+def test_the_draft_runner_reads_the_states_as_the_drafts_own_forward(target, feature_draft):
+    source = runner.LlamaRunner(target, max_batch=3, max_len=32, state_layers=STATES)
+    source.prefill(PROMPTS, MASK)
+    draft_run = FeatureRunner(feature_draft, source, max_batch=3, max_len=32)
+    logits, _ = draft_run.prefill(PROMPTS, MASK)
+    for row in range(3):
+        tokens = real_tokens(row)
+        states, _ = target_states(target, tokens, STATES)
+        fed = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], 1)  # zeros before position 0
+        hidden, expected = feature_draft(tokens, fed)
+        assert torch.allclose(logits[row], expected[0, -1], atol=1e-5), row
+        assert torch.allclose(draft_run.last_hidden[row, 0], hidden[0, -1], atol=1e-5), row
+    with pytest.raises(ValueError, match="state_layers"):
+        FeatureRunner(feature_draft, runner.LlamaRunner(target, max_batch=3, max_len=32), max_batch=3, max_len=32)
+
+
+def test_later_depths_unroll_as_a_real_step_sees_them(target, feature_draft):
+    """The exact regime's one masked forward per depth equals running each step on its own: the context read
+    with the target's true states, then the step's drafted tokens, each fed the previous one's output."""
+    tokens = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(3))
+    features, _ = target_states(target, tokens, STATES)
+    draft = feature_draft
+    with torch.no_grad():
+        exact = unroll(draft, tokens, features, 3)
+        pessimistic = unroll(draft, tokens, features, 3, regime="pessimistic")
+        assert [logits.shape[1] for _, logits in exact] == [8, 7, 6]
+        assert torch.allclose(exact[0][1], pessimistic[0][1], atol=1e-5)  # depth 1 reads true states in both
+        assert torch.allclose(exact[0][1], draft(tokens[:, 1:], features[:, :-1])[1], atol=1e-5)
+        embed, model = draft.body.model.embed_tokens, draft.body.model
+        for start in (0, 3, 5):  # the step whose first drafted position is start + 1
+            context = draft.fc(torch.cat([embed(tokens[:, 1:start + 2]), draft.reduce(features[:, :start + 1])], -1))
+            sequence, positions = context, list(range(1, start + 2))
+            fed = model(inputs_embeds=sequence, position_ids=torch.tensor([positions] * 2)).last_hidden_state[:, -1]
+            for depth in (2, 3):
+                step = draft.fc(torch.cat([embed(tokens[:, start + depth:start + depth + 1]), fed[:, None]], -1))
+                sequence, positions = torch.cat([sequence, step], 1), positions + [start + depth]
+                fed = model(inputs_embeds=sequence, position_ids=torch.tensor([positions] * 2)).last_hidden_state[:, -1]
+                assert torch.allclose(fed, exact[depth - 1][0][:, start], atol=1e-5), (start, depth)
+        assert not torch.allclose(exact[1][1], pessimistic[1][1], atol=1e-3)  # the regimes differ past depth 1
+    with pytest.raises(ValueError, match="regime"):
+        unroll(draft, tokens, features, 2, regime="optimistic")
+
+
+def test_a_saved_feature_draft_loads_back(tmp_path, feature_draft):
+    tokens = torch.randint(0, VOCAB, (1, 6), generator=torch.Generator().manual_seed(4))
+    features = torch.randn(1, 6, len(STATES) * feature_draft.config.hidden_size, generator=torch.Generator().manual_seed(5))
+    feature_draft.save_pretrained(tmp_path / "fd")
+    loaded = FeatureDraft.from_pretrained(tmp_path / "fd")
+    assert loaded.feature_layers == STATES
+    with torch.no_grad():
+        assert torch.allclose(loaded(tokens, features)[1], feature_draft(tokens, features)[1], atol=1e-6)
+    with pytest.raises(ValueError, match="no feature draft"):
+        FeatureDraft.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("sync,gammas", [("lazy", None), ("all", None), ("lazy", [1, 3])])
+def test_greedy_with_a_feature_draft_equals_the_targets_greedy_generate(target, feature_draft, sync, gammas):
+    token_draft = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2)
+    decoder = FastSpeculativeDecoder(target, [feature_draft, token_draft, PromptLookupDrafter()], policy="exp3",
+                                     gamma=3, gammas=gammas, draft_sync=sync, policy_kwargs={"seed": 0})
+    result = decoder.generate(PROMPTS, attention_mask=MASK, max_new_tokens=20, sampling=fs.SamplingParams(0.0))
+    expected = target.generate(PROMPTS, attention_mask=MASK, max_new_tokens=20, do_sample=False, eos_token_id=2,
+                               pad_token_id=2)
+    assert torch.equal(result.sequences, expected)
+    names = decoder.arm_names
+    played = {names[step.arm] for step in result.stats.steps}
+    assert any(name.startswith("draft0") for name in played), played  # the feature draft was played
+    # after the steps, the states the verify forwards wrote are the target's own: the feature draft's window at
+    # each row's pending token reads them as its HF forward over the whole row does
+    session = decoder._session
+    draft_run, lengths, seq = session.drafts[0], session.buffers.lengths, session.buffers.seq
+    window = (lengths[:, None] - 4 + torch.arange(4)).clamp(min=0)
+    logits = draft_run.forward(seq.gather(1, window), window, runner.bucket_for(int(lengths.max()), session.capacity),
+                               torch.full((3, 1), 3))[:, 0]
+    for row in range(3):
+        tokens = seq[row:row + 1, :int(lengths[row])]
+        states, _ = target_states(target, tokens, STATES)
+        _, expected = feature_draft(tokens, torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], 1))
+        assert torch.allclose(logits[row], expected[0, -1], atol=1e-4), row
+
+
+def test_feature_drafts_are_checked(target, feature_draft):
+    other = FeatureDraft.from_target(target, (1,), (-1,))
+    with pytest.raises(ValueError, match="same target states"):
+        FastSpeculativeDecoder(target, [feature_draft, other])
+    with pytest.raises(ValueError, match="only the fast path"):
+        SpeculativeDecoder(target, [feature_draft])
+
+
+@pytest.mark.slow
+def test_fast_output_with_a_feature_draft_matches_the_exact_target_distribution(target, feature_draft):
+    """The joint law of the first three tokens, a feature draft beside a token draft and prompt lookup
+    under a switching bandit (T = 0.7)."""
+    token_draft = copy.deepcopy(target)
+    with torch.no_grad():
+        for parameter in token_draft.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(6)) * 0.001)
+    decoder = FastSpeculativeDecoder(target, [feature_draft, token_draft, PromptLookupDrafter()], policy="exp3",
+                                     gamma=3, policy_kwargs={"seed": 0})
+    params = SETTINGS[0]
+    continuations, arms, kept = chi2_calls(decoder, params)
+    p_values = fit_p_values(continuations, exact_continuations(target, params))
+    assert passes(p_values), p_values
+    assert 0 in set(arms) and max(kept) >= 2
