@@ -27,98 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flashspec import corpora, provenance, zoo  # noqa: E402
+from flashspec import corpora, provenance, runner, zoo  # noqa: E402
+from flashspec.features import REGIMES, FeatureDraft, target_states, unroll  # noqa: E402
 from flashspec.sampling import SamplingParams, warp_logits  # noqa: E402
 from flashspec.zoo import distill, measure, training  # noqa: E402
-
-
-class FeatureDraft(torch.nn.Module):
-    """A decoder stack over fc([embed(token), g]); returns (its output hidden state, logits). g is the target's
-    features reduced to the hidden size (`reduce`: identity for the final layer's alone, a linear map of several
-    layers' normalised hidden states as in EAGLE-3) or, fed back, the draft's own output."""
-
-    def __init__(self, teacher: torch.nn.Module, layers: tuple[int, ...], feature_layers: tuple[int, ...]) -> None:
-        super().__init__()
-        self.body = distill.draft_from_teacher(teacher, layers)
-        hidden = teacher.config.hidden_size
-        self.feature_layers = feature_layers
-        self.fc = torch.nn.Linear(2 * hidden, hidden, bias=False)
-        self.reduce = (torch.nn.Linear(len(feature_layers) * hidden, hidden, bias=False)
-                       if len(feature_layers) > 1 else torch.nn.Identity())
-        with torch.no_grad():
-            self.fc.weight.copy_(torch.cat([torch.eye(hidden), torch.eye(hidden)], 1))
-
-    def forward(self, tokens: torch.Tensor, features: torch.Tensor,
-                reduced: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-        embedded = self.body.model.embed_tokens(tokens)
-        g = features.to(embedded.dtype) if reduced else self.reduce(features.to(embedded.dtype))
-        x = self.fc(torch.cat([embedded, g], -1))
-        out = self.body.model(inputs_embeds=x).last_hidden_state
-        return out, self.body.lm_head(out)
-
-
-@torch.no_grad()
-def teacher_outputs(teacher: torch.nn.Module, windows: torch.Tensor,
-                    feature_layers: tuple[int, ...] = (-1,)) -> tuple[torch.Tensor, torch.Tensor]:
-    """(features, logits) of the teacher on [B, C] windows: the hidden states at `feature_layers` (indices of
-    HF's hidden_states: 0 the embeddings, -1 the final normed state), each RMS-normalised, concatenated."""
-    out = teacher.model(input_ids=windows, output_hidden_states=len(feature_layers) > 1 or feature_layers != (-1,))
-    logits = teacher.lm_head(out.last_hidden_state)
-    if feature_layers == (-1,):
-        return out.last_hidden_state, logits
-    states = [out.hidden_states[i] for i in feature_layers]
-    states = [h * torch.rsqrt(h.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(h.dtype) for h in states]
-    return torch.cat(states, -1), logits
-
-
-REGIMES = ("exact", "pessimistic")
-
-
-def depth_mask(depth: int, n: int, device: torch.device) -> torch.Tensor:
-    """[depth·n, depth·n] bool attention mask of `unroll`'s exact regime (True: attend): block a's entry j (the
-    depth-(a+1) draft token of the step whose first drafted position is j + 1) sees block 0 up to j (the
-    context, read with the target's true states) and blocks 1..a at j (the step's earlier drafted tokens)."""
-    index = torch.arange(n, device=device).repeat(depth)
-    block = torch.arange(depth, device=device).repeat_interleave(n)
-    context = (block[None] == 0) & (index[None] <= index[:, None])
-    same_step = (block[None] >= 1) & (block[None] <= block[:, None]) & (index[None] == index[:, None])
-    return context | same_step
-
-
-def unroll(draft: FeatureDraft, tokens: torch.Tensor, features: torch.Tensor, depth: int, regime: str = "exact",
-           noise: float = 0.0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """The draft at depths 1..`depth` over [B, C] windows: per depth k, (hidden states, logits) [B, C - k, ·],
-    entry j predicting token j + k + 1 (the teacher's logits[:, k:] score the same tokens).
-
-    Depth 1 reads the target's true states; depth k > 1 reads the draft's own depth k - 1 output. "exact": as in
-    a real step, whose context before its first drafted position was read with true states: every depth's
-    entries see the true-state context and their own step's earlier depths (`depth_mask`, one forward per
-    depth over the blocks so far). "pessimistic": every position of depth k reads depth k - 1's outputs, its
-    context included."""
-    if regime not in REGIMES:
-        raise ValueError(f"regime must be one of {REGIMES}, got {regime!r}")
-    fed = features[:, :-1] + noise * (torch.rand_like(features[:, :-1]) - 0.5) if noise else features[:, :-1]
-    if regime == "pessimistic":
-        out = []
-        for k in range(1, depth + 1):
-            hidden, logits = draft(tokens[:, k:], fed, reduced=k > 1)
-            out.append((hidden, logits))
-            fed = hidden[:, :-1]
-        return out
-    batch, n = tokens.shape[0], tokens.shape[1] - 1
-    embed, model = draft.body.model.embed_tokens, draft.body.model
-    mask = depth_mask(depth, n, tokens.device)
-    blocks = [draft.fc(torch.cat([embed(tokens[:, 1:]), draft.reduce(fed.to(embed.weight.dtype))], -1))]
-    out = []
-    for k in range(1, depth + 1):
-        positions = torch.cat([torch.arange(n, device=tokens.device) + a + 1 for a in range(k)])
-        hidden = model(inputs_embeds=torch.cat(blocks, 1), position_ids=positions[None].expand(batch, -1),
-                       attention_mask=mask[:k * n, :k * n][None, None]).last_hidden_state[:, (k - 1) * n:]
-        out.append((hidden[:, :n - k + 1], draft.body.lm_head(hidden[:, :n - k + 1])))
-        if k < depth:  # depth k + 1's entry j: token j + k + 1 (padded past the window), fed depth k's output j
-            following = torch.nn.functional.pad(tokens[:, k + 1:], (0, k))
-            blocks.append(draft.fc(torch.cat([embed(following), hidden.to(embed.weight.dtype)], -1)))
-    return out
 
 
 def train(draft: FeatureDraft, teacher: torch.nn.Module, streams: list[torch.Tensor], budget_s: float,
@@ -146,12 +58,13 @@ def train(draft: FeatureDraft, teacher: torch.nn.Module, streams: list[torch.Ten
             group["lr"] = training.learning_rate(step, total, lr, 0.05)
         batch = training.sample_batch(streams, batch_size, context, generator).to(device)[:, :-1]
         with autocast:
-            features, logits = teacher_outputs(teacher, batch, draft.feature_layers)
+            features, logits = target_states(teacher, batch, draft.feature_layers)
             # depth > 1: the draft's own outputs fed back (training-time test)
             depths = unroll(draft, batch, features, ttt, regime, noise)
             kl = sum(distill.forward_kl(logits[:, k:], out) for k, (_, out) in enumerate(depths, start=1))
             if draft.feature_layers == (-1,):  # the output imitates the final feature it is fed back as
-                regression = torch.nn.functional.smooth_l1_loss(depths[0][0].float(), features[:, 1:].float())
+                regression = torch.nn.functional.smooth_l1_loss(runner.rms_normalise(depths[0][0].float()),
+                                                                features[:, 1:].float())
             else:  # several layers' features: the token loss alone (EAGLE-3)
                 regression = torch.zeros((), device=batch.device)
             loss = kl + regression
@@ -176,7 +89,7 @@ def acceptance(draft: FeatureDraft, teacher: torch.nn.Module, ids: torch.Tensor,
     params = SamplingParams(temperature=1.0)
     for start in range(0, windows.shape[0], batch_size):
         batch = windows[start:start + batch_size].to(device)
-        features, logits = teacher_outputs(teacher, batch, draft.feature_layers)
+        features, logits = target_states(teacher, batch, draft.feature_layers)
         for k, (_, draft_logits) in enumerate(unroll(draft, batch, features, depth, regime), start=1):
             p = warp_logits(logits[:, k:].float(), params).exp()
             q = warp_logits(draft_logits.float(), params).exp()
@@ -233,7 +146,7 @@ def main(argv: list[str] | None = None) -> None:
         layers = tuple(int(x) for x in init.split(","))
         feature_layers = tuple(int(x) for x in fed.split(",")) if fed else (-1,)
         torch.manual_seed(0)
-        draft = FeatureDraft(teacher, layers, feature_layers)
+        draft = FeatureDraft.from_target(teacher, layers, feature_layers)
         trained = train(draft, teacher, [train_ids[d] for d in config.domains], args.budget_s, config.context,
                         args.batch_size, args.lr, args.noise, device, args.ttt, args.regime)
         print(f"layers {layers}: {trained['steps']} steps in {trained['seconds']:.0f} s; "

@@ -305,21 +305,11 @@ def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, 
     assert estimates["log_spread"] is None or estimates["log_spread"] >= 0
 
 
-def test_feature_draft_probe_reads_the_teachers_states_and_runs_end_to_end(tmp_path: Path) -> None:
-    """experiments/feature_draft_probe.py on the tiny teacher: the features it feeds, the tokens-per-step
-    arithmetic, and a short run of a top-state draft and a several-state draft trained on its own outputs."""
+def test_feature_draft_probe_runs_end_to_end(tmp_path: Path) -> None:
+    """experiments/feature_draft_probe.py on the tiny teacher: the tokens-per-step arithmetic, and a short run
+    of a top-state draft and a several-state draft trained on its own outputs."""
     from experiments import feature_draft_probe as probe
 
-    teacher, _ = distill.load_teacher("tiny", "cpu")
-    windows = torch.randint(0, teacher.config.vocab_size, (2, 7), generator=torch.Generator().manual_seed(0))
-    top, logits = probe.teacher_outputs(teacher, windows)
-    assert torch.allclose(logits, teacher(input_ids=windows).logits, atol=1e-6)
-    assert torch.allclose(top, teacher.model(input_ids=windows).last_hidden_state)
-    several, _ = probe.teacher_outputs(teacher, windows, (1, 2, -1))
-    hidden = teacher.config.hidden_size
-    assert several.shape == (2, 7, 3 * hidden)
-    for chunk in several.split(hidden, dim=-1):  # each state RMS-normalised before concatenation
-        assert torch.allclose(chunk.pow(2).mean(-1), torch.ones(2, 7), atol=1e-3)
     assert probe.expected_tokens([0.5, 0.4], 2) == pytest.approx(1 + 0.5 + 0.5 * 0.4)
     assert probe.expected_tokens([0.5, 0.4], 4) == probe.expected_tokens([0.5, 0.4], 2)  # only the depths measured
 
@@ -337,34 +327,3 @@ def test_feature_draft_probe_reads_the_teachers_states_and_runs_end_to_end(tmp_p
             for depth in ("1", "2"):
                 assert 0.0 <= measured[depth]["sum_min_t1"] <= 1.0 and measured[depth]["positions"] > 0
             assert 1.0 <= measured["expected_tokens_t1"]["2"] <= 3.0
-
-
-def test_feature_draft_probe_unrolls_depths_as_a_real_step_sees_them() -> None:
-    """The exact regime's one masked forward per depth equals running each step on its own: the context read
-    with the target's true states, then the step's drafted tokens, each fed the previous one's output."""
-    from experiments import feature_draft_probe as probe
-
-    teacher, _ = distill.load_teacher("tiny", "cpu")
-    torch.manual_seed(0)
-    draft = probe.FeatureDraft(teacher, (2,), (1, 2, -1)).eval()
-    tokens = torch.randint(0, teacher.config.vocab_size, (2, 9), generator=torch.Generator().manual_seed(3))
-    features, _ = probe.teacher_outputs(teacher, tokens, draft.feature_layers)
-    with torch.no_grad():
-        exact = probe.unroll(draft, tokens, features, 3)
-        pessimistic = probe.unroll(draft, tokens, features, 3, regime="pessimistic")
-        assert [logits.shape[1] for _, logits in exact] == [8, 7, 6]
-        assert torch.allclose(exact[0][1], pessimistic[0][1], atol=1e-5)  # depth 1 reads true states in both
-        assert torch.allclose(exact[0][1], draft(tokens[:, 1:], features[:, :-1])[1], atol=1e-5)
-        embed, model = draft.body.model.embed_tokens, draft.body.model
-        for start in (0, 3, 5):  # the step whose first drafted position is start + 1
-            context = draft.fc(torch.cat([embed(tokens[:, 1:start + 2]), draft.reduce(features[:, :start + 1])], -1))
-            sequence, positions = context, list(range(1, start + 2))
-            fed = model(inputs_embeds=sequence, position_ids=torch.tensor([positions] * 2)).last_hidden_state[:, -1]
-            for depth in (2, 3):
-                step = draft.fc(torch.cat([embed(tokens[:, start + depth:start + depth + 1]), fed[:, None]], -1))
-                sequence, positions = torch.cat([sequence, step], 1), positions + [start + depth]
-                fed = model(inputs_embeds=sequence, position_ids=torch.tensor([positions] * 2)).last_hidden_state[:, -1]
-                assert torch.allclose(fed, exact[depth - 1][0][:, start], atol=1e-5), (start, depth)
-        assert not torch.allclose(exact[1][1], pessimistic[1][1], atol=1e-3)  # the regimes differ past depth 1
-    with pytest.raises(ValueError, match="regime"):
-        probe.unroll(draft, tokens, features, 2, regime="optimistic")
