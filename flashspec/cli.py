@@ -465,7 +465,8 @@ def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> Any:
 
 def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any], tp: Any = None) -> Any:
     """The decoder --engine asks for: the fast path (static caches, CUDA graphs on a GPU) or the eager
-    engine; `auto` takes the fast path on CUDA when every model is Llama-family, else the eager one.
+    engine; `auto` takes the fast path on CUDA when every model is Llama-family, or anywhere when a draft
+    reads the target's states (a feature draft), else the eager one.
     A sharded target (`tp`) always takes the fast path, on CPU too."""
     from flashspec.engine import SpeculativeDecoder
     from flashspec.fast import FastSpeculativeDecoder, fast_supported
@@ -477,7 +478,14 @@ def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any], tp: 
         raise ValueError(f"--engine fast: the fast path cannot run these models ({reason}); use --engine eager")
     if tp is not None and reason is not None:
         raise ValueError(f"--tp: the fast path cannot run these models ({reason}); run without --tp")
-    fast = args.engine == "fast" or tp is not None or (args.engine == "auto" and on_cuda and reason is None)
+    from flashspec.features import FeatureDraft
+
+    reads_states = any(isinstance(draft, FeatureDraft) for draft in drafts)  # only the fast path feeds them
+    if args.engine == "eager" and reads_states:
+        raise ValueError("--engine eager cannot run a feature draft (it reads the target's hidden states, which only "
+                         "the fast path hands over); use --engine fast or auto")
+    fast = args.engine == "fast" or tp is not None or (args.engine == "auto" and (on_cuda or reads_states)
+                                                       and reason is None)
     if not fast and args.compile is not None:
         raise ValueError("--compile applies to the fast path only (--engine fast, or auto on a CUDA device)")
     if fast:

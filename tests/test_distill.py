@@ -173,7 +173,8 @@ def test_cache_keys_keep_from_scratch_sizes_and_version_distillation(monkeypatch
     monkeypatch.setattr(zoo_config, "DISTILL_RECIPE", zoo_config.DISTILL_RECIPE + 1)
     after = keys()
     assert {size for size in before if before[size] != after[size]} == {
-        size for size, config in zoo.SIZES.items() if config.distilled} == {"smollm2", "micro-distill"}
+        size for size, config in zoo.SIZES.items() if config.distilled} == {
+        "smollm2", "micro-distill", "smollm2-features", "micro-distill-features"}
 
 
 def test_a_gpu_pool_refuses_to_build_on_a_cpu_by_default(micro_cache: Path, monkeypatch: pytest.MonkeyPatch,

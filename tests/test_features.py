@@ -160,3 +160,63 @@ def test_fast_output_with_a_feature_draft_matches_the_exact_target_distribution(
     p_values = fit_p_values(continuations, exact_continuations(target, params))
     assert passes(p_values), p_values
     assert 0 in set(arms) and max(kept) >= 2
+
+
+def test_a_zoo_with_a_feature_draft_builds_loads_measures_and_decodes(tmp_path, monkeypatch):
+    """micro-distill-features: the pool plus a feature draft trained two depths deep on the tiny teacher; it loads
+    as a FeatureDraft beside the token drafts, its acceptance and perplexity are measured on the target's states,
+    and the fast path serves the whole pool exactly (greedy)."""
+    from flashspec import zoo
+    from flashspec.zoo import distill
+
+    monkeypatch.setenv("FLASHSPEC_CACHE", str(tmp_path / "cache"))
+    loaded = zoo.load_zoo("micro-distill-features", device="cpu", progress=False)
+    assert list(loaded.drafts) == ["python", "prose", "cpp", "general", "features"]
+    features = loaded.drafts["features"]
+    assert isinstance(features, FeatureDraft) and features.feature_layers == (1, -1)
+    info = loaded.manifest["models"][distill.FEATURE_DRAFT]
+    assert info["steps"] == 6 and info["training_depths"] == 2 and info["feature_layers"] == [1, -1]
+    assert zoo.SIZES["micro-distill-features"].key("x") != zoo.SIZES["micro-distill"].key("x")
+    acceptance = zoo.expected_acceptance_matrix(loaded, 64)
+    assert all(0.0 < value <= 1.0 for value in acceptance["features"].values())
+    assert all(value > 1.0 for value in zoo.perplexity_table(loaded, 64)["features"].values())
+    prompt = torch.tensor([loaded.prompts["python"][0]])
+    decoder = FastSpeculativeDecoder(loaded.target, list(loaded.drafts.values()), policy="exp3", gamma=2,
+                                     policy_kwargs={"seed": 0})
+    result = decoder.generate(prompt, max_new_tokens=12, sampling=fs.SamplingParams(0.0), ignore_eos=True)
+    expected = loaded.target.generate(prompt, max_new_tokens=12, do_sample=False, eos_token_id=None,
+                                      pad_token_id=0)
+    assert torch.equal(result.sequences, expected)
+
+
+def test_real_pool_measures_a_pool_with_a_feature_draft(tmp_path, monkeypatch):
+    """experiments/real_pool.py on micro-distill-features: the quality part covers the feature draft and the
+    speed part's choosing contestants draw from it (on the CPU, float32: greedy agrees with plain greedy)."""
+    import json
+
+    from experiments import real_pool
+
+    monkeypatch.setenv("FLASHSPEC_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "pool.json"
+    assert real_pool.main(["--size", "micro-distill-features", "--out", str(out), "--requests", "2", "--block", "1",
+                           "--new-tokens", "4", "--repeats", "1", "--device", "cpu", "--parts", "quality", "speed",
+                           "--speed-adaptive-gammas", "2", "4"]) == 0
+    results = json.loads(out.read_text())["results"]
+    assert "error" not in results["quality"] and "error" not in results["speed"], results
+    assert set(results["quality"]["acceptance_t1"]) == {"python", "prose", "cpp", "general", "features"}
+    assert results["build"]["models"]["draft-features"]["feature_layers"] == [1, -1]
+    assert results["speed"]["greedy"]["greedy_token_agreement_with_plain"] == 1.0
+
+
+def test_the_cli_serves_a_pool_with_a_feature_draft_on_the_fast_path(tmp_path, monkeypatch, capsys):
+    """`flashspec generate --zoo micro-distill-features`: auto takes the fast path on a CPU too (the eager engine
+    cannot feed a feature draft), and --engine eager says so in one line."""
+    from flashspec import cli
+
+    monkeypatch.setenv("FLASHSPEC_CACHE", str(tmp_path / "cache"))
+    base = ["generate", "--zoo", "micro-distill-features", "--prompt", "def f(x):", "--max-new-tokens", "6",
+            "--no-progress"]
+    assert cli.main(base) == 0
+    assert "draft4:draft-features" in capsys.readouterr().err
+    assert cli.main([*base, "--engine", "eager"]) == 2
+    assert "--engine eager cannot run a feature draft" in capsys.readouterr().err

@@ -156,6 +156,21 @@ def _train_into(work_dir: Path, config: ZooConfig, domain_corpora: dict[str, cor
         del model
         mark = time.perf_counter()
 
+    if config.distilled and config.feature_steps:
+        draft, losses = distill.distill_features(config, teacher, train_ids, device_, progress)
+        draft.save_pretrained(work_dir / distill.FEATURE_DRAFT)
+        tokenizer.save_pretrained(work_dir / distill.FEATURE_DRAFT)
+        models_info[distill.FEATURE_DRAFT] = {
+            "domains": list(config.domains), "steps": config.feature_steps,
+            "initialised_from": f"{config.teacher} layer {teacher.config.num_hidden_layers - 1}",
+            "feature_layers": list(config.feature_layers), "training_depths": config.feature_depths,
+            "parameters": training.count_parameters(draft),
+            "trainable_parameters": sum(p.numel() for p in draft.parameters() if p.requires_grad),
+            "weights_sha256": training.weights_sha256(draft),
+            "final_loss": sum(losses[-20:]) / len(losses[-20:]), "train_seconds": time.perf_counter() - mark,
+        }
+        timings[f"train_{distill.FEATURE_DRAFT}_s"] = time.perf_counter() - mark
+        del draft
     save_file({d: heldout_ids[d] for d in config.domains}, str(work_dir / HELDOUT))
     prompts = {d: prompt_windows(heldout_ids[d], config.num_prompts, config.prompt_tokens) for d in config.domains}
     (work_dir / PROMPTS).write_text(json.dumps(

@@ -61,6 +61,11 @@ class ZooConfig:
     # Tokens of training windows on which each distilled draft's output temperature is fitted and folded into
     # its weights (`distill.calibrate`); 0: none.
     calibration_tokens: int = 0
+    # A draft fed the teacher's hidden states (`flashspec.features`), trained on every domain after the token
+    # pool (`distill.distill_features`): the states it reads, its steps (0: none) and its training depths.
+    feature_layers: tuple[int, ...] = ()
+    feature_steps: int = 0
+    feature_depths: int = 2
 
     @property
     def distilled(self) -> bool:
@@ -69,8 +74,8 @@ class ZooConfig:
     def key(self, corpus_sha256: str) -> str:
         """Cache key: SHA-256 of the zoo format, this config and the corpus hash (16 hex digits).
 
-        The teacher fields enter only when set, and `calibration_tokens` only when not 0, so zoos trained from
-        scratch keep the keys they always had.
+        The teacher fields enter only when set, `calibration_tokens` only when not 0 and the feature draft's
+        fields only when it has steps, so zoos trained from scratch keep the keys they always had.
         A distilled config's key also holds `DISTILL_RECIPE`: a change to how drafts are distilled that gives
         other weights for the same config on some device (a GPU's bf16 numerics) bumps it, so a pool cached
         by the earlier recipe is not served as this one. Keys without the entry are the first recipe's."""
@@ -82,6 +87,8 @@ class ZooConfig:
             del config["teacher"], config["draft_init_layers"]
         if not self.calibration_tokens:
             del config["calibration_tokens"]
+        if not self.feature_steps:
+            del config["feature_layers"], config["feature_steps"], config["feature_depths"]
         blob = json.dumps(content, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -146,6 +153,13 @@ SIZES: dict[str, ZooConfig] = {
         num_prompts=2, prompt_tokens=8, eval_tokens=256,
     ),
 }
+# The smollm2 pool plus a one-layer draft fed SmolLM2's hidden states 3, 15 and the final one, trained two depths
+# deep (EAGLE-3's design); its steps are a first guess, not yet fitted to a build budget on the H200.
+SIZES["smollm2-features"] = dataclasses.replace(SIZES["smollm2"], size="smollm2-features", feature_layers=(3, 15, -1),
+                                                feature_steps=2000)
+# The same on micro-distill's tiny teacher: seconds on a CPU, for tests.
+SIZES["micro-distill-features"] = dataclasses.replace(SIZES["micro-distill"], size="micro-distill-features",
+                                                      feature_layers=(1, -1), feature_steps=6)
 
 
 def get_config(size: str | ZooConfig) -> ZooConfig:

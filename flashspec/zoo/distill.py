@@ -251,3 +251,41 @@ def calibrate(draft: torch.nn.Module, teacher: torch.nn.Module, streams: list[to
               "calibration_tokens": int(windows.numel()), "uncalibrated_weights_sha256": weights_sha256(draft),
               "seconds": time.perf_counter() - started}
     return fold_temperature(draft, best), record
+
+
+FEATURE_DRAFT = "draft-features"  # the zoo's folder and model name of its feature draft
+
+
+def feature_loss(teacher: torch.nn.Module, feature_layers: tuple[int, ...], depths: int,
+                 noise: float = 0.2) -> Callable[[torch.nn.Module, torch.Tensor], torch.Tensor]:
+    """`training.train_model`'s loss for a `flashspec.features.FeatureDraft`: `forward_kl` against the teacher,
+    summed over depths 1..`depths` unrolled as a real step sees them (`features.unroll`, exact regime), the
+    teacher's states (with uniform noise of width `noise` at depth 1) and logits computed on the fly."""
+    from flashspec import features
+
+    def loss(model: torch.nn.Module, batch: torch.Tensor) -> torch.Tensor:
+        tokens = batch[:, :-1]
+        states, logits = features.target_states(teacher, tokens, feature_layers)
+        unrolled = features.unroll(model, tokens, states, depths, "exact", noise)
+        return sum(forward_kl(logits[:, k:], out) for k, (_, out) in enumerate(unrolled, start=1))
+
+    return loss
+
+
+def distill_features(config: ZooConfig, teacher: torch.nn.Module, train_ids: dict[str, torch.Tensor],
+                     device: torch.device, progress: bool = True) -> tuple[torch.nn.Module, list[float]]:
+    """The zoo's feature draft: one decoder layer started from the teacher's last, fed its states at
+    `config.feature_layers`, trained `config.feature_steps` steps on every domain by `feature_loss`
+    (`config.feature_depths` deep; the generalist's learning rate and batch). Returns (draft on the CPU, losses)."""
+    from flashspec.features import FeatureDraft
+
+    if not config.feature_steps or not config.feature_layers:
+        raise ValueError("distill_features needs a config with feature_layers and feature_steps > 0")
+    torch.manual_seed(component_seed(config.seed, "init:" + FEATURE_DRAFT))
+    draft = FeatureDraft.from_target(teacher, (teacher.config.num_hidden_layers - 1,), config.feature_layers)
+    teacher.to(device).eval()
+    losses = train_model(draft, [train_ids[d] for d in config.domains], config.feature_steps, config,
+                         config.draft_lr, component_seed(config.seed, "batches:" + FEATURE_DRAFT), device,
+                         FEATURE_DRAFT, progress, config.draft_batch_size,
+                         loss=feature_loss(teacher, config.feature_layers, config.feature_depths))
+    return draft.to("cpu").eval(), losses

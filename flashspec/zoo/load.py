@@ -36,12 +36,18 @@ def _read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
-def _required_files(domains: list[str], distilled: bool = False) -> set[str]:
+def _required_files(domains: list[str], distilled: bool = False, features: bool = False) -> set[str]:
     """Files `load_zoo` opens, which a manifest must list (so that their hashes get checked); a distilled
-    zoo's target is its teacher, loaded from elsewhere (`flashspec.zoo.distill.load_teacher`)."""
-    names = [*([] if distilled else ["target"]), *(f"draft-{name}" for name in [*domains, GENERALIST])]
+    zoo's target is its teacher, loaded from elsewhere (`flashspec.zoo.distill.load_teacher`); a feature
+    draft adds its own two files."""
+    from flashspec.features import FEATURES_FILE, WEIGHTS_FILE
+
+    names = [*([] if distilled else ["target"]), *(f"draft-{name}" for name in [*domains, GENERALIST]),
+             *([distill.FEATURE_DRAFT] if features else [])]
     return {PROMPTS, HELDOUT, "tokenizer/tokenizer.json",
-            *(f"{model}/{file}" for model in names for file in ("config.json", "model.safetensors"))}
+            *(f"{model}/{file}" for model in names for file in ("config.json", "model.safetensors")),
+            *((f"{distill.FEATURE_DRAFT}/{FEATURES_FILE}", f"{distill.FEATURE_DRAFT}/{WEIGHTS_FILE}") if features
+              else ())}
 
 
 def _check_manifest_shape(manifest: dict[str, Any]) -> None:
@@ -61,7 +67,8 @@ def _check_manifest_shape(manifest: dict[str, Any]) -> None:
         parts = Path(relpath).parts
         if not isinstance(expected, str) or not parts or Path(relpath).is_absolute() or ".." in parts:
             raise ValueError(f"{MANIFEST} lists a malformed file entry {relpath!r}")
-    absent = sorted(_required_files(domains, config.get("teacher") is not None) - set(files))
+    absent = sorted(_required_files(domains, config.get("teacher") is not None,
+                                    bool(config.get("feature_steps"))) - set(files))
     if absent:
         raise ValueError(f"{MANIFEST} does not list {', '.join(absent)}")
 
@@ -155,9 +162,15 @@ def load_zoo(size: str | ZooConfig = "cpu", device: str | None = None, dtype: to
         target = load("target")
     else:
         target = distill.load_teacher(teacher, device_)[0].to(dtype)
+    drafts = {name: load(f"draft-{name}") for name in [*domains, GENERALIST]}
+    if manifest["config"].get("feature_steps"):
+        from flashspec.features import FeatureDraft
+
+        drafts[distill.FEATURE_DRAFT.removeprefix("draft-")] = FeatureDraft.from_pretrained(
+            folder / distill.FEATURE_DRAFT, dtype=dtype).to(device_).eval()
     return Zoo(
         path=folder, manifest=manifest, tokenizer=AutoTokenizer.from_pretrained(folder / "tokenizer"),
-        target=target, drafts={name: load(f"draft-{name}") for name in [*domains, GENERALIST]},
+        target=target, drafts=drafts,
         heldout=load_file(str(folder / HELDOUT)), prompts={d: prompts[d]["ids"] for d in domains},
         domains=domains,
     )

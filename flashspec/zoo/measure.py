@@ -35,19 +35,37 @@ def heldout_windows(ids: torch.Tensor, context: int, max_tokens: int) -> torch.T
 
 
 @torch.no_grad()
-def _window_logits(model: torch.nn.Module, windows: torch.Tensor, batch_size: int) -> list[torch.Tensor]:
+def _window_logits(model: torch.nn.Module, windows: torch.Tensor, batch_size: int,
+                   target: torch.nn.Module | None = None) -> list[torch.Tensor]:
+    """The model's logits on each batch of windows (inputs: all but the last token). A feature draft
+    (`flashspec.features`) reads `target`'s states at the position before, zeros before the first, as on the
+    fast path."""
+    from flashspec.features import FeatureDraft, target_states
+
     device = next(model.parameters()).device
-    return [model(input_ids=windows[i:i + batch_size, :-1].to(device)).logits.float()
-            for i in range(0, windows.shape[0], batch_size)]
+    out = []
+    for i in range(0, windows.shape[0], batch_size):
+        tokens = windows[i:i + batch_size, :-1].to(device)
+        if not isinstance(model, FeatureDraft):
+            out.append(model(input_ids=tokens).logits.float())
+            continue
+        if target is None:
+            raise ValueError("a feature draft's logits need the target whose states it reads")
+        states, _ = target_states(target, tokens, model.feature_layers)
+        fed = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], 1)
+        out.append(model(tokens, fed)[1].float())
+    return out
 
 
 @torch.no_grad()
 def perplexity(model: torch.nn.Module, ids: torch.Tensor, context: int, max_tokens: int,
-               batch_size: int = 16) -> float:
-    """exp(mean next-token negative log-likelihood) on held-out windows."""
+               batch_size: int = 16, target: torch.nn.Module | None = None) -> float:
+    """exp(mean next-token negative log-likelihood) on held-out windows (`target`: whose states a feature
+    draft reads)."""
     windows = heldout_windows(ids, context, max_tokens)
     total, count = 0.0, 0
-    for start, logits in zip(range(0, windows.shape[0], batch_size), _window_logits(model, windows, batch_size)):
+    for start, logits in zip(range(0, windows.shape[0], batch_size),
+                             _window_logits(model, windows, batch_size, target)):
         labels = windows[start:start + batch_size, 1:].to(logits.device)
         total += float(torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1),
                                                          reduction="sum"))
@@ -61,8 +79,8 @@ def perplexity_table(zoo: Zoo, max_tokens: int | None = None,
     config = zoo.manifest["config"]
     budget = config["eval_tokens"] if max_tokens is None else max_tokens
     models = {name: get_model(zoo, name) for name in model_names(zoo)} if models is None else models
-    return {name: {d: perplexity(model, zoo.heldout[d], config["context"], budget) for d in zoo.domains}
-            for name, model in models.items()}
+    return {name: {d: perplexity(model, zoo.heldout[d], config["context"], budget, target=zoo.target)
+                   for d in zoo.domains} for name, model in models.items()}
 
 
 @torch.no_grad()
@@ -76,7 +94,7 @@ def expected_acceptance(target: torch.nn.Module, draft: torch.nn.Module, ids: to
     windows = heldout_windows(ids, context, max_tokens)
     total, count = 0.0, 0
     for target_logits, draft_logits in zip(_window_logits(target, windows, batch_size),
-                                           _window_logits(draft, windows, batch_size)):
+                                           _window_logits(draft, windows, batch_size, target)):
         p = warp_logits(target_logits, params).exp()
         q = warp_logits(draft_logits.to(p.device), params).exp()
         overlap = torch.minimum(p, q).sum(dim=-1)
