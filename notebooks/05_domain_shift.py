@@ -1477,8 +1477,9 @@ if FEATURE_RUNS:
         text.append("Such a draft now runs on the fast path (`flashspec.features`): the target's runner writes the "
                     "chosen states at every position it processes, the verify forward's included, and the draft's "
                     "runner reads them for its window and feeds its own output past its first drafted token. It is "
-                    "tested exact on the CPU (greedy token for token, the sampled law by χ²); no pool with one has "
-                    "been built or timed on the GPU yet.")
+                    "tested exact on the CPU (greedy token for token, the sampled law by χ²), and the zoo size "
+                    "`smollm2-features` trains one into the pool two depths deep; that pool has not been built or "
+                    "timed on the GPU yet.")
         display(Markdown(" ".join(text)))
 
 # %% [markdown]
