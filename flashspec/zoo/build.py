@@ -95,6 +95,19 @@ def _build(config: ZooConfig, out_dir: str | Path | None, device_: torch.device,
     return final_dir
 
 
+def _save_model(work_dir: Path, name: str, model: torch.nn.Module, tokenizer: Any, losses: list[float],
+                started: float, identity: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """Save a trained model and the tokenizer under `work_dir / name`; return its manifest entry: `identity`,
+    its sizes, weight hash, final loss (mean of the last 20 steps) and seconds since `started`, then `extra`."""
+    model.save_pretrained(work_dir / name)
+    tokenizer.save_pretrained(work_dir / name)
+    return {**identity, "parameters": training.count_parameters(model),
+            "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+            "weights_sha256": training.weights_sha256(model),
+            "final_loss": sum(losses[-20:]) / len(losses[-20:]), "train_seconds": time.perf_counter() - started,
+            **extra}
+
+
 def _train_into(work_dir: Path, config: ZooConfig, domain_corpora: dict[str, corpora.DomainCorpus], key: str,
                 corpus_sha: str, device_: torch.device, progress: bool, timings: dict[str, float],
                 clocks: tuple[float, float]) -> None:
@@ -142,33 +155,21 @@ def _train_into(work_dir: Path, config: ZooConfig, domain_corpora: dict[str, cor
         if config.distilled and config.calibration_tokens:
             model, calibration = distill.calibrate(model, teacher, [train_ids[d] for d in step.domains], config,
                                                    device_, step.name)
-        model.save_pretrained(work_dir / step.name)
-        tokenizer.save_pretrained(work_dir / step.name)
-        models_info[step.name] = {
-            "domains": list(step.domains), "steps": step.steps, "initialised_from": step.start_from or fresh,
-            "parameters": training.count_parameters(model),
-            "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-            "weights_sha256": training.weights_sha256(model),
-            "final_loss": sum(losses[-20:]) / len(losses[-20:]), "train_seconds": time.perf_counter() - mark,
-            **({} if calibration is None else {"calibration": calibration}),
-        }
+        models_info[step.name] = _save_model(
+            work_dir, step.name, model, tokenizer, losses, mark,
+            {"domains": list(step.domains), "steps": step.steps, "initialised_from": step.start_from or fresh},
+            {} if calibration is None else {"calibration": calibration})
         timings[f"train_{step.name}_s"] = time.perf_counter() - mark
         del model
         mark = time.perf_counter()
 
     if config.distilled and config.feature_steps:
         draft, losses = distill.distill_features(config, teacher, train_ids, device_, progress)
-        draft.save_pretrained(work_dir / distill.FEATURE_DRAFT)
-        tokenizer.save_pretrained(work_dir / distill.FEATURE_DRAFT)
-        models_info[distill.FEATURE_DRAFT] = {
-            "domains": list(config.domains), "steps": config.feature_steps,
-            "initialised_from": f"{config.teacher} layer {teacher.config.num_hidden_layers - 1}",
-            "feature_layers": list(config.feature_layers), "training_depths": config.feature_depths,
-            "parameters": training.count_parameters(draft),
-            "trainable_parameters": sum(p.numel() for p in draft.parameters() if p.requires_grad),
-            "weights_sha256": training.weights_sha256(draft),
-            "final_loss": sum(losses[-20:]) / len(losses[-20:]), "train_seconds": time.perf_counter() - mark,
-        }
+        models_info[distill.FEATURE_DRAFT] = _save_model(
+            work_dir, distill.FEATURE_DRAFT, draft, tokenizer, losses, mark,
+            {"domains": list(config.domains), "steps": config.feature_steps,
+             "initialised_from": f"{config.teacher} layer {teacher.config.num_hidden_layers - 1}"},
+            {"feature_layers": list(config.feature_layers), "training_depths": config.feature_depths})
         timings[f"train_{distill.FEATURE_DRAFT}_s"] = time.perf_counter() - mark
         del draft
     save_file({d: heldout_ids[d] for d in config.domains}, str(work_dir / HELDOUT))
