@@ -237,10 +237,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.train_budget_s is not None:
         teacher = distill.load_teacher(config.teacher, device)[0]
         step_s = distill.seconds_per_step(config, teacher, device)
+        feature_s = distill.seconds_per_step(config, teacher, device, features=True) if config.feature_steps else 0.0
         del teacher
-        config = distill.steps_for_budget(config, step_s, args.train_budget_s)
+        config = distill.steps_for_budget(config, step_s, args.train_budget_s, feature_s)
         fitted = {"seconds_per_step": step_s, "budget_s": args.train_budget_s,
-                  "draft_steps": config.draft_steps, "specialist_steps": config.specialist_steps}
+                  "draft_steps": config.draft_steps, "specialist_steps": config.specialist_steps,
+                  **({"feature_seconds_per_step": feature_s, "feature_steps": config.feature_steps}
+                     if config.feature_steps else {})}
         print(f"[real_pool] {step_s:.3f} s per distillation step: {fitted}", flush=True)
     zoo.zoo_dir(config, device=str(device))
     build_s = time.perf_counter() - started

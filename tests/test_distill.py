@@ -101,6 +101,17 @@ def test_steps_for_budget_scales_both_stages_together() -> None:
     assert (half.draft_steps, half.specialist_steps) == (config.draft_steps // 2, config.specialist_steps // 2)
     assert distill.steps_for_budget(config, 1.0, 1.0).draft_steps == 50  # a floor, never zero steps
     assert half.key("x") != config.key("x")  # the steps are part of the cache key
+    assert half.feature_steps == 0  # no feature draft: nothing to scale
+    features = zoo.SIZES["smollm2-features"]
+    both = distill.steps_for_budget(features, 1.0, (total + 2 * features.feature_steps) / 2, feature_step_seconds=2.0)
+    assert (both.draft_steps, both.specialist_steps, both.feature_steps) == (
+        features.draft_steps // 2, features.specialist_steps // 2, features.feature_steps // 2)
+
+
+def test_a_feature_draft_step_is_timed_for_the_budget() -> None:
+    config = zoo.SIZES["micro-distill-features"].with_overrides(draft_batch_size=2, context=16)
+    teacher, _ = distill.load_teacher("tiny", "cpu")
+    assert distill.seconds_per_step(config, teacher, torch.device("cpu"), steps=2, features=True) > 0
 
 
 def test_distillation_lowers_the_kl_on_held_out_windows() -> None:

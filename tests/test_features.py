@@ -190,8 +190,9 @@ def test_a_zoo_with_a_feature_draft_builds_loads_measures_and_decodes(tmp_path, 
 
 
 def test_real_pool_measures_a_pool_with_a_feature_draft(tmp_path, monkeypatch):
-    """experiments/real_pool.py on micro-distill-features: the quality part covers the feature draft and the
-    speed part's choosing contestants draw from it (on the CPU, float32: greedy agrees with plain greedy)."""
+    """experiments/real_pool.py on micro-distill-features: a budget fits the feature draft's steps too, the
+    quality part covers it and the speed part's choosing contestants draw from it (on the CPU, float32: greedy
+    agrees with plain greedy)."""
     import json
 
     from experiments import real_pool
@@ -200,8 +201,10 @@ def test_real_pool_measures_a_pool_with_a_feature_draft(tmp_path, monkeypatch):
     out = tmp_path / "pool.json"
     assert real_pool.main(["--size", "micro-distill-features", "--out", str(out), "--requests", "2", "--block", "1",
                            "--new-tokens", "4", "--repeats", "1", "--device", "cpu", "--parts", "quality", "speed",
-                           "--speed-adaptive-gammas", "2", "4"]) == 0
+                           "--speed-adaptive-gammas", "2", "4", "--train-budget-s", "0.5"]) == 0
     results = json.loads(out.read_text())["results"]
+    fitted = results["build"]["fitted_to_budget"]  # the feature draft's steps are fitted with the others
+    assert fitted["feature_seconds_per_step"] > 0 and results["build"]["config"]["feature_steps"] == fitted["feature_steps"]
     assert "error" not in results["quality"] and "error" not in results["speed"], results
     assert set(results["quality"]["acceptance_t1"]) == {"python", "prose", "cpp", "general", "features"}
     assert results["build"]["models"]["draft-features"]["feature_layers"] == [1, -1]

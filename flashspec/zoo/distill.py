@@ -154,32 +154,47 @@ def distill_model(draft: torch.nn.Module, teacher: torch.nn.Module, streams: lis
                        loss=kl_to(teacher))
 
 
-def seconds_per_step(config: ZooConfig, teacher: torch.nn.Module, device: torch.device, steps: int = 8) -> float:
+def seconds_per_step(config: ZooConfig, teacher: torch.nn.Module, device: torch.device, steps: int = 8,
+                     features: bool = False) -> float:
     """Measured seconds of one distillation step at `config`'s shapes (random token windows, after two
-    warm-up steps), for fitting a build into a time budget (`steps_for_budget`)."""
-    init = init_layers(config, teacher.config.num_hidden_layers)
+    warm-up steps) of a token draft or, with `features`, of the feature draft (`distill_features`'s loss), for
+    fitting a build into a time budget (`steps_for_budget`)."""
     vocab = teacher.config.vocab_size
     ids = [torch.randint(0, vocab, (config.draft_batch_size * (config.context + 1) * 4,),
                          generator=torch.Generator().manual_seed(0))]
-    distill_model(draft_from_teacher(teacher, init), teacher, ids, 2, config, config.draft_lr, 0, device, "warm-up",
-                  progress=False)
-    draft = draft_from_teacher(teacher, init)
+
+    def train(count: int, desc: str) -> None:
+        if features:
+            from flashspec.features import FeatureDraft
+
+            draft = FeatureDraft.from_target(teacher, (teacher.config.num_hidden_layers - 1,), config.feature_layers)
+            teacher.to(device).eval()
+            train_model(draft, ids, count, config, config.draft_lr, 0, device, desc, False, config.draft_batch_size,
+                        loss=feature_loss(teacher, config.feature_layers, config.feature_depths))
+        else:
+            draft = draft_from_teacher(teacher, init_layers(config, teacher.config.num_hidden_layers))
+            distill_model(draft, teacher, ids, count, config, config.draft_lr, 0, device, desc, progress=False)
+
+    train(2, "warm-up")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     started = time.perf_counter()
-    distill_model(draft, teacher, ids, steps, config, config.draft_lr, 0, device, "timing", progress=False)
+    train(steps, "timing")
     if device.type == "cuda":
         torch.cuda.synchronize(device)
     return (time.perf_counter() - started) / steps
 
 
-def steps_for_budget(config: ZooConfig, step_seconds: float, budget_seconds: float) -> ZooConfig:
-    """`config` with its generalist and specialist steps scaled together (same proportion, multiples of 50)
-    so that the whole pool trains in about `budget_seconds` at `step_seconds` per step."""
-    total = config.draft_steps + len(config.domains) * config.specialist_steps
-    scale = budget_seconds / (step_seconds * total)
-    rounded = {name: max(50, int(getattr(config, name) * scale) // 50 * 50)
-               for name in ("draft_steps", "specialist_steps")}
+def steps_for_budget(config: ZooConfig, step_seconds: float, budget_seconds: float,
+                     feature_step_seconds: float = 0.0) -> ZooConfig:
+    """`config` with its generalist, specialist and feature-draft steps scaled together (same proportion,
+    multiples of 50) so that the whole pool trains in about `budget_seconds` at `step_seconds` per token-draft
+    step and `feature_step_seconds` per feature-draft step."""
+    total = (step_seconds * (config.draft_steps + len(config.domains) * config.specialist_steps)
+             + feature_step_seconds * config.feature_steps)
+    scale = budget_seconds / total
+    names = ("draft_steps", "specialist_steps", *(("feature_steps",) if config.feature_steps else ()))
+    rounded = {name: max(50, int(getattr(config, name) * scale) // 50 * 50) for name in names}
     return config.with_overrides(**rounded)
 
 
