@@ -9,7 +9,8 @@
 # Env: TRAIN_BUDGET_S (fit the distillation steps to this many seconds; default: the size's own steps),
 # POOL_ARGS (more real_pool.py options), POOL_LIMIT (seconds per run, default 500), POOL_RUNS (runs of
 # real_pool.py, default 1; each after the first loads the pool from the cache and writes *_runN.json), SHAPE_SMOKE=0 (the first call
-# runs the GPU tests only, not the random-weight pool on SmolLM2's shapes: a shorter first call).
+# runs the GPU tests only, not the random-weight pool on SmolLM2's shapes: a shorter first call), PROBE_ARGS
+# (options of experiments/feature_draft_probe.py: the second call runs it after the pool runs, e.g. with POOL_RUNS=0).
 set -uo pipefail
 : "${OUT:?set OUT}" "${FLASHSPEC_GIT_SHA:?set FLASHSPEC_GIT_SHA to the commit being measured}"
 stage=$1 carried=$2
@@ -22,7 +23,8 @@ pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || {
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.txt"
 sha=${FLASHSPEC_GIT_SHA:0:7}
 if [ "$stage" = first ]; then
-  timeout 120 python -m pytest -q -p no:cacheprovider tests/test_real.py tests/test_distill.py >"$OUT/real_tests_$sha.log" 2>&1
+  timeout 180 python -m pytest -q -p no:cacheprovider tests/test_real.py tests/test_distill.py tests/test_features.py \
+    >"$OUT/real_tests_$sha.log" 2>&1
   echo "tests rc=$?"; tail -n 3 "$OUT/real_tests_$sha.log"
   [ "${SHAPE_SMOKE:-1}" = 0 ] && exit 0
   timeout 300 python experiments/real_pool.py --size smollm2 --teacher smollm2-shape --train-budget-s 15 \
@@ -47,3 +49,9 @@ for run in $(seq 1 "${POOL_RUNS:-1}"); do  # later runs load the pool from the c
     | grep -v "Loading weights\|Writing model" >"$OUT/real_pool$suffix.log"
   echo "real_pool$suffix rc=${PIPESTATUS[0]}"; tail -n 25 "$OUT/real_pool$suffix.log"
 done
+if [ -n "${PROBE_ARGS:-}" ]; then
+  # shellcheck disable=SC2086  # PROBE_ARGS is a list of options
+  timeout "${POOL_LIMIT:-500}" python experiments/feature_draft_probe.py --git-sha "$FLASHSPEC_GIT_SHA" \
+    --out "$OUT/feature_draft_probe_h200.json" ${PROBE_ARGS} 2>&1 | grep -v "Loading weights" >"$OUT/feature_draft_probe.log"
+  echo "feature_draft_probe rc=${PIPESTATUS[0]}"; tail -n 12 "$OUT/feature_draft_probe.log"
+fi

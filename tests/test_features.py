@@ -223,3 +223,30 @@ def test_the_cli_serves_a_pool_with_a_feature_draft_on_the_fast_path(tmp_path, m
     assert "draft4:draft-features" in capsys.readouterr().err
     assert cli.main([*base, "--engine", "eager"]) == 2
     assert "--engine eager cannot run a feature draft" in capsys.readouterr().err
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_graphed_fast_path_with_a_feature_draft_on_gpu(target, feature_draft):
+    """With CUDA graphs (the step, the catch-ups and the prefills captured and replayed): the sampled law is the
+    target's (χ², T = 0.7), and after the steps the states the graphs wrote are HF's."""
+    gpu_target, gpu_draft = copy.deepcopy(target).cuda(), copy.deepcopy(feature_draft).cuda()
+    token_draft = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3,
+                                    seed=2).cuda()
+    decoder = FastSpeculativeDecoder(gpu_target, [gpu_draft, token_draft, PromptLookupDrafter()], policy="exp3",
+                                     gamma=3, policy_kwargs={"seed": 0})
+    params = SETTINGS[0]
+    continuations, arms, _ = chi2_calls(decoder, params, device="cuda")
+    assert decoder.graphs_captured > 0 and 0 in set(arms)
+    p_values = fit_p_values(continuations, exact_continuations(target, params))
+    assert passes(p_values), p_values
+    result = decoder.generate(PROMPTS.cuda(), attention_mask=MASK.cuda(), max_new_tokens=12,
+                              sampling=fs.SamplingParams(0.0))
+    session = decoder._session
+    lengths, seq, states = session.buffers.lengths, session.buffers.seq, session.target.states
+    for row in range(3):
+        tokens = seq[row:row + 1, :int(lengths[row]) - 1]  # every token the target has processed
+        expected, _ = target_states(gpu_target, tokens, STATES)
+        # loose: TF32 may be on in this process; stale or missing states would be off by O(1)
+        assert torch.allclose(states[row, :tokens.shape[1]].float(), expected[0].float(), atol=2e-2), row
+    assert result.num_generated.tolist() == [12, 12, 12]
