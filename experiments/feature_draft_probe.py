@@ -61,7 +61,7 @@ def train(draft: FeatureDraft, teacher: torch.nn.Module, streams: list[torch.Ten
             features, logits = target_states(teacher, batch, draft.feature_layers)
             # depth > 1: the draft's own outputs fed back (training-time test)
             depths = unroll(draft, batch, features, ttt, regime, noise)
-            kl = sum(distill.forward_kl(logits[:, k:], out) for k, (_, out) in enumerate(depths, start=1))
+            kl = distill.unrolled_kl(logits, depths)
             if draft.feature_layers == (-1,):  # the output imitates the final feature it is fed back as
                 regression = torch.nn.functional.smooth_l1_loss(runner.rms_normalise(depths[0][0].float()),
                                                                 features[:, 1:].float())

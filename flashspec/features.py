@@ -69,11 +69,14 @@ class FeatureDraft(torch.nn.Module):
         """(final normed hidden states, logits) of `tokens` [B, q] fed `features`: the target's states at the
         previous positions [B, q, len(feature_layers) * hidden] or, with `reduced`, already-reduced inputs
         [B, q, hidden] (the draft's own outputs). Attention is causal over the call's q positions."""
+        hidden = self.body.model(inputs_embeds=self.inputs(tokens, features, reduced)).last_hidden_state
+        return hidden, self.body.lm_head(hidden)
+
+    def inputs(self, tokens: torch.Tensor, features: torch.Tensor, reduced: bool = False) -> torch.Tensor:
+        """The decoder's input ``fc([embed(tokens), g])``, g = reduce(`features`) or, with `reduced`, `features`."""
         embedded = self.body.model.embed_tokens(tokens)
         fed = features.to(embedded.dtype)
-        x = self.fc(torch.cat([embedded, fed if reduced else self.reduce(fed)], -1))
-        hidden = self.body.model(inputs_embeds=x).last_hidden_state
-        return hidden, self.body.lm_head(hidden)
+        return self.fc(torch.cat([embedded, fed if reduced else self.reduce(fed)], -1))
 
     def save_pretrained(self, folder: str | Path) -> None:
         """The body as an HF model folder, plus `fc`/`reduce` and the feature layers beside it."""
@@ -151,9 +154,9 @@ def unroll(draft: FeatureDraft, tokens: torch.Tensor, features: torch.Tensor, de
             fed = hidden[:, :-1]
         return out
     batch, n = tokens.shape[0], tokens.shape[1] - 1
-    embed, model = draft.body.model.embed_tokens, draft.body.model
+    model = draft.body.model
     mask = depth_mask(depth, n, tokens.device)
-    blocks = [draft.fc(torch.cat([embed(tokens[:, 1:]), draft.reduce(fed.to(embed.weight.dtype))], -1))]
+    blocks = [draft.inputs(tokens[:, 1:], fed)]
     out = []
     for k in range(1, depth + 1):
         positions = torch.cat([torch.arange(n, device=tokens.device) + a + 1 for a in range(k)])
@@ -162,7 +165,7 @@ def unroll(draft: FeatureDraft, tokens: torch.Tensor, features: torch.Tensor, de
         out.append((hidden[:, :n - k + 1], draft.body.lm_head(hidden[:, :n - k + 1])))
         if k < depth:  # depth k + 1's entry j: token j + k + 1 (padded past the window), fed depth k's output j
             following = torch.nn.functional.pad(tokens[:, k + 1:], (0, k))
-            blocks.append(draft.fc(torch.cat([embed(following), hidden.to(embed.weight.dtype)], -1)))
+            blocks.append(draft.inputs(following, hidden, reduced=True))
     return out
 
 
@@ -175,8 +178,8 @@ class FeatureRunner(runner.LlamaRunner):
 
     def __init__(self, draft: FeatureDraft, source: runner.LlamaRunner, max_batch: int, max_len: int,
                  **kwargs: Any) -> None:
-        if source.states is None or source.state_layers != tuple(
-                len(source.layers) if i == -1 else i for i in draft.feature_layers):
+        if source.states is None or source.state_layers != runner.state_indices(draft.feature_layers,
+                                                                                 len(source.layers)):
             raise ValueError(f"the target's runner must write the states this draft reads "
                              f"(state_layers={draft.feature_layers})")
         super().__init__(draft.body, max_batch, max_len, **kwargs)
@@ -195,15 +198,12 @@ class FeatureRunner(runner.LlamaRunner):
             self.fed = None
 
     def inputs(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        embedded = self.embed_tokens(tokens)
         if self.fed is not None:
-            g = self.fed.to(embedded.dtype)
-        else:
-            rows = self.source.rows[:tokens.shape[0], None]
-            before = self.source.states[rows, (positions - 1).clamp(min=0)]          # [B, q, k·hidden]
-            before = torch.where((positions > 0)[..., None], before, torch.zeros_like(before))
-            g = self.draft.reduce(before.to(embedded.dtype))
-        return self.draft.fc(torch.cat([embedded, g], -1))
+            return self.draft.inputs(tokens, self.fed, reduced=True)
+        rows = self.source.rows[:tokens.shape[0], None]
+        before = self.source.states[rows, (positions - 1).clamp(min=0)]              # [B, q, k·hidden]
+        before = torch.where((positions > 0)[..., None], before, torch.zeros_like(before))
+        return self.draft.inputs(tokens, before)
 
     def output(self, head: Any, x: torch.Tensor) -> torch.Tensor:
         hidden = self.norm(x)

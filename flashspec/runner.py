@@ -186,6 +186,11 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     return out.reshape(batch, length, q_heads * head_dim)
 
 
+def state_indices(layers: tuple[int, ...], depth: int) -> tuple[int, ...]:
+    """Hidden-state indices of a `depth`-layer model with -1 (the final normed state) written as `depth`."""
+    return tuple(depth if index == -1 else index for index in layers)
+
+
 def rms_normalise(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """x scaled to unit root-mean-square over its last dimension (no weight), computed in float32."""
     return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
@@ -307,7 +312,7 @@ class LlamaRunner:
         self.compile_lengths = tuple(compile_lengths)
         self._compiled = None if compile is False else compile_regions("default" if compile is True else compile)
         depth = len(self.layers)
-        self.state_layers = tuple(depth if index == -1 else index for index in state_layers)
+        self.state_layers = state_indices(state_layers, depth)
         if not all(0 <= index <= depth for index in self.state_layers):
             raise ValueError(f"state_layers must be hidden-state indices in 0..{depth} or -1, got {state_layers}")
         self.states = None if not state_layers else torch.zeros(

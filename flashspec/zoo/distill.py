@@ -282,9 +282,14 @@ def feature_loss(teacher: torch.nn.Module, feature_layers: tuple[int, ...], dept
         tokens = batch[:, :-1]
         states, logits = features.target_states(teacher, tokens, feature_layers)
         unrolled = features.unroll(model, tokens, states, depths, "exact", noise)
-        return sum(forward_kl(logits[:, k:], out) for k, (_, out) in enumerate(unrolled, start=1))
+        return unrolled_kl(logits, unrolled)
 
     return loss
+
+
+def unrolled_kl(logits: torch.Tensor, unrolled: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """`forward_kl` of the teacher's [B, C, V] logits against each depth k of `features.unroll`, summed."""
+    return sum(forward_kl(logits[:, k:], out) for k, (_, out) in enumerate(unrolled, start=1))
 
 
 def distill_features(config: ZooConfig, teacher: torch.nn.Module, train_ids: dict[str, torch.Tensor],
