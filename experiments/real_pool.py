@@ -89,6 +89,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--bandits", nargs="+", default=["thompson", "d-ts"])
     parser.add_argument("--speed-adaptive-gammas", type=int, nargs="+", default=[2, 4, 6, 8],
                         help="γ values of the speed part's adaptive contestant (every draft at each)")
+    parser.add_argument("--single-draft", default=None,
+                        help="the speed part's one-draft contestant (a pool name such as 'features'; default: the "
+                             "generalist)")
     parser.add_argument("--prompt-lookup", action="store_true",
                         help="the speed part: add the prompt-lookup drafter to the pool of every contestant that "
                              "chooses, and time it alone at --gamma")
@@ -254,6 +257,9 @@ def main(argv: list[str] | None = None) -> int:
                         "built_on": manifest["environment"]}
     write()
     names = list(pool.drafts)
+    single = args.single_draft or ("general" if "general" in names else names[0])
+    if single not in names:
+        raise SystemExit(f"--single-draft must be one of the pool's drafts {names}, got {single!r}")
     budget = args.eval_tokens or manifest["config"]["eval_tokens"]
 
     def quality() -> dict[str, Any]:
@@ -292,8 +298,7 @@ def main(argv: list[str] | None = None) -> int:
         pool_names = names + (["prompt-lookup"] if args.prompt_lookup else [])
         decoders = {g: fast if g == args.gamma and not args.prompt_lookup else FastSpeculativeDecoder(
             pool.target, chooser_pool, policy="fixed", gamma=g, compile=args.compile) for g in gammas}
-        # the generalist alone at γ: what choosing among the pool costs or gains against one draft
-        single = "general" if "general" in drafts else names[0]
+        # one draft alone at γ (`single`): what choosing among the pool costs or gains
         one_draft = FastSpeculativeDecoder(pool.target, [drafts[single]], policy="fixed", gamma=args.gamma,
                                            compile=args.compile)
         lookup_alone = FastSpeculativeDecoder(pool.target, [PromptLookupDrafter()], policy="fixed", gamma=args.gamma,

@@ -201,7 +201,8 @@ def test_real_pool_measures_a_pool_with_a_feature_draft(tmp_path, monkeypatch):
     out = tmp_path / "pool.json"
     assert real_pool.main(["--size", "micro-distill-features", "--out", str(out), "--requests", "2", "--block", "1",
                            "--new-tokens", "4", "--repeats", "1", "--device", "cpu", "--parts", "quality", "speed",
-                           "--speed-adaptive-gammas", "2", "4", "--train-budget-s", "0.5"]) == 0
+                           "--speed-adaptive-gammas", "2", "4", "--train-budget-s", "0.5", "--single-draft",
+                           "features"]) == 0
     results = json.loads(out.read_text())["results"]
     fitted = results["build"]["fitted_to_budget"]  # the feature draft's steps are fitted with the others
     assert fitted["feature_seconds_per_step"] > 0 and results["build"]["config"]["feature_steps"] == fitted["feature_steps"]
@@ -209,6 +210,7 @@ def test_real_pool_measures_a_pool_with_a_feature_draft(tmp_path, monkeypatch):
     assert set(results["quality"]["acceptance_t1"]) == {"python", "prose", "cpp", "general", "features"}
     assert results["build"]["models"]["draft-features"]["feature_layers"] == [1, -1]
     assert results["speed"]["greedy"]["greedy_token_agreement_with_plain"] == 1.0
+    assert results["speed"]["t1"]["one_draft"]["draft"] == "features"
 
 
 def test_the_cli_serves_a_pool_with_a_feature_draft_on_the_fast_path(tmp_path, monkeypatch, capsys):
@@ -229,7 +231,8 @@ def test_the_cli_serves_a_pool_with_a_feature_draft_on_the_fast_path(tmp_path, m
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_graphed_fast_path_with_a_feature_draft_on_gpu(target, feature_draft):
     """With CUDA graphs (the step, the catch-ups and the prefills captured and replayed): the sampled law is the
-    target's (χ², T = 0.7), and after the steps the states the graphs wrote are HF's."""
+    target's (χ², T = 0.7), greedy is the target's greedy generate, and after the steps the states the graphs wrote
+    are HF's."""
     gpu_target, gpu_draft = copy.deepcopy(target).cuda(), copy.deepcopy(feature_draft).cuda()
     token_draft = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3,
                                     seed=2).cuda()
@@ -249,4 +252,7 @@ def test_graphed_fast_path_with_a_feature_draft_on_gpu(target, feature_draft):
         expected, _ = target_states(gpu_target, tokens, STATES)
         # loose: TF32 may be on in this process; stale or missing states would be off by O(1)
         assert torch.allclose(states[row, :tokens.shape[1]].float(), expected[0].float(), atol=2e-2), row
-    assert result.num_generated.tolist() == [12, 12, 12]
+    # greedy through the graphs is the GPU target's own greedy generate (row 2 stops at EOS after two tokens)
+    expected = gpu_target.generate(PROMPTS.cuda(), attention_mask=MASK.cuda(), max_new_tokens=12, do_sample=False,
+                                   eos_token_id=2, pad_token_id=2)
+    assert torch.equal(result.sequences, expected)
