@@ -255,4 +255,4 @@ def test_graphed_fast_path_with_a_feature_draft_on_gpu(target, feature_draft):
     # greedy through the graphs is the GPU target's own greedy generate (row 2 stops at EOS after two tokens)
     expected = gpu_target.generate(PROMPTS.cuda(), attention_mask=MASK.cuda(), max_new_tokens=12, do_sample=False,
                                    eos_token_id=2, pad_token_id=2)
-    assert torch.equal(result.sequences, expected)
+    assert torch.equal(result.sequences.cuda(), expected)
