@@ -158,7 +158,9 @@ def seconds_per_step(config: ZooConfig, teacher: torch.nn.Module, device: torch.
                      features: bool = False) -> float:
     """Measured seconds of one distillation step at `config`'s shapes (random token windows, after two
     warm-up steps) of a token draft or, with `features`, of the feature draft (`distill_features`'s loss), for
-    fitting a build into a time budget (`steps_for_budget`)."""
+    fitting a build into a time budget (`steps_for_budget`). Each timed run builds a fresh draft and optimiser,
+    so the result is the difference of a run of 2 × `steps` and one of `steps`, divided by `steps`: the fixed
+    cost of a run cancels (counted whole in one short run, it overstates a step)."""
     vocab = teacher.config.vocab_size
     ids = [torch.randint(0, vocab, (config.draft_batch_size * (config.context + 1) * 4,),
                          generator=torch.Generator().manual_seed(0))]
@@ -175,14 +177,18 @@ def seconds_per_step(config: ZooConfig, teacher: torch.nn.Module, device: torch.
             draft = draft_from_teacher(teacher, init_layers(config, teacher.config.num_hidden_layers))
             distill_model(draft, teacher, ids, count, config, config.draft_lr, 0, device, desc, progress=False)
 
+    def timed(count: int) -> float:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        started = time.perf_counter()
+        train(count, "timing")
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return time.perf_counter() - started
+
     train(2, "warm-up")
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    started = time.perf_counter()
-    train(steps, "timing")
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return (time.perf_counter() - started) / steps
+    short = timed(steps)
+    return max(timed(2 * steps) - short, 0.0) / steps or short / steps  # noise can make the difference ≤ 0
 
 
 def steps_for_budget(config: ZooConfig, step_seconds: float, budget_seconds: float,
