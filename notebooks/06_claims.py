@@ -950,6 +950,40 @@ else:
     print_wrapped(f"specialist margins over {over}: {margin_text} -> >= {required}: "
                   f"{margin_verdict}")
 
+FEATURE_CLAIM = ("A draft fed the target's hidden states (EAGLE-3: a low, a middle and the top layer's) accepts "
+                 "more than drafts that read tokens only (SmolLM2-135M)")
+FEATURE_POOL = committed("real_pool_features_h200.json")
+FEATURE_SMOKE = committed("real_pool_features_smoke_h200.json")
+if FEATURE_POOL is None:
+    add_claim(FEATURE_CLAIM, "pending: `--size smollm2-features --parts quality` of `experiments/real_pool.py` on a "
+              "GPU", "`results/real_pool_features_h200.json` (not committed yet)")
+else:
+    feature_quality = FEATURE_POOL["results"]["quality"]
+    rates = feature_quality["acceptance_t1"]
+    token_names = [name for name in rates if name != "features"]
+    gaps = {domain: rates["features"][domain] - max(rates[name][domain] for name in token_names)
+            for domain in rates["features"]}
+    mixed = feature_quality["mixed_t1"]
+    best_token = max(token_names, key=mixed.get)
+    verdict = "reproduced" if all(gap > 0 for gap in gaps.values()) else "not reproduced"
+    smoke = ""
+    if FEATURE_SMOKE is not None:
+        ratio = FEATURE_SMOKE["results"]["speed"]["t1"]["one_draft"]["ratio_per_round"]
+        smoke = (f"; its speed at full training is not measured yet: a smoke run with "
+                 f"{FEATURE_SMOKE['results']['build']['config']['feature_steps']} of its "
+                 f"{FEATURE_POOL['results']['build']['config']['feature_steps']} steps ran "
+                 f"{ratio['median']:.2f}× fast plain at T = 1 (`results/real_pool_features_smoke_h200.json`; chapter 5 "
+                 "predicts the trained draft's ratio from its depths and that run's step cost)")
+    add_claim(
+        FEATURE_CLAIM,
+        f"{verdict}: over the best token draft on each domain at T = 1: "
+        + ", ".join(f"{d} {gap:+.3f}" for d, gap in gaps.items())
+        + f"; on mixed text {mixed['features']:.3f} against {mixed[best_token]:.3f} ({best_token}), one layer "
+        "against two",
+        f"{real_source(FEATURE_POOL, '`results/real_pool_features_h200.json`')}, `quality.acceptance_t1` (exact "
+        "Σ min(p, q), the same held-out text as the token drafts)" + smoke + "; chapter 5")
+    print_wrapped(f"feature draft over the best token draft: {gaps} -> {verdict}")
+
 real_switching = real_results.get("switching", {})
 if not any(kind in real_switching for kind in ("blocks", "mixed")):
     add_claim(REAL_SWITCH_CLAIM, real_command, f"{REAL_FILE}, part `switching` (not committed yet)")
