@@ -385,7 +385,8 @@ def anatomy(decoder: FastSpeculativeDecoder, device: torch.device, bucket: int) 
     pieces = {
         "target_forward_q": lambda: target.forward(tokens, last[:, None] + offsets, bucket),
         "draft_window_q": lambda: draft.forward(tokens, window, bucket, torch.full_like(one, gamma)),
-        "draft_forward_1": lambda: draft.forward(one, last[:, None], bucket),
+        # each drafted token past the first, as the step drafts it (a feature draft fed its own last output)
+        "draft_forward_1": lambda: draft.next_draft(one, last[:, None], bucket),
         "target_forward_1": lambda: target.forward(one, last[:, None], bucket),
     }
     span = torch.arange(16, device=device)

@@ -90,8 +90,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--speed-adaptive-gammas", type=int, nargs="+", default=[2, 4, 6, 8],
                         help="γ values of the speed part's adaptive contestant (every draft at each)")
     parser.add_argument("--single-draft", default=None,
-                        help="the speed part's one-draft contestant (a pool name such as 'features'; default: the "
-                             "generalist)")
+                        help="the speed part's one-draft contestant and the draft the anatomy times (a pool name "
+                             "such as 'features'; default: the generalist)")
     parser.add_argument("--prompt-lookup", action="store_true",
                         help="the speed part: add the prompt-lookup drafter to the pool of every contestant that "
                              "chooses, and time it alone at --gamma")
@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     def anatomy() -> dict[str, Any]:
         from experiments.bench_fast import anatomy as step_anatomy
 
-        timed = "general" if "general" in drafts else names[-1]  # a token draft: the anatomy times its runner
+        timed = single  # the speed part's one-draft contestant: the anatomy times its runner
         one = FastSpeculativeDecoder(pool.target, [drafts[timed]], policy="fixed", **options)
         prompt = torch.tensor([blocks[0].prompt_ids], dtype=torch.long, device=device)
         one.generate(prompt, max_new_tokens=args.new_tokens, ignore_eos=True)

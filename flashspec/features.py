@@ -169,6 +169,31 @@ def unroll(draft: FeatureDraft, tokens: torch.Tensor, features: torch.Tensor, de
     return out
 
 
+def window_inputs(draft: FeatureDraft, tokens: torch.Tensor, positions: torch.Tensor, states: torch.Tensor,
+                  rows: torch.Tensor) -> torch.Tensor:
+    """`draft`'s input for `tokens` at `positions` of `rows` [B, 1], each fed the target's reduced states at
+    the position before, read from the [B, S, k·hidden] buffer `states` (zeros before position 0)."""
+    before = states[rows, (positions - 1).clamp(min=0)]                              # [B, q, k·hidden]
+    before = torch.where((positions > 0)[..., None], before, torch.zeros_like(before))
+    return draft.inputs(tokens, before)
+
+
+def fed_inputs(draft: FeatureDraft, tokens: torch.Tensor, fed: torch.Tensor) -> torch.Tensor:
+    """`draft`'s input for `tokens` fed its own previous output `fed` [B, q, hidden]."""
+    return draft.inputs(tokens, fed, reduced=True)
+
+
+def hidden_and_logits(norm: torch.nn.Module, lm_head: torch.nn.Module, x: torch.Tensor,
+                      logits_dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The final normed hidden state of the last layer's output `x` and its logits (in `logits_dtype`)."""
+    hidden = norm(x)
+    logits = lm_head(hidden)
+    return hidden, logits if logits_dtype is None else logits.to(logits_dtype)
+
+
+FEATURE_REGIONS = (window_inputs, fed_inputs, hidden_and_logits)
+
+
 class FeatureRunner(runner.LlamaRunner):
     """A `FeatureDraft` on the fast path: a static-cache runner over its decoder body whose input at each
     position is ``fc([embed(token), g])``, g the reduced target states at the position before (read from
@@ -187,6 +212,11 @@ class FeatureRunner(runner.LlamaRunner):
         self.source = source
         self.fed: torch.Tensor | None = None
         self.last_hidden: torch.Tensor | None = None
+        # its own small pieces compiled like the body's regions (the same lengths): a few kernels each
+        # instead of a dozen, at every drafted token
+        mode = kwargs.get("compile", False)
+        self._feature_regions = {False: FEATURE_REGIONS, True: FEATURE_REGIONS if mode is False else tuple(
+            runner.compile_region(fn, "default" if mode is True else mode) for fn in FEATURE_REGIONS)}
 
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, bucket: int,
                 logits_index: torch.Tensor | None = None, fed: torch.Tensor | None = None) -> torch.Tensor:
@@ -197,19 +227,15 @@ class FeatureRunner(runner.LlamaRunner):
         finally:
             self.fed = None
 
-    def inputs(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def inputs(self, tokens: torch.Tensor, positions: torch.Tensor, compiled: bool = False) -> torch.Tensor:
+        window, fed, _ = self._feature_regions[compiled]
         if self.fed is not None:
-            return self.draft.inputs(tokens, self.fed, reduced=True)
-        rows = self.source.rows[:tokens.shape[0], None]
-        before = self.source.states[rows, (positions - 1).clamp(min=0)]              # [B, q, k·hidden]
-        before = torch.where((positions > 0)[..., None], before, torch.zeros_like(before))
-        return self.draft.inputs(tokens, before)
+            return fed(self.draft, tokens, self.fed)
+        return window(self.draft, tokens, positions, self.source.states, self.source.rows[:tokens.shape[0], None])
 
-    def output(self, head: Any, x: torch.Tensor) -> torch.Tensor:
-        hidden = self.norm(x)
-        self.last_hidden = hidden
-        logits = self.lm_head(hidden)
-        return logits if self.logits_dtype is None else logits.to(self.logits_dtype)
+    def output(self, head: Any, x: torch.Tensor, compiled: bool = False) -> torch.Tensor:
+        self.last_hidden, logits = self._feature_regions[compiled][2](self.norm, self.lm_head, x, self.logits_dtype)
+        return logits
 
     def next_draft(self, tokens: torch.Tensor, positions: torch.Tensor, bucket: int) -> torch.Tensor:
         """The next drafted token's logits: `tokens` [B, 1] fed the previous forward's output."""

@@ -196,6 +196,12 @@ def rms_normalise(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
+def stored_state(x: torch.Tensor, dtype: torch.dtype, norm: torch.nn.Module | None = None) -> torch.Tensor:
+    """A hidden state as the states buffer keeps it: `rms_normalise`d (after the final `norm`, for the
+    state past the last layer), in `dtype`."""
+    return rms_normalise(x if norm is None else norm(x)).to(dtype)
+
+
 def project_qkv(layer: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
                 heads: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One decoder layer up to attention: input norm, q/k/v projections, RoPE on q and k.
@@ -229,8 +235,8 @@ COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
 RECOMPILE_LIMIT = 128
 
 
-def compile_regions(mode: str = "default") -> tuple[Any, Any, Any]:
-    """`project_qkv`, `finish_layer`, `project_logits` through torch.compile (static shapes).
+def compile_regions(mode: str = "default") -> tuple[Any, Any, Any, Any]:
+    """`project_qkv`, `finish_layer`, `project_logits`, `stored_state` through torch.compile (static shapes).
 
     Regional compilation: attention stays outside (SDPA over the host-chosen bucket, whose length
     would otherwise recompile the model per bucket), and the per-layer regions are compiled once per
@@ -238,14 +244,19 @@ def compile_regions(mode: str = "default") -> tuple[Any, Any, Any]:
     inputs rather than constants (torch >= 2.5). Fusion removes most of the small kernels (norms,
     RoPE, SiLU, residuals) that dominate a graph-replayed decode step.
     """
+    return tuple(compile_region(fn, mode) for fn in (project_qkv, finish_layer, project_logits, stored_state))
+
+
+def compile_region(fn: Any, mode: str = "default") -> Any:
+    """`fn` through torch.compile as every region is compiled here: whole graph, static shapes, `mode`,
+    Dynamo's recompile limit raised to `RECOMPILE_LIMIT`."""
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(config, name) and getattr(config, name) < RECOMPILE_LIMIT:
             setattr(config, name, RECOMPILE_LIMIT)
-    options = {"fullgraph": True, "dynamic": False, "mode": mode}
-    return tuple(torch.compile(fn, **options) for fn in (project_qkv, finish_layer, project_logits))
+    return torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
 
 
 class LlamaRunner:
@@ -342,49 +353,52 @@ class LlamaRunner:
         batch, length = tokens.shape
         fold = self.attention == "fold" or (self.attention == "auto" and (
             not HAS_ENABLE_GQA or (batch * length > FOLD_ABOVE and length <= FOLD_MAX_Q)))
-        x = self.inputs(tokens, positions)                              # [B, q, hidden]
+        compiled = self._compiled is not None and length in self.compile_lengths
+        x = self.inputs(tokens, positions, compiled)                    # [B, q, hidden]
         cos = self.cos[positions].unsqueeze(2)                          # [B, q, 1, D]
         sin = self.sin[positions].unsqueeze(2)
         visible = (self.slots[:bucket] <= positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, q, S]
         groups = self.num_heads // self.num_kv_heads
         mask = fold_mask(visible, groups) if fold and groups > 1 else visible
         rows = self.rows[:batch, None]                                  # [B, 1]
-        compiled = self._compiled is not None and length in self.compile_lengths
-        qkv, finish, head = self._compiled if compiled else (project_qkv, finish_layer, project_logits)
+        qkv, finish, head, state = self._compiled if compiled else (project_qkv, finish_layer, project_logits,
+                                                                     stored_state)
         heads = (self.num_heads, self.num_kv_heads, self.head_dim)
-        self._write_state(0, x, rows, positions)
+        self._write_state(state, 0, x, rows, positions)
         for index, layer in enumerate(self.layers):
             q, k, v = qkv(layer, x, cos, sin, heads)
             self.cache.write(index, rows, positions, k, v)
             keys, values = self.cache.read(index, batch, bucket)
             x = finish(layer, x, attend(q, keys, values, mask, self.scale, fold))
             if index + 1 < len(self.layers):
-                self._write_state(index + 1, x, rows, positions)
-        if len(self.layers) in self.state_layers:
-            self._write_state(len(self.layers), self.norm(x), rows, positions)
+                self._write_state(state, index + 1, x, rows, positions)
+        self._write_state(state, len(self.layers), x, rows, positions, self.norm)
         if logits_index is not None:
             x = x.gather(1, logits_index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [B, k, hidden]
-        return self.output(head, x)                                      # [B, q or k, V]
+        return self.output(head, x, compiled)                            # [B, q or k, V]
 
     def next_draft(self, tokens: torch.Tensor, positions: torch.Tensor, bucket: int) -> torch.Tensor:
         """A draft's next drafted token's logits, `tokens` [B, 1] the one it drafted last: a plain forward."""
         return self.forward(tokens, positions, bucket)
 
-    def inputs(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """The first layer's input for `tokens` at `positions`: their embeddings."""
+    def inputs(self, tokens: torch.Tensor, positions: torch.Tensor, compiled: bool = False) -> torch.Tensor:
+        """The first layer's input for `tokens` at `positions`: their embeddings (`compiled`: whether this
+        forward runs the compiled regions, for subclasses with regions of their own)."""
         return self.embed_tokens(tokens)
 
-    def output(self, head: Any, x: torch.Tensor) -> torch.Tensor:
+    def output(self, head: Any, x: torch.Tensor, compiled: bool = False) -> torch.Tensor:
         """Logits of the last layer's output `x` through `head` (`project_logits`, compiled or not)."""
         return head(self.norm, self.lm_head, x, self.logits_dtype)
 
-    def _write_state(self, index: int, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> None:
-        """Store hidden state `index` (`state_layers`), RMS-normalised, at `positions` of `rows` in `states`."""
+    def _write_state(self, state: Any, index: int, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
+                     norm: torch.nn.Module | None = None) -> None:
+        """Store hidden state `index` (`state_layers`) at `positions` of `rows` in `states`, as `state`
+        (`stored_state`, compiled or not) gives it."""
         if index not in self.state_layers:
             return
         width = x.shape[-1]
         slot = self.state_layers.index(index)
-        self.states[:, :, slot * width:(slot + 1) * width][rows, positions] = rms_normalise(x).to(self.dtype)
+        self.states[:, :, slot * width:(slot + 1) * width][rows, positions] = state(x, self.dtype, norm)
 
     __call__ = forward
 

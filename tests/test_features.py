@@ -4,6 +4,7 @@ sees them, and on the fast path it keeps the output exactly the target's (greedy
 in law), alone or beside token drafts and prompt lookup."""
 from __future__ import annotations
 
+import collections
 import copy
 
 import pytest
@@ -111,11 +112,27 @@ def test_a_saved_feature_draft_loads_back(tmp_path, feature_draft):
         FeatureDraft.from_pretrained(tmp_path)
 
 
-@pytest.mark.parametrize("sync,gammas", [("lazy", None), ("all", None), ("lazy", [1, 3])])
-def test_greedy_with_a_feature_draft_equals_the_targets_greedy_generate(target, feature_draft, sync, gammas):
+@pytest.mark.parametrize("sync,gammas,compile", [("lazy", None, False), ("all", None, False), ("lazy", [1, 3], False),
+                                                  ("lazy", None, True)])
+def test_greedy_with_a_feature_draft_equals_the_targets_greedy_generate(target, feature_draft, sync, gammas, compile,
+                                                                         monkeypatch):
+    """Greedy equals the target's greedy generate (eager, or with every region compiled: the target's stored
+    states, the draft's inputs and head), and after the steps the states buffer holds the target's states."""
+    calls: collections.Counter[str] = collections.Counter()
+    compile_region = runner.compile_region
+
+    def counted(fn, mode="default"):  # each compiled region, counting its calls
+        compiled = compile_region(fn, mode)
+
+        def call(*args, **kwargs):
+            calls[fn.__name__] += 1
+            return compiled(*args, **kwargs)
+        return call
+    monkeypatch.setattr(runner, "compile_region", counted)
     token_draft = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2)
     decoder = FastSpeculativeDecoder(target, [feature_draft, token_draft, PromptLookupDrafter()], policy="exp3",
-                                     gamma=3, gammas=gammas, draft_sync=sync, policy_kwargs={"seed": 0})
+                                     gamma=3, gammas=gammas, draft_sync=sync, policy_kwargs={"seed": 0},
+                                     compile=compile)
     result = decoder.generate(PROMPTS, attention_mask=MASK, max_new_tokens=20, sampling=fs.SamplingParams(0.0))
     expected = target.generate(PROMPTS, attention_mask=MASK, max_new_tokens=20, do_sample=False, eos_token_id=2,
                                pad_token_id=2)
@@ -135,6 +152,9 @@ def test_greedy_with_a_feature_draft_equals_the_targets_greedy_generate(target, 
         states, _ = target_states(target, tokens, STATES)
         _, expected = feature_draft(tokens, torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], 1))
         assert torch.allclose(logits[row], expected[0, -1], atol=1e-4), row
+    # compiled, the target's stored states and the feature draft's own pieces ran compiled, beside the body's regions
+    expected_calls = {"stored_state", "window_inputs", "fed_inputs", "hidden_and_logits", "project_qkv"}
+    assert expected_calls <= set(calls) if compile else not calls, calls
 
 
 def test_feature_drafts_are_checked(target, feature_draft):
@@ -229,15 +249,17 @@ def test_the_cli_serves_a_pool_with_a_feature_draft_on_the_fast_path(tmp_path, m
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_graphed_fast_path_with_a_feature_draft_on_gpu(target, feature_draft):
-    """With CUDA graphs (the step, the catch-ups and the prefills captured and replayed): the sampled law is the
+@pytest.mark.parametrize("compile", [False, True], ids=["graphs", "graphs+compile"])
+def test_graphed_fast_path_with_a_feature_draft_on_gpu(target, feature_draft, compile):
+    """With CUDA graphs (the step, the catch-ups and the prefills captured and replayed), with and without the
+    compiled regions (the feature draft's own included): the sampled law is the
     target's (χ², T = 0.7), greedy is the target's greedy generate, and after the steps the states the graphs wrote
     are HF's."""
     gpu_target, gpu_draft = copy.deepcopy(target).cuda(), copy.deepcopy(feature_draft).cuda()
     token_draft = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3,
                                     seed=2).cuda()
     decoder = FastSpeculativeDecoder(gpu_target, [gpu_draft, token_draft, PromptLookupDrafter()], policy="exp3",
-                                     gamma=3, policy_kwargs={"seed": 0})
+                                     gamma=3, policy_kwargs={"seed": 0}, compile=compile)
     params = SETTINGS[0]
     continuations, arms, _ = chi2_calls(decoder, params, device="cuda")
     assert decoder.graphs_captured > 0 and 0 in set(arms)
