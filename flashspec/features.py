@@ -118,6 +118,11 @@ def target_states(target: torch.nn.Module, tokens: torch.Tensor,
     return torch.cat(states, -1), target.lm_head(out.last_hidden_state)
 
 
+def previous_states(states: torch.Tensor) -> torch.Tensor:
+    """[B, C, ·] states shifted one position on: what each position's draft input reads (zeros at the first)."""
+    return torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], 1)
+
+
 REGIMES = ("exact", "pessimistic")
 
 

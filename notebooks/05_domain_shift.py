@@ -1553,7 +1553,9 @@ if CALIBRATED is not None:
 # same held-out text as the token drafts (its depth 1: the target's true states), and a speed run timed it on
 # the fast path. That speed run is a smoke test, not the bar's measurement: the device budget left room only for
 # a pool fitted to a 90 s training budget, which gave the feature draft 150 of its 2000 steps. What it measures
-# well is the cost of a step, which does not depend on training.
+# well is the cost of a step, which does not depend on training. Both pools were built before the feature draft's
+# temperature was fitted too (now part of the size's recipe, `flashspec.zoo.config.FEATURE_RECIPE`, so today's
+# build has another cache key): their feature drafts hold τ = 1.
 
 # %%
 FEATURE_POOL = committed_result("real_pool_features_h200")

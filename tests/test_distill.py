@@ -186,6 +186,10 @@ def test_cache_keys_keep_from_scratch_sizes_and_version_distillation(monkeypatch
     assert {size for size in before if before[size] != after[size]} == {
         size for size, config in zoo.SIZES.items() if config.distilled} == {
         "smollm2", "micro-distill", "smollm2-features", "micro-distill-features"}
+    # the feature draft's recipe only in the keys of calibrated configs with one
+    monkeypatch.setattr(zoo_config, "FEATURE_RECIPE", zoo_config.FEATURE_RECIPE + 1)
+    assert {size for size, key in keys().items() if key != after[size]} == {"smollm2-features",
+                                                                             "micro-distill-features"}
 
 
 def test_a_gpu_pool_refuses_to_build_on_a_cpu_by_default(micro_cache: Path, monkeypatch: pytest.MonkeyPatch,

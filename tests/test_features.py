@@ -157,6 +157,23 @@ def test_greedy_with_a_feature_draft_equals_the_targets_greedy_generate(target, 
     assert expected_calls <= set(calls) if compile else not calls, calls
 
 
+@pytest.mark.parametrize("regime", ["exact", "pessimistic"])
+def test_a_folded_temperature_divides_every_depths_logits_and_nothing_else(target, feature_draft, regime):
+    """`distill.fold_temperature` on a feature draft: at every depth (each fed the one before's output, which
+    the fold rescales) the logits are the unfolded draft's divided by τ, so its distributions are q_τ."""
+    from flashspec.zoo import distill
+
+    tokens = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(4))
+    states, _ = target_states(target, tokens, STATES)
+    with torch.no_grad():
+        before = unroll(feature_draft, tokens, states, 3, regime)
+        after = unroll(distill.fold_temperature(feature_draft, 0.8), tokens, states, 3, regime)
+    for (_, plain), (_, folded) in zip(before, after):
+        assert torch.allclose(folded, plain / 0.8, atol=1e-4)  # float32 rounding grows with depth
+    with pytest.raises(ValueError, match="two or more feature_layers"):
+        distill.fold_temperature(FeatureDraft.from_target(target, (1,), (-1,)), 0.8)
+
+
 def test_feature_drafts_are_checked(target, feature_draft):
     other = FeatureDraft.from_target(target, (1,), (-1,))
     with pytest.raises(ValueError, match="same target states"):
@@ -197,6 +214,10 @@ def test_a_zoo_with_a_feature_draft_builds_loads_measures_and_decodes(tmp_path, 
     info = loaded.manifest["models"][distill.FEATURE_DRAFT]
     assert info["steps"] == 6 and info["training_depths"] == 2 and info["feature_layers"] == [1, -1]
     assert zoo.SIZES["micro-distill-features"].key("x") != zoo.SIZES["micro-distill"].key("x")
+    fit = info["calibration"]  # its temperature was fitted (on its first drafted token) and folded in
+    assert fit["temperature"] in distill.TEMPERATURE_GRID
+    assert fit["sum_min_t1_by_temperature"][str(fit["temperature"])] >= fit["sum_min_t1_by_temperature"]["1.0"]
+    assert (fit["uncalibrated_weights_sha256"] == info["weights_sha256"]) == (fit["temperature"] == 1.0)
     acceptance = zoo.expected_acceptance_matrix(loaded, 64)
     assert all(0.0 < value <= 1.0 for value in acceptance["features"].values())
     assert all(value > 1.0 for value in zoo.perplexity_table(loaded, 64)["features"].values())

@@ -165,11 +165,16 @@ def _train_into(work_dir: Path, config: ZooConfig, domain_corpora: dict[str, cor
 
     if config.distilled and config.feature_steps:
         draft, losses = distill.distill_features(config, teacher, train_ids, device_, progress)
+        calibration = None
+        if config.calibration_tokens and len(config.feature_layers) > 1:  # one state: no reduce map to fold into
+            draft, calibration = distill.calibrate(draft, teacher, [train_ids[d] for d in config.domains], config,
+                                                   device_, distill.FEATURE_DRAFT)
         models_info[distill.FEATURE_DRAFT] = _save_model(
             work_dir, distill.FEATURE_DRAFT, draft, tokenizer, losses, mark,
             {"domains": list(config.domains), "steps": config.feature_steps,
              "initialised_from": f"{config.teacher} layer {teacher.config.num_hidden_layers - 1}"},
-            {"feature_layers": list(config.feature_layers), "training_depths": config.feature_depths})
+            {"feature_layers": list(config.feature_layers), "training_depths": config.feature_depths,
+             **({} if calibration is None else {"calibration": calibration})})
         timings[f"train_{distill.FEATURE_DRAFT}_s"] = time.perf_counter() - mark
         del draft
     save_file({d: heldout_ids[d] for d in config.domains}, str(work_dir / HELDOUT))

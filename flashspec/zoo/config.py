@@ -13,6 +13,8 @@ ZOO_FORMAT = 2  # 2: specialists fine-tuned from the generalist
 # How drafts are distilled from a teacher, in the cache key of distilled configs only (`ZooConfig.key`).
 # 2: the KL is computed by `training.train_model`'s `loss`, inside its bf16 autocast region.
 DISTILL_RECIPE = 2
+# How the feature draft is made, in the key of configs with one only. 2: its temperature is fitted and folded in.
+FEATURE_RECIPE = 2
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>")
 GENERALIST = "general"
 
@@ -78,7 +80,8 @@ class ZooConfig:
         fields only when it has steps, so zoos trained from scratch keep the keys they always had.
         A distilled config's key also holds `DISTILL_RECIPE`: a change to how drafts are distilled that gives
         other weights for the same config on some device (a GPU's bf16 numerics) bumps it, so a pool cached
-        by the earlier recipe is not served as this one. Keys without the entry are the first recipe's."""
+        by the earlier recipe is not served as this one. Keys without the entry are the first recipe's.
+        `FEATURE_RECIPE` enters likewise for a calibrated config with a feature draft."""
         config = dataclasses.asdict(self)
         content: dict[str, Any] = {"format": ZOO_FORMAT, "config": config, "corpus": corpus_sha256}
         if self.distilled:
@@ -89,6 +92,8 @@ class ZooConfig:
             del config["calibration_tokens"]
         if not self.feature_steps:
             del config["feature_layers"], config["feature_steps"], config["feature_depths"]
+        elif self.calibration_tokens:
+            content["feature_recipe"] = FEATURE_RECIPE
         blob = json.dumps(content, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

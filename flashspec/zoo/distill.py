@@ -230,15 +230,22 @@ def overlap_by_temperature(teacher: torch.nn.Module, draft: torch.nn.Module, win
                            temperatures: tuple[float, ...], device: torch.device,
                            batch_size: int = 16) -> dict[float, float]:
     """τ -> mean over the [N, C] windows' positions of Σ_v min(p_v, q_τ,v), p the teacher's softmax at T = 1
-    and q_τ = softmax(draft logits / τ): the exact acceptance at T = 1 of the draft with its logits divided by τ."""
+    and q_τ = softmax(draft logits / τ): the exact acceptance at T = 1 of the draft with its logits divided by τ.
+    A feature draft (`flashspec.features.FeatureDraft`) reads the teacher's states: its first drafted token's."""
+    from flashspec.features import FeatureDraft, previous_states, target_states
+
     totals = dict.fromkeys(temperatures, 0.0)
     count = 0
     teacher.to(device).eval()
     draft = draft.to(device).eval()
     for start in range(0, windows.shape[0], batch_size):
         batch = windows[start:start + batch_size].to(device)
-        p = torch.softmax(teacher(input_ids=batch).logits.float(), dim=-1)
-        logits = draft(input_ids=batch).logits.float()
+        if isinstance(draft, FeatureDraft):
+            states, teacher_logits = target_states(teacher, batch, draft.feature_layers)
+            logits = draft(batch, previous_states(states))[1].float()
+        else:
+            teacher_logits, logits = teacher(input_ids=batch).logits, draft(input_ids=batch).logits.float()
+        p = torch.softmax(teacher_logits.float(), dim=-1)
         for temperature in temperatures:
             totals[temperature] += float(torch.minimum(p, torch.softmax(logits / temperature, dim=-1)).sum())
         count += batch.numel()
@@ -248,12 +255,27 @@ def overlap_by_temperature(teacher: torch.nn.Module, draft: torch.nn.Module, win
 
 def fold_temperature(draft: torch.nn.Module, temperature: float) -> torch.nn.Module:
     """A copy of `draft` whose logits are its own divided by `temperature`: its final RMSNorm's weight scaled
-    by 1/τ (the head is linear in it, and the tied embedding is left as it is)."""
+    by 1/τ (the head is linear in it, and the tied embedding is left as it is).
+
+    A feature draft feeds that normed state back as its next input, in place of its reduced target states,
+    through the same columns of `fc`: those columns are scaled by τ and the `reduce` map by 1/τ, so every
+    depth's input is what it was and only the logits change."""
+    from flashspec.features import FeatureDraft
+
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    if isinstance(draft, FeatureDraft) and not isinstance(draft.reduce, torch.nn.Linear):
+        raise ValueError("a feature draft's temperature folds into its reduce map: it needs two or more "
+                         f"feature_layers, got {draft.feature_layers}")
     scaled = copy.deepcopy(draft)
     with torch.no_grad():
-        scaled.model.norm.weight.div_(temperature)
+        if isinstance(scaled, FeatureDraft):
+            hidden = scaled.body.config.hidden_size
+            scaled.body.model.norm.weight.div_(temperature)
+            scaled.reduce.weight.div_(temperature)
+            scaled.fc.weight[:, hidden:].mul_(temperature)
+        else:
+            scaled.model.norm.weight.div_(temperature)
     return scaled
 
 

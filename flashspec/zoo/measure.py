@@ -40,7 +40,7 @@ def _window_logits(model: torch.nn.Module, windows: torch.Tensor, batch_size: in
     """The model's logits on each batch of windows (inputs: all but the last token). A feature draft
     (`flashspec.features`) reads `target`'s states at the position before, zeros before the first, as on the
     fast path."""
-    from flashspec.features import FeatureDraft, target_states
+    from flashspec.features import FeatureDraft, previous_states, target_states
 
     device = next(model.parameters()).device
     out = []
@@ -52,8 +52,7 @@ def _window_logits(model: torch.nn.Module, windows: torch.Tensor, batch_size: in
         if target is None:
             raise ValueError("a feature draft's logits need the target whose states it reads")
         states, _ = target_states(target, tokens, model.feature_layers)
-        fed = torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], 1)
-        out.append(model(tokens, fed)[1].float())
+        out.append(model(tokens, previous_states(states))[1].float())
     return out
 
 
