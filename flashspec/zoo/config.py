@@ -13,7 +13,8 @@ ZOO_FORMAT = 2  # 2: specialists fine-tuned from the generalist
 # How drafts are distilled from a teacher, in the cache key of distilled configs only (`ZooConfig.key`).
 # 2: the KL is computed by `training.train_model`'s `loss`, inside its bf16 autocast region.
 DISTILL_RECIPE = 2
-# How the feature draft is made, in the key of configs with one only. 2: its temperature is fitted and folded in.
+# How the feature draft is made, in the key of calibrated configs with one only. 2: its temperature is fitted
+# and folded in.
 FEATURE_RECIPE = 2
 SPECIAL_TOKENS = ("<s>", "</s>", "<pad>")
 GENERALIST = "general"
