@@ -222,7 +222,7 @@ class FastSpeculativeDecoder:
                 raise ValueError(f"drafts[{index}] must be a Llama-family HF model, a FeatureDraft or a "
                                  f"PromptLookupDrafter, got {type(draft).__name__} (the eager SpeculativeDecoder "
                                  "takes any Drafter)")
-            reason = runner.unsupported_reason(draft.body if isinstance(draft, FeatureDraft) else draft)
+            reason = unsupported_draft(draft)
             if reason is not None:
                 raise ValueError(f"drafts[{index}] cannot run on the fast path: {reason}")
             models.check_compatible(target, draft, draft_name=f"drafts[{index}]")
@@ -730,6 +730,11 @@ class FastPlainDecoder(FastSpeculativeDecoder):
                          _plain=True)
 
 
+def unsupported_draft(draft: torch.nn.Module) -> str | None:
+    """`runner.unsupported_reason` of the model a draft's runner runs (a FeatureDraft's decoder body)."""
+    return runner.unsupported_reason(draft.body if isinstance(draft, FeatureDraft) else draft)
+
+
 def fast_supported(target: torch.nn.Module, drafts: Sequence[Any]) -> str | None:
     """Why the fast path cannot run this pool (None when it can)."""
     reason = runner.unsupported_reason(target)
@@ -740,7 +745,7 @@ def fast_supported(target: torch.nn.Module, drafts: Sequence[Any]) -> str | None
             continue
         if not isinstance(draft, torch.nn.Module):
             return f"drafts[{index}] is a custom Drafter"
-        reason = runner.unsupported_reason(draft.body if isinstance(draft, FeatureDraft) else draft)
+        reason = unsupported_draft(draft)
         if reason is not None:
             return f"drafts[{index}]: {reason}"
     return None

@@ -166,7 +166,7 @@ def _train_into(work_dir: Path, config: ZooConfig, domain_corpora: dict[str, cor
     if config.distilled and config.feature_steps:
         draft, losses = distill.distill_features(config, teacher, train_ids, device_, progress)
         calibration = None
-        if config.calibration_tokens and len(config.feature_layers) > 1:  # one state: no reduce map to fold into
+        if config.calibration_tokens and distill.foldable(draft):
             draft, calibration = distill.calibrate(draft, teacher, [train_ids[d] for d in config.domains], config,
                                                    device_, distill.FEATURE_DRAFT)
         models_info[distill.FEATURE_DRAFT] = _save_model(

@@ -253,6 +253,14 @@ def overlap_by_temperature(teacher: torch.nn.Module, draft: torch.nn.Module, win
     return {temperature: total / count for temperature, total in totals.items()}
 
 
+def foldable(draft: torch.nn.Module) -> bool:
+    """Whether `fold_temperature` can fold a temperature into `draft`: any token draft, and a feature draft
+    with a `reduce` map (two or more target states) to take the compensating 1/τ."""
+    from flashspec.features import FeatureDraft
+
+    return not isinstance(draft, FeatureDraft) or isinstance(draft.reduce, torch.nn.Linear)
+
+
 def fold_temperature(draft: torch.nn.Module, temperature: float) -> torch.nn.Module:
     """A copy of `draft` whose logits are its own divided by `temperature`: its final RMSNorm's weight scaled
     by 1/τ (the head is linear in it, and the tied embedding is left as it is).
@@ -264,7 +272,7 @@ def fold_temperature(draft: torch.nn.Module, temperature: float) -> torch.nn.Mod
 
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
-    if isinstance(draft, FeatureDraft) and not isinstance(draft.reduce, torch.nn.Linear):
+    if not foldable(draft):
         raise ValueError("a feature draft's temperature folds into its reduce map: it needs two or more "
                          f"feature_layers, got {draft.feature_layers}")
     scaled = copy.deepcopy(draft)
