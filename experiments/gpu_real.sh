@@ -10,7 +10,9 @@
 # POOL_ARGS (more real_pool.py options), POOL_LIMIT (seconds per run, default 500), POOL_RUNS (runs of
 # real_pool.py, default 1; each after the first loads the pool from the cache and writes *_runN.json), SHAPE_SMOKE=0 (the first call
 # runs the GPU tests only, not the random-weight pool on SmolLM2's shapes: a shorter first call), PROBE_ARGS
-# (options of experiments/feature_draft_probe.py: the second call runs it after the pool runs, e.g. with POOL_RUNS=0).
+# (options of experiments/feature_draft_probe.py: the second call runs it after the pool runs, e.g. with POOL_RUNS=0),
+# TESTS (the first call's pytest arguments, default the three real-model test files), TEST_LIMIT (their seconds,
+# default 300: compiling the feature draft's regions on the GPU takes a while).
 set -uo pipefail
 : "${OUT:?set OUT}" "${FLASHSPEC_GIT_SHA:?set FLASHSPEC_GIT_SHA to the commit being measured}"
 stage=$1 carried=$2
@@ -23,8 +25,9 @@ pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || {
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.txt"
 sha=${FLASHSPEC_GIT_SHA:0:7}
 if [ "$stage" = first ]; then
-  timeout 180 python -m pytest -q -p no:cacheprovider tests/test_real.py tests/test_distill.py tests/test_features.py \
-    >"$OUT/real_tests_$sha.log" 2>&1
+  # shellcheck disable=SC2086  # TESTS is a list of pytest arguments
+  timeout "${TEST_LIMIT:-300}" python -m pytest -q -p no:cacheprovider \
+    ${TESTS:-tests/test_real.py tests/test_distill.py tests/test_features.py} >"$OUT/real_tests_$sha.log" 2>&1
   echo "tests rc=$?"; tail -n 3 "$OUT/real_tests_$sha.log"
   [ "${SHAPE_SMOKE:-1}" = 0 ] && exit 0
   timeout 300 python experiments/real_pool.py --size smollm2 --teacher smollm2-shape --train-budget-s 15 \

@@ -103,7 +103,9 @@ def test_steps_for_budget_scales_both_stages_together() -> None:
     assert half.key("x") != config.key("x")  # the steps are part of the cache key
     assert half.feature_steps == 0  # no feature draft: nothing to scale
     features = zoo.SIZES["smollm2-features"]
-    both = distill.steps_for_budget(features, 1.0, (total + 2 * features.feature_steps) / 2, feature_step_seconds=2.0)
+    token_steps = features.draft_steps + 3 * features.specialist_steps
+    both = distill.steps_for_budget(features, 1.0, (token_steps + 2 * features.feature_steps) / 2,
+                                    feature_step_seconds=2.0)
     assert (both.draft_steps, both.specialist_steps, both.feature_steps) == (
         features.draft_steps // 2, features.specialist_steps // 2, features.feature_steps // 2)
 
