@@ -809,7 +809,8 @@ def judge_run(name: str, entry: dict, run: dict) -> tuple[str, str]:
                             f"{entry['fast_plain']['median']:.1f} tok/s, {speedup.ratio:.2f}× (ratio of "
                             f"medians; pairings {speedup.low:.2f}–{speedup.high:.2f}×, per-round ratios "
                             f"{rounds['min']:.2f}–{rounds['max']:.2f}×); faster than fast plain: "
-                            f"{speedup.verdict}; ≥ {SPEED_BAR}×: {at_bar.verdict}")
+                            f"{speedup.verdict}; ≥ {SPEED_BAR}×: {at_bar.verdict}"
+                            + (f" ({at_bar.reason})" if at_bar.verdict == "inconclusive" else ""))
 
 
 def judge_speed(record: dict) -> tuple[list[str], list[str]]:
@@ -953,7 +954,6 @@ else:
 FEATURE_CLAIM = ("A draft fed the target's hidden states (EAGLE-3: a low, a middle and the top layer's) accepts "
                  "more than drafts that read tokens only (SmolLM2-135M)")
 FEATURE_POOL = committed("real_pool_features_h200.json")
-FEATURE_SMOKE = committed("real_pool_features_smoke_h200.json")
 if FEATURE_POOL is None:
     add_claim(FEATURE_CLAIM, "pending: `--size smollm2-features --parts quality` of `experiments/real_pool.py` on a "
               "GPU", "`results/real_pool_features_h200.json` (not committed yet)")
@@ -966,14 +966,7 @@ else:
     mixed = feature_quality["mixed_t1"]
     best_token = max(token_names, key=mixed.get)
     verdict = "reproduced" if all(gap > 0 for gap in gaps.values()) else "not reproduced"
-    smoke = ""
-    if FEATURE_SMOKE is not None:
-        ratio = FEATURE_SMOKE["results"]["speed"]["t1"]["one_draft"]["ratio_per_round"]
-        smoke = (f"; its speed at full training is not measured yet: a smoke run with "
-                 f"{FEATURE_SMOKE['results']['build']['config']['feature_steps']} of its "
-                 f"{FEATURE_POOL['results']['build']['config']['feature_steps']} steps ran "
-                 f"{ratio['median']:.2f}× fast plain at T = 1 (`results/real_pool_features_smoke_h200.json`; chapter 5 "
-                 "predicts the trained draft's ratio from its depths and that run's step cost)")
+    smoke = "; its speed: the next row"
     add_claim(
         FEATURE_CLAIM,
         f"{verdict}: over the best token draft on each domain at T = 1: "
@@ -983,6 +976,33 @@ else:
         f"{real_source(FEATURE_POOL, '`results/real_pool_features_h200.json`')}, `quality.acceptance_t1` (exact "
         "Σ min(p, q), the same held-out text as the token drafts)" + smoke + "; chapter 5")
     print_wrapped(f"feature draft over the best token draft: {gaps} -> {verdict}")
+
+FEATURE_SPEED_CLAIM = ("A draft fed the target's hidden states speeds up a real target ≥ 1.5× fast plain decoding "
+                       "(SmolLM2-135M; B = 1, the same sampling on both sides)")
+FEATURE_SPEED = committed("real_pool_features_speed_h200.json")
+FEATURE_SPEED_FILE = "`results/real_pool_features_speed_h200.json`"
+feature_speed = FEATURE_SPEED["results"]["speed"] if FEATURE_SPEED else {}
+for label, name in (("greedy", "greedy"), ("t1", "T = 1")):
+    entry = feature_speed.get(label)
+    if entry is None:
+        add_claim(f"{FEATURE_SPEED_CLAIM}, {name}", "pending: `experiments/real_pool.py --size smollm2-features "
+                  "--parts speed --single-draft features` on a GPU", f"{FEATURE_SPEED_FILE} (not committed yet)")
+        continue
+    # the feature draft alone is judged; the whole pool at a fixed γ and gamma-ts over every arm stand beside it
+    alone = entry["one_draft"]
+    verdict, judged = judge_run(f"the feature draft alone at γ = {alone['gamma']}", entry, alone)
+    others = [judge_run(f"Thompson over the pool at γ = {gamma}", entry, run)[1]
+              for gamma, run in entry["by_gamma"].items()]
+    others.append(judge_run(f"{entry['adaptive']['policy']} over every (draft, γ), γ ∈ "
+                            f"{entry['adaptive']['gammas']}", entry, entry["adaptive"])[1])
+    speed_build = FEATURE_SPEED["results"]["build"]
+    add_claim(f"{FEATURE_SPEED_CLAIM}, {name}", verdict,
+              f"{real_source(FEATURE_SPEED, FEATURE_SPEED_FILE)}, `speed` (`--size smollm2-features`, built in "
+              f"{speed_build['timings']['total_s']:.0f} s, {speed_build['config']['feature_steps']} feature steps; "
+              f"{FEATURE_SPEED['settings']['requests']} held-out prompts × {FEATURE_SPEED['settings']['new_tokens']} "
+              f"tokens, {FEATURE_SPEED['settings']['repeats']} rounds, compiled regions and CUDA graphs): " + judged
+              + ". Beside it: " + "; ".join(others) + "; chapter 5")
+    print_wrapped(f"{name}: {judged}")
 
 real_switching = real_results.get("switching", {})
 if not any(kind in real_switching for kind in ("blocks", "mixed")):
