@@ -118,6 +118,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def token_agreement(base: dict[str, Any], other: dict[str, Any]) -> float:
+    """Share of positions where two `stream` runs over the same requests emitted the same token."""
+    same = [a == b for x, y in zip(base["outputs"], other["outputs"]) for a, b in zip(x, y)]
+    return sum(same) / len(same)
+
+
 def stream(decoder: Any, requests: list[switching.Request], sampling: fs.SamplingParams, new_tokens: int,
            device: torch.device) -> dict[str, Any]:
     """Serve `requests` one by one (seeds 0, 1, ...) with a fast decoder: seconds, tokens, tokens/s, every
@@ -335,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
             agree: dict[str, float] = {}
             drafts_chosen: dict[str, dict[str, dict[str, float]]] = {}  # of each choosing contestant's last round
             adaptive_agree: float | None = None
+            one_draft_agree: float | None = None
 
             def timed(method: str, decoder: Any) -> dict[str, Any]:  # one timed stream, recorded under `method`
                 served = stream(decoder, blocks, sampling, args.new_tokens, device)
@@ -353,29 +360,29 @@ def main(argv: list[str] | None = None) -> int:
                     spec = timed(f"gamma{g}", decoder)
                     drafts_chosen[f"gamma{g}"] = chosen_draft_per_domain(spec, blocks, decoder, pool_names)
                     if temperature == 0:
-                        same = [a == b for x, y in zip(base["outputs"], spec["outputs"]) for a, b in zip(x, y)]
-                        agree[str(g)] = sum(same) / len(same)
+                        agree[str(g)] = token_agreement(base, spec)
                         firsts = {}  # the first request of each domain: its prompt and the speculative continuation
                         for request, output in zip(blocks, spec["outputs"]):
                             firsts.setdefault(request.domain, {"prompt": pool.tokenizer.decode(request.prompt_ids),
                                                                "continuation": pool.tokenizer.decode(output)})
                         out["greedy_samples"] = firsts
-                timed("one_draft", one_draft)
+                alone = timed("one_draft", one_draft)
                 if lookup_alone is not None:
                     timed("prompt_lookup", lookup_alone)
                 fresh_adaptive()
                 chosen = timed("adaptive", adaptive)
                 drafts_chosen["adaptive"] = chosen_draft_per_domain(chosen, blocks, adaptive, pool_names)
                 if temperature == 0:
-                    same = [a == b for x, y in zip(base["outputs"], chosen["outputs"]) for a, b in zip(x, y)]
-                    adaptive_agree = sum(same) / len(same)
+                    adaptive_agree = token_agreement(base, chosen)
+                    one_draft_agree = token_agreement(base, alone)
             by_gamma = {str(g): summary(f"gamma{g}") for g in gammas}
             main_gamma = by_gamma[str(args.gamma)] if args.gamma in gammas else by_gamma[str(gammas[0])]
             out[label] = {"fast_plain": spread(rounds["fast_plain"]),
                           "fast_plain_graph_captures": captures["fast_plain"], **main_gamma, "by_gamma": by_gamma,
                           "greedy_token_agreement_with_plain": agree.get(str(args.gamma)),
                           "greedy_token_agreement_by_gamma": agree or None,
-                          "one_draft": {"draft": single, "gamma": args.gamma, **summary("one_draft")},
+                          "one_draft": {"draft": single, "gamma": args.gamma, **summary("one_draft"),
+                                        "greedy_token_agreement_with_plain": one_draft_agree},
                           "adaptive": {"policy": args.speed_adaptive_policy, "gammas": args.speed_adaptive_gammas,
                                        **summary("adaptive"),
                                        "greedy_token_agreement_with_plain": adaptive_agree,

@@ -1677,6 +1677,8 @@ if FEATURE_SPEED is not None:
     gamma = t1["one_draft"]["gamma"]
     drafting = parts_ms["draft_window_q"] + (gamma - 1) * parts_ms["draft_forward_1"]
     free_draft = feature_part["tokens_per_step"] * parts_ms["target_forward_1"] / parts_ms["target_forward_q"]
+    cheap_verify = feature_part["tokens_per_step"] * plain_part["ms_per_step"] / (
+        feature_part["ms_per_step"] - parts_ms["target_forward_q"] + parts_ms["target_forward_1"])
     probe = FEATURE_RUNS.get("feature_draft_probe_eagle3_ttt_h200")
     predicted = None
     if probe is not None:
@@ -1702,7 +1704,9 @@ if FEATURE_SPEED is not None:
         f"{parts_ms['target_forward_q'] / parts_ms['target_forward_1']:.2f}× a one-token forward "
         f"({parts_ms['target_forward_1']:.2f} ms), while drafting {gamma} tokens costs {drafting:.2f} ms. Even a "
         f"draft that cost nothing, with sampling and commit free as well, would give only {free_draft:.2f}× at "
-        f"these tokens per step. At this step cost 1.5× needs {1.5 * cost:.2f} tokens per step, and a chain has "
+        f"these tokens per step; a verify of {gamma + 1} tokens as cheap as a one-token forward, the rest of the "
+        f"step as measured, {cheap_verify:.2f}×. At this step cost 1.5× needs {1.5 * cost:.2f} tokens per step, and "
+        "a chain has "
         f"little room for them: if every drafted token were accepted with the first one's "
         f"{by_tau[str(calibration['temperature'])]:.2f}, a chain of any length would average under "
         f"1 / (1 − {by_tau[str(calibration['temperature'])]:.2f}) = "

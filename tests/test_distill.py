@@ -255,6 +255,7 @@ def test_real_pool_speed_part_with_prompt_lookup(micro_cache: Path, tmp_path: Pa
                 assert set(shares) <= set(entry["pool"]) and abs(sum(shares.values()) - 1) < 1e-9
     assert speed["greedy"]["greedy_token_agreement_by_gamma"] == {"2": 1.0, "4": 1.0}  # float32 on a CPU: exact
     assert speed["greedy"]["adaptive"]["greedy_token_agreement_with_plain"] == 1.0
+    assert speed["greedy"]["one_draft"]["greedy_token_agreement_with_plain"] == 1.0
 
 
 def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, tmp_path: Path) -> None:

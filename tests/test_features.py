@@ -252,6 +252,7 @@ def test_real_pool_measures_a_pool_with_a_feature_draft(tmp_path, monkeypatch):
     assert results["build"]["models"]["draft-features"]["feature_layers"] == [1, -1]
     assert results["speed"]["greedy"]["greedy_token_agreement_with_plain"] == 1.0
     assert results["speed"]["t1"]["one_draft"]["draft"] == "features"
+    assert results["speed"]["greedy"]["one_draft"]["greedy_token_agreement_with_plain"] == 1.0  # the feature draft
 
 
 def test_the_cli_serves_a_pool_with_a_feature_draft_on_the_fast_path(tmp_path, monkeypatch, capsys):
