@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"load_s": load_s, "domains": {}}
     for domain in config.domains:
         # the first held-out documents: the same ones at any cap, since every tenth document is held out
-        corpus = corpora.assemble_domain(domain, max_train_chars=40 * args.tokens)
+        corpus = corpora.assemble_domain(domain, max_train_chars=100 * args.tokens)
         ids = training.encode_text(tokenizer, corpus.heldout_text)[:args.tokens]
         if ids.numel() < args.tokens:
             raise SystemExit(f"{domain}: only {ids.numel()} held-out tokens, fewer than --tokens {args.tokens}")
