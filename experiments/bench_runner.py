@@ -1,7 +1,8 @@
 """Per-forward time of the static-cache LlamaRunner against HF eager with a DynamicCache.
 
-For TinyLlama-1.1B- and llama-68m-shaped random-weight models, batch sizes B and query lengths q
-(q=1: decode, q=5: a γ=4 verify), after a `--context`-token prompt, it times:
+For TinyLlama-1.1B-, llama-68m- and SmolLM2-135M-shaped random-weight models, batch sizes B and query
+lengths q (q=1: decode, q=5: a γ=4 verify, larger q: a tree of candidates), after a `--context`-token
+prompt, it times:
   hf_eager        model(...) with a DynamicCache (cropped back after every call, as the engine does)
   runner_eager    LlamaRunner.forward
   runner_graph    the same forward replayed from one CUDA graph (input copies included); for GQA
@@ -38,6 +39,7 @@ from flashspec.runner import HAS_ENABLE_GQA, LlamaRunner, attend, bucket_for, ca
 CONFIGS: dict[str, Callable[[], Any]] = {
     "tinyllama-1b": models.tinyllama_1b_config,
     "llama-68m": models.llama_68m_config,
+    "smollm2-135m": models.smollm2_135m_config,  # the real target's shape: its forward's cost per query length
     "smoke": lambda: models.llama_config(vocab_size=256, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                                          intermediate_size=128, max_positions=512),
 }

@@ -243,6 +243,15 @@ def llama_68m_config(**overrides: Any) -> Any:
     return llama_config(**{**shape, **overrides})
 
 
+def smollm2_135m_config(**overrides: Any) -> Any:
+    """SmolLM2-135M's shape: hidden 576, 30 layers, 9 heads, 3 KV heads, MLP 1536, V = 49152, tied embeddings."""
+    shape = dict(vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
+                 intermediate_size=1536, max_positions=8192, bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    config = llama_config(**{**shape, **overrides})
+    config.tie_word_embeddings = True
+    return config
+
+
 def model_from_config(
     config: Any, seed: int = 0, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
 ) -> torch.nn.Module:

@@ -1711,10 +1711,7 @@ if FEATURE_SPEED is not None:
         f"{by_tau[str(calibration['temperature'])]:.2f}, a chain of any length would average under "
         f"1 / (1 − {by_tau[str(calibration['temperature'])]:.2f}) = "
         f"{1 / (1 - by_tau[str(calibration['temperature'])]):.2f} tokens per step, and later depths accept less "
-        "(the probe above). Verifying several candidates per "
-        "position (a tree) would raise the tokens per step for about the same forward, since a launch-bound "
-        "target reads 16 tokens for little more than 5; that needs multi-candidate rejection sampling and its "
-        "own proof, which this book does not have yet.")
+        "(the probe above). Would verifying several candidates per position, a tree, reach it? Below.")
     if FEATURE_240S is not None:
         other = FEATURE_240S["results"]
         other_ratio = other["speed"]["t1"]["one_draft"]["ratio_per_round"]
@@ -1731,6 +1728,71 @@ if FEATURE_SPEED is not None:
             f"{other_ratio['median']:.2f}× at T = 1 ({other_ratio['min']:.3f}–{other_ratio['max']:.3f}): more "
             "steps did not buy speed.")
     display(Markdown(text))
+
+# %% [markdown]
+# **Would a tree reach 1.5×?** A step can verify several candidate tokens per position: the draft proposes a
+# tree, the target reads every node in one forward (each node attending to its ancestors), and the step keeps the
+# longest path it accepts. The simplest exact way to verify a tree is to let the target sample its own token at
+# each node, as the verify kernel samples its bonus token, and walk down while the sample is one of the node's
+# children. Every emitted token is then a sample of the target given the emitted prefix, so Theorem 1 holds with
+# no new argument. A node with children $C$ is passed with probability $p(C)$, so no $k$ children pass more often
+# than the target's own $k$ most likely tokens. `experiments/tree_headroom.py` measured that mass on held-out text
+# of the three domains on the CPU (SmolLM2 itself; no draft is involved, so it bounds every draft). From it, a
+# tree with $k$ children at every node down to depth $D$ makes at most $\sum_{d=0}^{D} m_k^d$ tokens per step if
+# the depths pass independently (later depths pass less in practice, so this is generous). Its step cost is
+# estimated from the H200 measurements above: the target's forward over the tree's nodes interpolated linearly
+# between the 5-token verify and the 256-token prefill from its CUDA graph (`results/prefill_profile_h200.json`;
+# not measured at these sizes), $D$ draft forwards, and the step's measured verify and commit.
+
+# %%
+HEADROOM = committed_result("tree_headroom_smollm2_cpu")
+PREFILL = committed_result("prefill_profile_h200")
+if HEADROOM is not None and FEATURE_SPEED is not None and PREFILL is not None:
+    mass = HEADROOM["results"]["mean_top_k_mass"]
+    print_wrapped(f"from {provenance.caption(HEADROOM)}; {HEADROOM['settings']['tokens']} held-out tokens per "
+                  "domain, T = 1", indent="")
+    print(f"  {'top-k mass of p':<18}" + "".join(f"{'k = ' + k:>9}" for k in mass))
+    for domain, row in HEADROOM["results"]["domains"].items():
+        print(f"  {domain:<18}" + "".join(f"{row['top_k_mass'][k]:>9.3f}" for k in mass))
+    print(f"  {'mean':<18}" + "".join(f"{value:>9.3f}" for value in mass.values()))
+    anatomy = FEATURE_SPEED["results"]["anatomy"]
+    parts_ms = anatomy["parts_ms"]
+    plain_ms = FEATURE_SPEED["results"]["speed"]["t1"]["breakdown_last_round"]["fast_plain"]["ms_per_step"]
+    prefill_ms = PREFILL["results"]["fast_plain"]["runner_prefill_graphed_ms"]["target"]["median"]
+    rest_ms = anatomy["step_ms_p50"] - parts_ms["sum_of_parts_ms"] + parts_ms["verify"]
+
+    def tree_forward_ms(nodes: int) -> float:  # linear between the 5-token verify and the 256-token prefill
+        return parts_ms["target_forward_q"] + (prefill_ms - parts_ms["target_forward_q"]) * (nodes - 5) / (256 - 5)
+    shapes = [(k, depth) for k, depth in ((2, 2), (2, 3), (2, 4), (3, 3), (4, 1), (4, 2), (4, 3), (8, 2), (16, 1))
+              if str(k) in mass]
+    print(f"  {'children k':>10}{'depth D':>9}{'nodes':>7}{'tokens/step ≤':>15}{'step ms ≈':>11}{'× plain ≤':>11}"
+          f"{'flat ≤':>9}")
+    ceilings, flat = [], []
+    for k, depth in shapes:
+        nodes = 1 + sum(k ** d for d in range(1, depth + 1))
+        tokens = sum(mass[str(k)] ** d for d in range(depth + 1))
+        drafting = parts_ms["draft_window_q"] + (depth - 1) * parts_ms["draft_forward_1"] + rest_ms
+        step = tree_forward_ms(nodes) + drafting
+        ceilings.append(tokens * plain_ms / step)
+        flat.append(tokens * plain_ms / (parts_ms["target_forward_q"] + drafting))  # forward as cheap as 5 tokens
+        print(f"  {k:>10}{depth:>9}{nodes:>7}{tokens:>15.2f}{step:>11.2f}{ceilings[-1]:>11.2f}{flat[-1]:>9.2f}")
+    chain = FEATURE_SPEED["results"]["speed"]["t1"]["one_draft"]["ratio_per_round"]["median"]
+    per_token = (parts_ms["target_forward_q"] - parts_ms["target_forward_1"]) / 4
+    display(Markdown(
+        f"The target's own most likely token holds {mass['1']:.2f} of its mass on average, less than the "
+        "feature draft's chain already passes at its first token (about 0.6, with one sampled candidate and the "
+        f"accept test). Four children could pass at most {mass['4']:.2f}, sixteen {mass['16']:.2f}. Under these "
+        f"generous assumptions the best of these trees reaches **{max(ceilings):.2f}×** plain at most, against "
+        f"{chain:.2f}× measured for the chain. If a tree's forward cost no more than the 5-token verify (column "
+        f"'flat'), the small trees' ceilings would pass 1.5× (up to {max(flat):.2f}×); but the forward grows with "
+        f"its tokens, {per_token * 1e3:.0f} µs per token from one to five. So whether a tree verified by sampling "
+        "and matching can reach 1.5× here turns on one unmeasured number, the target's forward over 7 to 31 "
+        "tokens (`experiments/bench_runner.py --models smollm2-135m --batches 1 --queries 1 5 7 15 21 31 "
+        "--compile` times it on a GPU), and even then only at a ceiling no real draft reaches (its own top-k as children, depths "
+        "passing independently). Trees of sampled candidates verified by recursive rejection sampling "
+        "(SpecInfer) are bounded by the draft's quality rather than by these masses; how much they add depends "
+        "on the residual overlaps of the trained draft, which are not measured "
+        "here. That is a new verify path with its own exactness argument, and this book does not have it."))
 
 # %% [markdown]
 # **The switching workload on the real target.** This chapter's two streams (blocks and mixed; 128 new tokens per

@@ -420,3 +420,21 @@ def test_cli_real_streams_the_greedy_answer_with_a_draft_folder(smollm2, tmp_pat
     assert code == 0, captured.err
     assert captured.out == f"{prompt}\n{smollm2.tokenizer.decode(smollm2.hf)}\n"
     assert "arm prompt-lookup" in captured.err and "arm draft" in captured.err
+
+
+def test_tree_headroom_measures_the_top_k_mass_and_its_chain_bound() -> None:
+    from experiments import tree_headroom
+
+    torch.manual_seed(0)
+    config = models.llama_config(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
+    model = models.model_from_config(config, seed=3).eval()
+    ids = torch.randint(0, 64, (40,))
+    mass = tree_headroom.top_k_mass(model, ids, context=16)
+    values = [mass[k] for k in tree_headroom.TOP_K]
+    assert all(0 < a < b <= 1 for a, b in zip(values, values[1:]))  # more children pass more often, never surely
+    probs = torch.softmax(model(input_ids=ids[None, :16]).logits[0], dim=-1)
+    first = torch.softmax(model(input_ids=ids[None, 16:32]).logits[0], dim=-1)
+    last = torch.softmax(model(input_ids=ids[None, 32:]).logits[0], dim=-1)
+    expected = torch.cat([p.max(dim=-1).values for p in (probs, first, last)]).mean()
+    assert abs(mass[1] - float(expected)) < 1e-6  # top-1 mass: the mean largest probability, every window read
+    assert tree_headroom.chain_tokens(0.5, 2) == 1.75 and tree_headroom.chain_tokens(1.0, 4) == 5.0

@@ -56,11 +56,7 @@ def _tiny(device: torch.device) -> tuple[torch.nn.Module, Any]:
 
 def _smollm2_shape(device: torch.device) -> tuple[torch.nn.Module, Any]:
     tokenizer = models.char_tokenizer()
-    config = models.llama_config(vocab_size=49152, hidden_size=576, num_layers=30, num_heads=9, num_kv_heads=3,
-                                 intermediate_size=1536, max_positions=8192, bos_token_id=1, eos_token_id=2,
-                                 pad_token_id=2)
-    config.tie_word_embeddings = True
-    return models.model_from_config(config, seed=7, device=device), tokenizer
+    return models.model_from_config(models.smollm2_135m_config(), seed=7, device=device), tokenizer
 
 
 GPU_TEACHERS = ("smollm2",)  # teachers whose pools take hours to distil on a CPU (minutes on one H200)
