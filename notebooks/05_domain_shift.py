@@ -1628,9 +1628,9 @@ if (FEATURE_SMOKE is not None and FEATURE_RUNS.get("feature_draft_probe_eagle3_t
 
 # %% [markdown]
 # **The trained feature draft on the fast path, on the H200.** The prediction above, put to the test. The size
-# `smollm2-features` now trains 1000 generalist, 200 specialist and 1200 feature steps, chosen from the step costs
-# of the builds above so that the whole build fits 5 minutes; the feature draft's temperature is fitted and
-# folded as the token drafts' are. One call built it and ran the speed part (`--parts speed anatomy
+# `smollm2-features` now trains fewer steps (printed below), chosen from the step costs of the builds above so
+# that the whole build fits 5 minutes; the feature draft's temperature is fitted and folded as the token drafts'
+# are. One call built it and ran the speed part (`--parts speed anatomy
 # --speed-gammas 3 --repeats 2 --compile default --single-draft features`): fast plain decoding, Thompson
 # sampling over the whole pool at γ = 3, the feature draft alone at γ = 4, and gamma-ts over every (draft, γ)
 # arm, in two rounds on the same twelve held-out prompts. A build at a 240 s training budget (more steps, the
@@ -1780,8 +1780,11 @@ if HEADROOM is not None and FEATURE_SPEED is not None and PREFILL is not None:
     per_token = (parts_ms["target_forward_q"] - parts_ms["target_forward_1"]) / 4
     display(Markdown(
         f"The target's own most likely token holds {mass['1']:.2f} of its mass on average, less than the "
-        "feature draft's chain already passes at its first token (about 0.6, with one sampled candidate and the "
-        f"accept test). Four children could pass at most {mass['4']:.2f}, sixteen {mass['16']:.2f}. Under these "
+        "feature draft already passes at its first token with one sampled candidate and the accept test "
+        + (f"({FEATURE_POOL['results']['quality']['mixed_t1']['features']:.2f} exact on mixed text, the "
+           "2000-step build). " if FEATURE_POOL is not None else "(the quality part above). ")
+        + f"Four children could pass at most {mass['4']:.2f}, sixteen {mass['16']:.2f}, and a real draft's k "
+        "most likely tokens hold less of the target's mass than the target's own. Under these "
         f"generous assumptions the best of these trees reaches **{max(ceilings):.2f}×** plain at most, against "
         f"{chain:.2f}× measured for the chain. If a tree's forward cost no more than the 5-token verify (column "
         f"'flat'), the small trees' ceilings would pass 1.5× (up to {max(flat):.2f}×); but the forward grows with "
