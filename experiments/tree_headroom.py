@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flashspec import corpora, provenance, real  # noqa: E402
+from flashspec import corpora, provenance, real, rewards  # noqa: E402
 from flashspec.zoo import training  # noqa: E402
 from flashspec.zoo.config import SIZES  # noqa: E402
 
@@ -62,12 +62,6 @@ def top_k_mass(model: torch.nn.Module, ids: torch.Tensor, context: int) -> dict[
     return {k: total / count for k, total in totals.items()}
 
 
-def chain_tokens(mass: float, depth: int) -> float:
-    """Tokens per step of `depth` nodes in a chain, each passed with probability `mass` independently, plus
-    the target's own token at the last node reached: Σ_{d=0}^{depth} mass^d."""
-    return sum(mass ** d for d in range(depth + 1))
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.set_num_threads(args.threads)
@@ -87,7 +81,9 @@ def main(argv: list[str] | None = None) -> int:
         results["domains"][domain] = {
             "positions": int(ids.numel()),
             "top_k_mass": {str(k): m for k, m in mass.items()},
-            "chain_tokens_per_step": {str(k): chain_tokens(m, args.depth) for k, m in mass.items()},
+            # a chain of `depth` such nodes passed independently: Σ_{d=0}^{depth} m^d, the geometric model's
+            "chain_tokens_per_step": {str(k): rewards.expected_tokens_per_step(m, args.depth)
+                                      for k, m in mass.items()},
         }
         print(f"[tree_headroom] {domain}: " + ", ".join(f"top-{k} {m:.3f}" for k, m in mass.items()), flush=True)
     domains = results["domains"].values()

@@ -44,7 +44,7 @@ import torch
 from IPython.display import Markdown, display
 
 import flashspec as fs
-from flashspec import plots, provenance, switching, zoo
+from flashspec import plots, provenance, rewards, switching, zoo
 
 RESULTS = provenance.results_dir()
 device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
@@ -1601,7 +1601,8 @@ if (FEATURE_SMOKE is not None and FEATURE_RUNS.get("feature_draft_probe_eagle3_t
         probe_acceptance)
     # the same product rule for the token generalist, against what the engine measured for it at this γ
     general_rates = POOL["results"]["quality"]["acceptance_t1"]["general"]
-    product_general = sum(sum(a ** k for k in range(gamma + 1)) for a in general_rates.values()) / len(general_rates)
+    product_general = sum(rewards.expected_tokens_per_step(a, gamma) for a in general_rates.values()) / len(
+        general_rates)
     shrink = general["tokens_per_step"] / product_general
     ratio = smoke["speed"]["t1"]["one_draft"]["ratio_per_round"]
     print_wrapped(f"from {provenance.caption(FEATURE_SMOKE)}; pool {smoke['build']['key']} (feature steps "
@@ -1770,7 +1771,7 @@ if HEADROOM is not None and FEATURE_SPEED is not None and PREFILL is not None:
     ceilings, flat = [], []
     for k, depth in shapes:
         nodes = 1 + sum(k ** d for d in range(1, depth + 1))
-        tokens = sum(mass[str(k)] ** d for d in range(depth + 1))
+        tokens = rewards.expected_tokens_per_step(mass[str(k)], depth)
         drafting = parts_ms["draft_window_q"] + (depth - 1) * parts_ms["draft_forward_1"] + rest_ms
         step = tree_forward_ms(nodes) + drafting
         ceilings.append(tokens * plain_ms / step)

@@ -424,6 +424,7 @@ def test_cli_real_streams_the_greedy_answer_with_a_draft_folder(smollm2, tmp_pat
 
 def test_tree_headroom_measures_the_top_k_mass_and_its_chain_bound() -> None:
     from experiments import tree_headroom
+    from flashspec import rewards
 
     torch.manual_seed(0)
     config = models.llama_config(vocab_size=64, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64)
@@ -437,4 +438,4 @@ def test_tree_headroom_measures_the_top_k_mass_and_its_chain_bound() -> None:
     last = torch.softmax(model(input_ids=ids[None, 32:]).logits[0], dim=-1)
     expected = torch.cat([p.max(dim=-1).values for p in (probs, first, last)]).mean()
     assert abs(mass[1] - float(expected)) < 1e-6  # top-1 mass: the mean largest probability, every window read
-    assert tree_headroom.chain_tokens(0.5, 2) == 1.75 and tree_headroom.chain_tokens(1.0, 4) == 5.0
+    assert rewards.expected_tokens_per_step(0.5, 2) == 1.75 and rewards.expected_tokens_per_step(1.0, 4) == 5.0
