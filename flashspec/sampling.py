@@ -103,6 +103,46 @@ def gumbel_argmax(log_weights: torch.Tensor, noise_uniforms: torch.Tensor) -> to
     return scores.argmax(dim=-1)
 
 
+# The verifier samples its residual / bonus token in two levels: a race between blocks of SAMPLE_BLOCK
+# consecutive token ids, weighted by each block's total weight, then a race inside the chosen block. Block c's
+# noise is drawn at index BLOCK_NOISE_INDEX - c of the same hash, an index no token id reaches.
+SAMPLE_BLOCK = 256
+BLOCK_NOISE_INDEX = (1 << 32) - 1
+
+
+def block_race(weights: torch.Tensor, log_weights: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one index per row [B, V] from normalise(weights) in two levels; (index [B], has_mass [B]).
+
+    Exact by the chain rule: block c wins its race with probability W_c / W (W_c the sum of the block's weights,
+    an exponential race between blocks with their own noise), and token v wins the race inside its block with
+    probability w_v / W_c. Why two levels: a GPU then streams V weights once, summing them per block (a few
+    instructions per token), and draws noise and logarithms only for the blocks and the SAMPLE_BLOCK tokens of
+    the chosen one, instead of two logarithms and a hash for every token. `log_weights` is log(weights) as the
+    caller wants it read inside the block (the target's log-probs where weights = p); `base` [B, 1] the rows'
+    `rng.base_hash`. A row of at most SAMPLE_BLOCK tokens is one block: the race inside it is `gumbel_argmax`.
+    has_mass: some weight is positive (elsewhere the index is meaningless)."""
+    rows, vocab = weights.shape
+    device = weights.device
+    has_mass = (weights > 0).any(dim=-1)
+    if vocab <= SAMPLE_BLOCK:
+        noise = rng.uniform_from_base(base, torch.arange(vocab, device=device).view(1, vocab))
+        return gumbel_argmax(log_weights, noise), has_mass
+    blocks = -(-vocab // SAMPLE_BLOCK)
+    padded = torch.nn.functional.pad(weights, (0, blocks * SAMPLE_BLOCK - vocab))
+    masses = padded.view(rows, blocks, SAMPLE_BLOCK).sum(dim=-1)
+    block_ids = torch.arange(blocks, device=device).view(1, blocks)
+    block_noise = rng.uniform_from_base(base, BLOCK_NOISE_INDEX - block_ids)
+    block_scores = torch.where(masses > 0, masses.log() - torch.log(-torch.log(block_noise)),
+                               torch.full_like(masses, NEG_INF))
+    chosen = block_scores.argmax(dim=-1, keepdim=True)  # [B, 1]
+    cols = chosen * SAMPLE_BLOCK + torch.arange(SAMPLE_BLOCK, device=device).view(1, SAMPLE_BLOCK)
+    inside = cols < vocab
+    noise = rng.uniform_from_base(base, cols)
+    scores = torch.where(inside, log_weights.gather(-1, cols.clamp(max=vocab - 1)) - torch.log(-torch.log(noise)),
+                         torch.full(cols.shape, NEG_INF, device=device))
+    return chosen[:, 0] * SAMPLE_BLOCK + scores.argmax(dim=-1), has_mass
+
+
 def sample_from_logits(
     logits: torch.Tensor,
     params: SamplingParams,

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 
 from flashspec import rng
-from flashspec.sampling import NEG_INF, SamplingParams, gumbel_argmax, warp_logits
+from flashspec.sampling import NEG_INF, SamplingParams, block_race, warp_logits
 
 BACKENDS = ("auto", "torch", "triton")
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
@@ -207,16 +207,15 @@ def verify_reference(
     else:
         log_q_n = log_q[rows, num_accepted.clamp(max=gamma - 1)]
         rejected = (num_accepted < gamma).unsqueeze(-1)
-        log_weights = torch.where(rejected, residual_log_weights(log_p_n, log_q_n), log_p_n)
-        noise = rng.uniform_from_base(
-            rng.base_hash(key, rng.STREAM_SAMPLE, rows.view(batch, 1), num_accepted.view(batch, 1)),
-            torch.arange(vocab, device=device).view(1, vocab),
-        )
-        from_residual = gumbel_argmax(log_weights, noise)
-        from_target = gumbel_argmax(log_p_n, noise)
+        # the residual max(0, p - q) in linear space: its block sums are what the two-level race weighs
+        p_n = log_p_n.exp()
+        weights = torch.where(rejected, (p_n - log_q_n.exp()).clamp(min=0.0), p_n)
+        log_weights = torch.where(rejected, weights.log(), log_p_n)
+        base = rng.base_hash(key, rng.STREAM_SAMPLE, rows.view(batch, 1), num_accepted.view(batch, 1))
+        from_residual, has_mass = block_race(weights, log_weights, base)
+        from_target, _ = block_race(p_n, log_p_n, base)
         # max(0, p - q) can round to zero everywhere when p == q; then any rejection had
         # probability ~0 and sampling p is the limit of the residual. Keeps ids in [0, V).
-        has_mass = torch.isfinite(log_weights).any(dim=-1)
         emitted = torch.where(has_mass, from_residual, from_target)
 
     positions = torch.arange(gamma + 1, device=device).view(1, gamma + 1)

@@ -1,7 +1,7 @@
 """Launch 2 of verification: every program redoes the accept test of its rows from the stats partials
 and two logits per candidate (O(1) in V per candidate), then streams its V-chunk of the one position its
-row samples from (first rejection, or the bonus position) in an exponential race with counter-based
-noise; the last program of a row block to finish (an atomic ticket) reduces the chunk winners and
+row samples from (first rejection, or the bonus position) in a two-level exponential race with counter-based
+noise (blocks of tokens weighed by their sums, then the tokens of the winning block); the last program of a row block to finish (an atomic ticket) reduces the chunk winners and
 writes tokens / num_accepted. See `flashspec.kernels.verify` for the whole step."""
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 from triton.language import core as tlcore  # noqa: F401  (the interpreter patches it through this module's globals)
 
+from flashspec import sampling
 from flashspec.kernels import rng as krng
 from flashspec.kernels.shims import (INT32_MAX, _combine_lse, _exp, _log, _log1p, _max, _max_index, _min, _scale,
                                      _sum, gdc_wait)
@@ -28,14 +29,40 @@ def _write_outputs(out_tokens_ptr, out_accepted_ptr, rows64, row_ok, positions, 
     tl.store(out_accepted_ptr + rows64, num_accepted.to(tl.int64), mask=row_ok)
 
 
+SAMPLE_BLOCK = tl.constexpr(sampling.SAMPLE_BLOCK)  # constexpr: read inside the kernels
+BLOCK_NOISE_INDEX = tl.constexpr(sampling.BLOCK_NOISE_INDEX)
+
+
 @device_function
-def _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token,
-          rejected, row_ok, noise_base, first, vocab, scale,
-          CHUNK: tl.constexpr, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, RESIDUAL: tl.constexpr,
-          PRECISE: tl.constexpr, LANES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
+def _weights(x, y, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token, cols, rejected, scale,
+             SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, RESIDUAL: tl.constexpr, PRECISE: tl.constexpr):
+    """(w, log w) of a tile of logits x (target) and y (draft), as `flashspec.sampling.block_race` reads them:
+    w = max(0, p - q) in linear space on rejected rows and p on the others (RESIDUAL), or w = p; log w is the
+    target's log-prob itself where w = p. Without draft logits q is one-hot at n_token."""
+    log_p = (_scale(x.to(tl.float32), scale, SCALE_MODE) - n_p_max[:, None]) - n_p_log_sum[:, None]
+    p = _exp(log_p, PRECISE)
+    if RESIDUAL:
+        if HAS_DRAFT:
+            q = _exp((_scale(y.to(tl.float32), scale, SCALE_MODE) - n_q_max[:, None]) - n_q_log_sum[:, None],
+                     PRECISE)
+        else:
+            q = tl.where(cols == n_token[:, None], 1.0, 0.0)
+        w = tl.where(rejected[:, None], tl.maximum(p - q, 0.0), p)
+        log_w = tl.where(rejected[:, None], _log(w, PRECISE), log_p)
+    else:
+        w = p
+        log_w = log_p
+    return w, log_w
+
+
+@device_function
+def _element_race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum,
+                  n_token, rejected, row_ok, noise_base, first, vocab, scale,
+                  CHUNK: tl.constexpr, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, RESIDUAL: tl.constexpr,
+                  PRECISE: tl.constexpr, LANES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
     """The exponential race (Gumbel-max) over V-chunk [first, first + CHUNK) of each row's sampled position:
-    (best score, first index of it) per row of log w - log(-log u), where w = max(0, p - q) on rejected rows
-    and p on the others (RESIDUAL), or w = p. `first` is the chunk's first column.
+    (best score, first index of it) per row of log w - log(-log u) (`_weights`). A row of at most SAMPLE_BLOCK
+    tokens is one block of `block_race`, whose race inside the block this is.
 
     LANES: every lane keeps its own running best over the tiles and the lanes meet once at the end (one
     reduction across warps per chunk instead of one per tile); the same winner: each lane keeps its
@@ -51,21 +78,13 @@ def _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_
         cols = first + start + lanes
         mask = row_ok[:, None] & (cols < vocab)[None, :]
         x = tl.load(target_ptr + target_row[:, None] + cols[None, :], mask=mask, other=float("-inf"))
-        log_p = (_scale(x.to(tl.float32), scale, SCALE_MODE) - n_p_max[:, None]) - n_p_log_sum[:, None]
-        if RESIDUAL:
-            if HAS_DRAFT:
-                y = tl.load(draft_ptr + draft_row[:, None] + cols[None, :],
-                            mask=mask & rejected[:, None], other=float("-inf"))
-                log_q = (_scale(y.to(tl.float32), scale, SCALE_MODE) - n_q_max[:, None]) - n_q_log_sum[:, None]
-            else:
-                log_q = tl.where(cols[None, :] == n_token[:, None], 0.0, float("-inf"))
-            # log max(0, p - q) = log p + log1p(-exp(log q - log p)) where q < p, else -inf
-            positive = log_q < log_p
-            gap = tl.where(positive, log_q - log_p, 0.0)
-            log_w = tl.where(positive, log_p + _log1p(-_exp(gap, PRECISE), PRECISE), float("-inf"))
-            log_w = tl.where(rejected[:, None], log_w, log_p)
+        if RESIDUAL and HAS_DRAFT:
+            y = tl.load(draft_ptr + draft_row[:, None] + cols[None, :],
+                        mask=mask & rejected[:, None], other=float("-inf"))
         else:
-            log_w = log_p
+            y = x
+        _, log_w = _weights(x, y, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token, cols[None, :], rejected,
+                            scale, SCALE_MODE, HAS_DRAFT, RESIDUAL, PRECISE)
         u = krng.uniform_from_base(noise_base[:, None], cols[None, :])
         gumbel = _log(-_log(u, PRECISE), PRECISE)  # the race: argmax log w - log(-log u)
         score = tl.where(mask, log_w - gumbel, float("-inf"))
@@ -85,13 +104,80 @@ def _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_
 
 
 @device_function
+def _block_race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum,
+                n_token, rejected, row_ok, noise_base, first, vocab, scale,
+                CHUNK: tl.constexpr, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, RESIDUAL: tl.constexpr,
+                PRECISE: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
+    """`flashspec.sampling.block_race` over V-chunk [first, first + CHUNK) (whole blocks: BLOCK_V and `first`
+    are multiples of SAMPLE_BLOCK): the weights stream once, summed per block (no noise, no logarithm per
+    token); the blocks race with their own noise; the chunk's winning block then races inside. Returns the
+    winning block's score log W_c - log(-log u_c) (what the chunks compare) and the token that won inside it."""
+    BLOCKS: tl.constexpr = BLOCK_V // SAMPLE_BLOCK
+    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+    best = tl.full([BLOCK_B], float("-inf"), tl.float32)
+    best_block = tl.zeros([BLOCK_B], tl.int64)
+    for start in range(0, CHUNK, BLOCK_V):
+        cols = first + start + lanes
+        mask = row_ok[:, None] & (cols < vocab)[None, :]
+        x = tl.load(target_ptr + target_row[:, None] + cols[None, :], mask=mask, other=float("-inf"))
+        if RESIDUAL and HAS_DRAFT:
+            y = tl.load(draft_ptr + draft_row[:, None] + cols[None, :],
+                        mask=mask & rejected[:, None], other=float("-inf"))
+        else:
+            y = x
+        w, _ = _weights(x, y, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token, cols[None, :], rejected,
+                        scale, SCALE_MODE, HAS_DRAFT, RESIDUAL, PRECISE)
+        masses = _sum(tl.reshape(tl.where(mask, w, 0.0), [BLOCK_B, BLOCKS, SAMPLE_BLOCK]), axis=2)
+        blocks = (first + start) // SAMPLE_BLOCK + tl.arange(0, BLOCKS).to(tl.int64)
+        u = krng.uniform_from_base(noise_base[:, None], (-blocks + BLOCK_NOISE_INDEX)[None, :])
+        score = tl.where(masses > 0.0, _log(masses, PRECISE) - _log(-_log(u, PRECISE), PRECISE), float("-inf"))
+        tile, tile_arg = _max_index(score, axis=1)
+        better = tile > best  # strict: an earlier tile keeps a tie
+        best = tl.where(better, tile, best)
+        best_block = tl.where(better, (first + start) // SAMPLE_BLOCK + tile_arg.to(tl.int64), best_block)
+    # the race inside the winning block (its logits were just read: L1/L2 hits)
+    cols = best_block[:, None] * SAMPLE_BLOCK + tl.arange(0, SAMPLE_BLOCK).to(tl.int64)[None, :]
+    mask = (row_ok & (best > float("-inf")))[:, None] & (cols < vocab)
+    x = tl.load(target_ptr + target_row[:, None] + cols, mask=mask, other=float("-inf"))
+    if RESIDUAL and HAS_DRAFT:
+        y = tl.load(draft_ptr + draft_row[:, None] + cols, mask=mask & rejected[:, None], other=float("-inf"))
+    else:
+        y = x
+    _, log_w = _weights(x, y, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token, cols, rejected, scale,
+                        SCALE_MODE, HAS_DRAFT, RESIDUAL, PRECISE)
+    u = krng.uniform_from_base(noise_base[:, None], cols)
+    score = tl.where(mask, log_w - _log(-_log(u, PRECISE), PRECISE), float("-inf"))
+    _, arg = _max_index(score, axis=1)
+    return best, (best_block * SAMPLE_BLOCK + arg.to(tl.int64)).to(tl.int32)
+
+
+@device_function
+def _race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token,
+          rejected, row_ok, noise_base, first, vocab, scale,
+          CHUNK: tl.constexpr, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, RESIDUAL: tl.constexpr,
+          PRECISE: tl.constexpr, LANES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
+    """One chunk's part of `flashspec.sampling.block_race` of each row's sampled position: (score, token) that
+    the chunks compare (largest score, then lowest token). Tiles of whole blocks race blocks (`_block_race`);
+    a smaller tile only serves a row of at most one block (the plan sees to it), whose race is `_element_race`."""
+    if BLOCK_V >= SAMPLE_BLOCK:
+        best, best_idx = _block_race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum, n_q_max,
+                                     n_q_log_sum, n_token, rejected, row_ok, noise_base, first, vocab, scale,
+                                     CHUNK, SCALE_MODE, HAS_DRAFT, RESIDUAL, PRECISE, BLOCK_B, BLOCK_V)
+    else:
+        best, best_idx = _element_race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_sum,
+                                       n_q_max, n_q_log_sum, n_token, rejected, row_ok, noise_base, first, vocab,
+                                       scale, CHUNK, SCALE_MODE, HAS_DRAFT, RESIDUAL, PRECISE, LANES, BLOCK_B, BLOCK_V)
+    return best, best_idx
+
+
+@device_function
 def _race_position(target_ptr, draft_ptr, rows, row_ok, num_accepted, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum,
                    n_token, first, gamma, vocab, scale, sample_prefix,
                    CHUNK: tl.constexpr, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, PRECISE: tl.constexpr,
                    LANES: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr):
     """The races of V-chunk [first, first + CHUNK) of the one position each row samples from (its first
-    rejection n, or the bonus position γ): (residual winner, its index, p's winner, its index) per row. A row
-    emits the residual's winner, or p's where the residual race found nothing anywhere (p <= q everywhere)."""
+    rejection n, or the bonus position γ): (residual's score, its token, p's score, its token) per row (`_race`).
+    A row emits the residual's winner, or p's where the residual race found nothing anywhere (p <= q everywhere)."""
     rows64 = rows.to(tl.int64)
     rejected = num_accepted < gamma
     n64 = num_accepted.to(tl.int64)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import flashspec as fs
 from flashspec import rng
-from flashspec.sampling import SamplingParams, warp_logits
+from flashspec.sampling import SAMPLE_BLOCK, SamplingParams, warp_logits
 
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
@@ -203,6 +203,39 @@ def test_a_chunk_with_an_empty_residual(plan: str, temperature: float) -> None:
         out = assert_backends_agree(target, draft, tokens, params, seed, block_b=2, block_v=16, num_splits=3,
                                     **TILED_PLANS[plan])
     assert bool((out.num_accepted < 3).any())  # some row rejected: the residual races ran
+
+
+@pytest.mark.parametrize("plan", TILED_PLANS)
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7), SamplingParams(0.8, 4, 0.9)], ids=str)
+@pytest.mark.parametrize("with_draft", [True, False])
+def test_rows_of_several_sampling_blocks(params: SamplingParams, with_draft: bool, plan: str) -> None:
+    """V = 700: three blocks of `sampling.SAMPLE_BLOCK` tokens in tiles of 256, one chunk each: every chunk races
+    its blocks and then the tokens of its winning block, and the chunks' winners meet through the ticket counter
+    (the reference: `sampling.block_race`). Rows 0-1 reject with no residual mass in the first chunk (the draft
+    outweighs the target on all of it: that chunk runs the fallback race over p too); row 3 proposes from the
+    target itself and samples the bonus."""
+    target, draft, tokens = make_case(4, 3, 700, params, with_draft, torch.float32, seed=17)
+    if with_draft:
+        draft = draft.clone()
+        draft[:2, :, :SAMPLE_BLOCK] += 4.0
+        draft[3] = target[3, :3]
+        tokens = torch.multinomial(warp_logits(draft.cpu(), params).exp().reshape(-1, 700), 1,
+                                   generator=torch.Generator().manual_seed(2)).view(4, 3).to(DEVICE)
+    shape = dict(block_b=2, block_v=SAMPLE_BLOCK, num_splits=3)
+    chosen = make_plan(4, 3, 700, DEVICE, params.greedy, **shape, **TILED_PLANS[plan])
+    assert chosen.sample_splits == 3 and chosen.sample_chunk == SAMPLE_BLOCK
+    rejected = False
+    for seed in (1, 2, 3):
+        out = assert_backends_agree(target, draft, tokens, params, seed, **shape, **TILED_PLANS[plan])
+        rejected |= bool((out.num_accepted < 3).any())
+    assert rejected
+
+
+def test_a_sampling_tile_smaller_than_a_block_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"sample_block_v=128: a sampling tile holds whole blocks of 256"):
+        make_plan(2, 3, 700, DEVICE, False, block_v=128)
+    assert make_plan(2, 3, 700, DEVICE, True, block_v=128).sample_block_v == 128  # greedy samples nothing
+    assert make_plan(2, 3, 200, DEVICE, False, block_v=16).sample_block_v == 16  # a row of one block
 
 
 @pytest.mark.parametrize("one_launch", [{"fused": True}, {"tuning": (("coop", 1),)}], ids=["fused", "coop"])

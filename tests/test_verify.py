@@ -235,3 +235,79 @@ def test_triton_verify_makes_no_host_sync(params, fused):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert out.is_cuda
+
+
+# --- the two-level race (`sampling.block_race`) ------------------------------------------------
+
+
+def _three_block_weights(vocab: int = 700) -> torch.Tensor:
+    """Unnormalised weights over three blocks of SAMPLE_BLOCK tokens: a few large weights in the first two, many
+    small ones filling the third (a block whose sum, not its largest weight, makes it likely), zeros elsewhere."""
+    weights = torch.zeros(vocab)
+    weights[[3, 250, 255, 256, 300, 511]] = torch.tensor([0.20, 0.05, 0.10, 0.15, 0.02, 0.08])
+    weights[512:vocab] = 0.40 / (vocab - 512)
+    return 0.37 * weights
+
+
+def _draw(race, weights: torch.Tensor, rows: int, seed: int) -> torch.Tensor:
+    base = rng.base_hash(rng.Key.from_seed(seed), rng.STREAM_SAMPLE, torch.arange(rows).view(rows, 1),
+                         torch.zeros(rows, 1, dtype=torch.long))
+    many = weights.expand(rows, -1)
+    return race(many, many.log(), base)
+
+
+def _chi_square_p(tokens: torch.Tensor, weights: torch.Tensor) -> float:
+    from scipy.stats import chisquare
+
+    support = weights > 0
+    assert bool(support[tokens].all()), "a token of zero weight was drawn"
+    counts = torch.bincount(tokens, minlength=weights.numel())[support].double()
+    expected = weights[support].double() / weights.sum().double() * tokens.numel()
+    return float(chisquare(counts.numpy(), expected.numpy()).pvalue)
+
+
+def test_block_race_samples_the_normalised_weights():
+    """30,000 independent rows (one base hash each) over 700 tokens in three blocks: the tokens' counts fit
+    normalise(w) (χ² over the 194 tokens of the support, each expected 64 times or more)."""
+    from flashspec.sampling import SAMPLE_BLOCK, block_race
+
+    weights = _three_block_weights()
+    assert weights.numel() > 2 * SAMPLE_BLOCK
+    tokens, has_mass = _draw(block_race, weights, 30_000, seed=5)
+    assert bool(has_mass.all())
+    assert _chi_square_p(tokens, weights) > 1e-3
+
+
+def test_block_race_control_weighing_blocks_by_their_largest_weight_fails():
+    """The same χ² test must catch a block race that weighs each block by its largest weight instead of its sum
+    (the third block, 188 small weights, then almost never wins)."""
+    from flashspec import sampling
+
+    def by_largest(weights, log_weights, base):
+        """block_race on weights rescaled so that each block sums to its largest weight (each block's own
+        proportions kept): the race between blocks then weighs their largest weights."""
+        rows, vocab = weights.shape
+        blocks = -(-vocab // sampling.SAMPLE_BLOCK)
+        padded = torch.nn.functional.pad(weights, (0, blocks * sampling.SAMPLE_BLOCK - vocab))
+        padded = padded.view(rows, blocks, sampling.SAMPLE_BLOCK)
+        rescaled = padded / padded.sum(-1, keepdim=True).clamp(min=1e-30) * padded.amax(-1, keepdim=True)
+        rescaled = rescaled.reshape(rows, -1)[:, :vocab]
+        return sampling.block_race(rescaled, rescaled.log(), base)
+
+    weights = _three_block_weights()
+    tokens, _ = _draw(by_largest, weights, 30_000, seed=5)
+    assert _chi_square_p(tokens, weights) < 1e-6
+
+
+def test_block_race_of_one_block_is_the_gumbel_argmax():
+    """A row of at most SAMPLE_BLOCK tokens is one block: the race is `gumbel_argmax` over the row itself."""
+    from flashspec.sampling import SAMPLE_BLOCK, block_race, gumbel_argmax
+
+    weights = torch.rand(64, SAMPLE_BLOCK, generator=torch.Generator().manual_seed(2))
+    base = rng.base_hash(rng.Key.from_seed(9), rng.STREAM_SAMPLE, torch.arange(64).view(64, 1),
+                         torch.zeros(64, 1, dtype=torch.long))
+    noise = rng.uniform_from_base(base, torch.arange(SAMPLE_BLOCK).view(1, -1))
+    tokens, has_mass = block_race(weights, weights.log(), base)
+    assert torch.equal(tokens, gumbel_argmax(weights.log(), noise)) and bool(has_mass.all())
+    zero = torch.zeros(2, 700)
+    assert not bool(block_race(zero, zero.log(), base[:2])[1].any())
