@@ -1182,7 +1182,9 @@ else:
 NCU_BEFORE, NCU_AFTER = "verify_ncu_h200_40ffb85", "verify_ncu_h200_ced19fd"
 ncu_runs = {name: provenance.load_result(name) for name in (NCU_BEFORE, NCU_AFTER)
             if (provenance.results_dir() / f"{name}.json").exists()}
-sass_record = (provenance.load_result("verify_sass_sm90") if (provenance.results_dir() / "verify_sass_sm90.json").exists()
+# the element race's code (every token hashed and raced); the two-level race's is counted further on
+SASS_BEFORE = "verify_sass_sm90_7cdf841"
+sass_record = (provenance.load_result(SASS_BEFORE) if (provenance.results_dir() / f"{SASS_BEFORE}.json").exists()
                else None)
 
 
