@@ -169,11 +169,17 @@ def instructions(sass: str) -> list[tuple[int, str, str]]:
 
 def loops(sass: str) -> list[dict]:
     """Each loop (a backward branch) of a listing: its address range, instruction count and opcodes (the
-    mnemonic before its first dot), outermost and innermost alike."""
+    mnemonic before its first dot), outermost and innermost alike. Not a loop: the jump back from the out-of-line
+    code a `BRA.DIV` sends divergent warps to (placed after the kernel's exits) into the code after that branch."""
     listing = instructions(sass)
+    divergent = [(address, int(m.group(1), 16)) for address, opcode, operands in listing
+                 if opcode.startswith("BRA.DIV") and (m := re.search(r"0x([0-9a-f]+)", operands))]
     found = []
     for address, opcode, operands in listing:
         target = re.search(r"0x([0-9a-f]+)", operands)
+        if target and any(out_of_line <= address and branch < int(target.group(1), 16) < out_of_line
+                          for branch, out_of_line in divergent):
+            continue  # the out-of-line path rejoining its warp's code
         if opcode.startswith("BRA") and target and int(target.group(1), 16) < address:
             body = [op.split(".")[0] for at, op, _ in listing if int(target.group(1), 16) <= at <= address]
             found.append({"start": int(target.group(1), 16), "end": address, "instructions": len(body),
