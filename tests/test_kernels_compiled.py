@@ -168,3 +168,30 @@ def test_stats_pass_loop_stays_inside_threads() -> None:
     assert "SHFL" not in lane_loop["opcodes"] and "BAR" not in lane_loop["opcodes"]
     assert lane_loop["instructions"] / lanes["per_thread"] <= 20
     assert "SHFL" in tile_loop["opcodes"] and tile_loop["instructions"] > lane_loop["instructions"]
+
+
+SASS_SAMPLE = r"""
+import json
+from flashspec.kernels import sass
+from flashspec.sampling import SamplingParams
+
+plan, launches = sass.bound_launches(64, 4, 128256, SamplingParams(1.0))
+sample = next(launch for launch in launches if launch["kernel"] == "_sample_kernel")
+print(json.dumps({"loops": sass.loops(sass.compile_sass(sample)), "per_thread": plan.sample_block_v // (32 * plan.sample_warps)}))
+"""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="Triton's compiler needs Linux")
+def test_sampling_pass_streams_weights_not_noise() -> None:
+    """The sampling pass compiled for SM90 (B = 64, V = 128256, the default plan) races blocks of tokens: its loops
+    over a chunk's tiles (the residual's, and the fallback's and the bonus's over p) only sum weights per block, at
+    most 55 instructions per vocabulary position a thread covers for the residual (two logits, two `exp`) and 40
+    for p (49.2 and 34.0 under Triton 3.9); the token race, which hashed and took two logarithms per token, cost
+    133 and 83 (results/verify_sass_sm90_7cdf841.json)."""
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="0")
+    done = subprocess.run([sys.executable, "-c", SASS_SAMPLE], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    per_position = sorted(loop["instructions"] / row["per_thread"] for loop in row["loops"])
+    assert len(per_position) == 3, row["loops"]  # the residual's loop, p's as the fallback and as the bonus
+    assert per_position[0] <= 40 and per_position[1] <= 40 and per_position[2] <= 55, per_position
