@@ -516,7 +516,9 @@ for batch in (1, 8, 64):
 # `flashspec.kernels.plan.SHAPE_PLANS` picks one per batch size and vocabulary from the benchmark's record under the
 # installed Triton's version (`SHAPE_PLANS_BY_TRITON`). Counter-based uniforms are generated inside the kernels (no
 # uniform tensors in memory), offsets are int64, padded lanes are $-\infty$, and the sample has the empty-residual
-# fallback of step 4.
+# fallback of step 4. Rows longer than 256 tokens are sampled in two levels, blocks of 256 tokens and then the
+# tokens of the winning block (the reference does the same; "The race in two levels" below says why and proves it
+# exact); a row of at most 256 tokens, like this chapter's, is one block and races its tokens as step 4 does.
 #
 # That is the temperature-only path. With top-k or top-p, `flashspec.kernels` first truncates the logits in PyTorch,
 # outside the two launches: it divides a float32 copy of the target and of the draft logits by $T$, masks the tokens
@@ -1715,6 +1717,100 @@ for path in profiles:
           f"{profile['provenance']['git_sha'][:7]}: {profile['results']['wall_us_per_call_unprofiled']:.0f} µs "
           "per call unprofiled; most own time in " + ", ".join(
               f"{row['function']} ({row['own_us_per_step']:.0f} µs)" for row in top))
+
+# %% [markdown]
+# ### The race in two levels
+#
+# The counts above put the sampling pass's cost in its arithmetic: the element race gave every token of the sampled
+# row a counter hash and two correctly rounded logarithms (its Gumbel noise) and, on a rejected row, an `exp` and a
+# `log1p` (the residual in log space). The library now samples in two levels (`fs.sampling.block_race`, the same
+# in the reference and in every kernel plan). Cut the vocabulary into blocks of $K$ = `fs.sampling.SAMPLE_BLOCK`
+# = 256 consecutive ids and let $W_c = \sum_{v \in c} w_v$ be block $c$'s weight:
+#
+# 1. the blocks race: block $c$ scores $\log W_c - \log(-\log u_c)$, with its own uniform $u_c$ drawn from the
+#    row's hash at index $2^{32} - 1 - c$, which no token id reaches; the largest score wins;
+# 2. the tokens of the winning block race with their own uniforms, as the element race did.
+#
+# It is exact by the chain rule. The block race is an exponential race over the blocks, so block $c$ wins with
+# probability $W_c / W$; the race inside it uses other uniforms, independent of how $c$ won, so token $v$ of block
+# $c$ wins it with probability $w_v / W_c$; together $P(v) = (W_c/W)(w_v/W_c) = w_v / W$. What it saves: the pass
+# over $V$ now only forms $w_v$ and sums it per block. The residual $\max(0, p_v - q_v)$ is formed in linear space
+# from two `exp`; the element race formed it in log space. Both are exact up to the float32 rounding of $p$ and
+# $q$, and the larger error is that of the log-sum-exp they are normalised by. Noise and logarithms are now drawn
+# only for the $V/K$ blocks and for the $K$ tokens of one block per chunk. A row of at most $K$ tokens is one
+# block, and there the race is the element race itself: that is why steps 1–4 ($V = 64$) still match the reference
+# token for token.
+#
+# The same key no longer draws the same token as before the change. A seed still determines the run, and every
+# backend and launch plan draws the same token for it. Records made before the change hold other samples of the
+# same distribution.
+#
+# A check on this machine: 30,000 rows, each with its own key, over 700 tokens in three blocks. Two blocks hold a
+# few large weights; the third holds 188 small ones, so that block's sum, not its largest weight, is what makes it
+# likely. The observed frequencies should follow normalise($w$):
+
+# %%
+from scipy.stats import chisquare  # noqa: E402
+
+race_vocab, race_rows = 700, 30_000
+race_weights = torch.zeros(race_vocab)
+race_weights[[3, 250, 255, 256, 300, 511]] = torch.tensor([0.20, 0.05, 0.10, 0.15, 0.02, 0.08])
+race_weights[512:] = 0.40 / (race_vocab - 512)
+race_base = fs.rng.base_hash(fs.rng.Key.from_seed(5), fs.rng.STREAM_SAMPLE, torch.arange(race_rows).view(-1, 1),
+                             torch.zeros(race_rows, 1, dtype=torch.long))
+many = race_weights.expand(race_rows, -1)
+drawn, _ = fs.sampling.block_race(many, many.log(), race_base)
+support = race_weights > 0
+observed = torch.bincount(drawn, minlength=race_vocab).double() / race_rows
+exact = race_weights.double() / race_weights.sum()
+assert bool(support[drawn].all())  # never a token of zero weight
+p_value = chisquare((observed[support] * race_rows).numpy(), (exact[support] * race_rows).numpy()).pvalue
+fig = Figure(figsize=(8, 3), layout="constrained")
+ax = fig.add_subplot(1, 1, 1)
+ax.scatter(exact[support], observed[support], s=8)
+ax.plot([0, float(exact.max())], [0, float(exact.max())], color="0.5", lw=0.8)
+ax.set_xscale("log")
+ax.set_yscale("log")
+ax.set_xlabel("exact probability w_v / W")
+ax.set_ylabel("observed frequency")
+ax.set_title(f"block_race, {race_rows:,} draws over {race_vocab} tokens in blocks of "
+             f"{fs.sampling.SAMPLE_BLOCK}: χ² p = {p_value:.2f}", fontsize=9, loc="left")
+display(fig)
+print(f"third block: exact {exact[512:].sum():.4f}, observed {observed[512:].sum():.4f}; χ² over the "
+      f"{int(support.sum())} tokens of the support: p = {p_value:.3f}")
+
+# %% [markdown]
+# `tests/test_verify.py` runs the same χ² test, and the same test on a race that weighs each block by its
+# largest weight, which it must reject. `tests/test_kernels.py` checks every kernel plan against the reference,
+# token for token, on rows of three blocks in chunks of one block. The instruction counts of the new sampling
+# pass, compiled for SM90 here (the same `experiments/verify_sass.py`):
+
+# %%
+sass_after = (provenance.load_result("verify_sass_sm90") if (provenance.results_dir() / "verify_sass_sm90.json").exists()
+              else None)
+
+
+def race_loops(record: dict, batch: int = 64, vocab: int = 128256) -> list[float]:
+    """Instructions per vocabulary position of the sampling kernel's loops over tiles (default plan)."""
+    return [loop["per_position"] for point in record["results"]
+            if (point["batch"], point["vocab"], point["variant"]) == (batch, vocab, "default")
+            for launch in point["launches"] if launch["kernel"] == "_sample_kernel" for loop in launch["loops"]]
+
+
+if sass_record is not None and sass_after is not None:
+    before_loops, after_loops = race_loops(sass_record), race_loops(sass_after)
+    print(f"before: {provenance.caption(sass_record)}")
+    print(f"after:  {provenance.caption(sass_after)}")
+    print("sampling kernel at B=64, V=128256, instructions per position and thread, residual / p (fallback) / p:")
+    print("  element race: " + " / ".join(f"{n:.1f}" for n in before_loops))
+    print("  two levels:   " + " / ".join(f"{n:.1f}" for n in after_loops))
+    display(Markdown(
+        f"The residual's loop fell from {before_loops[0]:.0f} to {after_loops[0]:.0f} instructions per position, "
+        f"p's from {before_loops[1]:.0f} to {after_loops[1]:.0f}: "
+        f"{before_loops[0] / after_loops[0]:.1f}× and {before_loops[1] / after_loops[1]:.1f}× fewer, "
+        "the prediction for the sampling kernel's time where it was issue-bound (B = 64)."))
+else:
+    print(f"SM90 instruction counts: {NOT_MEASURED}")
 
 # %% [markdown]
 # ## What it changes end to end
