@@ -9,9 +9,10 @@ Launch 2, `_sample_kernel` -- accept, then residual/bonus sample. Grid (row bloc
 V-splits). Every program first redoes the accept test of its rows from the ≤ 2γ+1
 partials and the two logits at each drafted token (O(1) in V per candidate), so it knows
 n = the first rejection without waiting for anyone; then it streams its V-chunk of the
-one position it samples from (the first rejected, or the bonus position γ): an
-exponential race (Gumbel-max) over log max(0, p - q), or over log p for the bonus, with
-counter-based noise. It writes its chunk's winner; the last program of its row block
+one position it samples from (the first rejected, or the bonus position γ) in the two-level
+race of `flashspec.sampling.block_race`: the weights max(0, p - q), or p for the bonus, summed
+per block of 256 tokens, the blocks raced with counter-based noise, then the tokens of the
+chunk's winning block. It writes its chunk's winner; the last program of its row block
 to finish (an atomic ticket) reduces the chunk winners and writes tokens/num_accepted.
 So B = 1 still spreads each pass over the whole GPU, and nothing returns to the host.
 

@@ -89,10 +89,10 @@ print(f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
 # **An empty residual ($Z=0$).** In exact arithmetic $Z=0$ means $p=q$, and then rejection has probability zero, so
 # the residual is never used. In floating point, $p$ and $q$ can agree up to rounding: the ratio $p(x)/q(x)$ can then
 # round to just below 1, so a rejection is possible, while $(p-q)^+$ rounds to zero at every token, so there is no
-# residual to sample. Both backends handle this the same way. They run the exponential race of the sample twice on
-# the same noise, once over $\log(p-q)^+$ and once over $\log p$, and if no token has positive residual weight they
-# emit the winner of the race over $p$: the residual is taken to be $p$ (in `verify_reference` the test is
-# `torch.isfinite(log_weights).any(dim=-1)`, in the Triton sample kernel `best_w > -inf`). This fallback only acts on
+# residual to sample. Both backends handle this the same way. They run the race of the sample twice on the same
+# noise, once over $(p-q)^+$ and once over $p$, and if no token has positive residual weight they emit the winner of
+# the race over $p$: the residual is taken to be $p$ (in `verify_reference` the test is the `has_mass` that
+# `fs.sampling.block_race` returns, in the Triton sample kernel `best_w > -inf`). This fallback only acts on
 # an event whose probability is at rounding level. Without it, an arg-max over a row that is $-\infty$ everywhere
 # returns token 0.
 #
