@@ -470,6 +470,8 @@ def checks_failed(checks: list[dict]) -> list[dict]:
 PLAN_VARIANTS: dict[str, dict[str, int]] = {
     "two_launch": {},
     "two_launch_sample_bv256": {"sample_block_v": 256, "sample_max_tiles": 4},
+    # 128-token tiles: the records before the two-level race timed them; now raised to one block of 256
+    "two_launch_sample_bv128": {"sample_block_v": 128, "sample_max_tiles": 8},
     "fused": {"fused": 1, "sample_block_v": 2048},  # one program streams the sampled row: a wider tile
     # per-lane race winners in the token race of rows of one sampling block (V <= sampling.SAMPLE_BLOCK; longer
     # rows race blocks, which lanes leave as they are): one cross-warp reduction per chunk, not per tile
@@ -492,6 +494,7 @@ PLAN_VARIANTS: dict[str, dict[str, int]] = {
     "coop_2_per_sm": {"coop": 1, "coop_programs_per_sm": 2},
     "coop_2_per_sm_lanes": {"coop": 1, "coop_programs_per_sm": 2, "lanes": 1},
     # the best two-launch plans of the last runs, their sampling launch a programmatic dependent launch
+    "two_launch_sample_bv128_pdl": {"sample_block_v": 128, "sample_max_tiles": 8, "pdl": 1},
     "two_launch_sample_bv256_pdl": {"sample_block_v": 256, "sample_max_tiles": 4, "pdl": 1},
     "accept_once_pdl": {"accept_once": 1, "lanes": 1, "pdl": 1},
     "accept_once_tiles8_pdl": {"accept_once": 1, "lanes": 1, "sample_max_tiles": 8, "pdl": 1},

@@ -1118,3 +1118,20 @@ def test_stats_lanes_only_where_programs_loop(gpu_planner, batch: int, vocab: in
     assert off.stats_lane_elems == 0
     with pytest.raises(ValueError, match="stats_lane_elems"):
         gpu_planner.make_plan(batch, 4, vocab, device, False, tuning=(("stats_lane_elems", 3),))
+
+
+def test_the_sampling_tile_rule_leaves_rows_per_program_alone() -> None:
+    """The GPU plan's rows per program follow row_tile / stats_block_v whatever the sampling tiles are (the
+    check that sampling tiles hold whole blocks once reused a name and set them from the cluster tile), and a
+    table's tile below one block is raised to one block; planned for an SM90 GPU on any machine."""
+    import torch as _torch
+
+    from flashspec.kernels import plan as plan_module, sass
+
+    with sass.sm90_planner():
+        wide = plan_module.make_plan(8, 4, 128256, _torch.device("cuda", 0), False,
+                                     tuning=(("stats_block_v", 2048), ("stats_max_tiles", 2)))
+        narrow = plan_module.make_plan(1, 4, 32000, _torch.device("cuda", 0), False,
+                                       tuning=(("sample_block_v", 128), ("sample_max_tiles", 8)))
+    assert wide.block_b == max(1, plan_module.GPU_PLAN["row_tile"] // 2048)
+    assert narrow.sample_block_v == SAMPLE_BLOCK
