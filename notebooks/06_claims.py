@@ -461,6 +461,15 @@ else:
                             "the kernels issue at well under full rate: the sampling race's per-logit arithmetic "
                             "must shrink before that bar can be met (chapter 2, \"The kernels' own work, "
                             "counted\")" if least else ""))
+    blocks_runs = [provenance.load_result(path.stem) for path in sorted(RESULTS.glob("verify_h200_blocks_*.json"))]
+    if blocks_runs:  # the sampler racing blocks of tokens, then the tokens of the winning block
+        blocks_points = [p for run in blocks_runs for p in run["results"]["points"]]
+        worst = max(blocks_points, key=lambda p: p["best_graph_warm_over_floor"])
+        cluster_text += (f"; after the sampler began racing blocks of 256 tokens (its loop over the vocabulary "
+                         "sums weights instead of hashing and taking logarithms per token) the replay bar reads "
+                         f"{worst['best_graph_warm_over_floor']:.2f}× at its worst point (B = {worst['batch']}, "
+                         f"V = {worst['vocab']}; {len(blocks_points)} of 6 points timed, "
+                         "`results/verify_h200_blocks_*.json`, chapter 2, \"The race in two levels\"): still not met")
     add_claim(
         KERNEL_CLAIM,
         ("reproduced" if eager_met and floor_met else "half reproduced" if eager_met or floor_met
