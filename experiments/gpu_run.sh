@@ -24,6 +24,7 @@ if [ -n "${TRITON_TARBALL:-}" ]; then
   # ptxas-blackwell on SM90+; the legacy ptxas compiles SM90 too)
   sed -i '/amd/d' "$HOME"/triton_alt/triton-*.dist-info/entry_points.txt
   bin="$HOME/triton_alt/triton/backends/nvidia/bin"
+  chmod +x "$bin"/*  # a tarball packed from an unzipped wheel can lose the tools' execute bits
   [ -e "$bin/ptxas-blackwell" ] || export TRITON_PTXAS_BLACKWELL_PATH="$bin/ptxas"
   export PYTHONPATH="$HOME/triton_alt${PYTHONPATH:+:$PYTHONPATH}"
   python -c "import triton; print('triton', triton.__version__, triton.__file__)" | tee "$OUT/triton.txt"
