@@ -34,11 +34,19 @@ BLOCK_NOISE_INDEX = tl.constexpr(sampling.BLOCK_NOISE_INDEX)
 
 
 @device_function
-def _weights(x, y, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token, cols, rejected, scale,
+def _weights(target_ptr, draft_ptr, target_row, draft_row, cols, mask, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum,
+             n_token, rejected, scale,
              SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, RESIDUAL: tl.constexpr, PRECISE: tl.constexpr):
-    """(w, log w) of a tile of logits x (target) and y (draft), as `flashspec.sampling.block_race` reads them:
-    w = max(0, p - q) in linear space on rejected rows and p on the others (RESIDUAL), or w = p; log w is the
-    target's log-prob itself where w = p. Without draft logits q is one-hot at n_token."""
+    """(w, log w) at columns `cols` (a tile: [1, BLOCK_V], or a block per row: [BLOCK_B, SAMPLE_BLOCK]) of each
+    row's sampled position, as `flashspec.sampling.block_race` reads them: w = max(0, p - q) in linear space on
+    rejected rows and p on the others (RESIDUAL), or w = p; log w is the target's log-prob itself where w = p.
+    The draft's logits are read only for the residual of a rejected row; without them q is one-hot at n_token.
+    Masked-out columns read -inf logits (w = 0)."""
+    x = tl.load(target_ptr + target_row[:, None] + cols, mask=mask, other=float("-inf"))
+    if RESIDUAL and HAS_DRAFT:
+        y = tl.load(draft_ptr + draft_row[:, None] + cols, mask=mask & rejected[:, None], other=float("-inf"))
+    else:
+        y = x
     log_p = (_scale(x.to(tl.float32), scale, SCALE_MODE) - n_p_max[:, None]) - n_p_log_sum[:, None]
     p = _exp(log_p, PRECISE)
     if RESIDUAL:
@@ -77,14 +85,8 @@ def _element_race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log
     for start in range(0, CHUNK, BLOCK_V):
         cols = first + start + lanes
         mask = row_ok[:, None] & (cols < vocab)[None, :]
-        x = tl.load(target_ptr + target_row[:, None] + cols[None, :], mask=mask, other=float("-inf"))
-        if RESIDUAL and HAS_DRAFT:
-            y = tl.load(draft_ptr + draft_row[:, None] + cols[None, :],
-                        mask=mask & rejected[:, None], other=float("-inf"))
-        else:
-            y = x
-        _, log_w = _weights(x, y, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token, cols[None, :], rejected,
-                            scale, SCALE_MODE, HAS_DRAFT, RESIDUAL, PRECISE)
+        _, log_w = _weights(target_ptr, draft_ptr, target_row, draft_row, cols[None, :], mask, n_p_max, n_p_log_sum,
+                            n_q_max, n_q_log_sum, n_token, rejected, scale, SCALE_MODE, HAS_DRAFT, RESIDUAL, PRECISE)
         u = krng.uniform_from_base(noise_base[:, None], cols[None, :])
         gumbel = _log(-_log(u, PRECISE), PRECISE)  # the race: argmax log w - log(-log u)
         score = tl.where(mask, log_w - gumbel, float("-inf"))
@@ -119,14 +121,8 @@ def _block_race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_s
     for start in range(0, CHUNK, BLOCK_V):
         cols = first + start + lanes
         mask = row_ok[:, None] & (cols < vocab)[None, :]
-        x = tl.load(target_ptr + target_row[:, None] + cols[None, :], mask=mask, other=float("-inf"))
-        if RESIDUAL and HAS_DRAFT:
-            y = tl.load(draft_ptr + draft_row[:, None] + cols[None, :],
-                        mask=mask & rejected[:, None], other=float("-inf"))
-        else:
-            y = x
-        w, _ = _weights(x, y, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token, cols[None, :], rejected,
-                        scale, SCALE_MODE, HAS_DRAFT, RESIDUAL, PRECISE)
+        w, _ = _weights(target_ptr, draft_ptr, target_row, draft_row, cols[None, :], mask, n_p_max, n_p_log_sum,
+                        n_q_max, n_q_log_sum, n_token, rejected, scale, SCALE_MODE, HAS_DRAFT, RESIDUAL, PRECISE)
         masses = _sum(tl.reshape(tl.where(mask, w, 0.0), [BLOCK_B, BLOCKS, SAMPLE_BLOCK]), axis=2)
         blocks = (first + start) // SAMPLE_BLOCK + tl.arange(0, BLOCKS).to(tl.int64)
         u = krng.uniform_from_base(noise_base[:, None], (-blocks + BLOCK_NOISE_INDEX)[None, :])
@@ -138,13 +134,8 @@ def _block_race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_s
     # the race inside the winning block (its logits were just read: L1/L2 hits)
     cols = best_block[:, None] * SAMPLE_BLOCK + tl.arange(0, SAMPLE_BLOCK).to(tl.int64)[None, :]
     mask = (row_ok & (best > float("-inf")))[:, None] & (cols < vocab)
-    x = tl.load(target_ptr + target_row[:, None] + cols, mask=mask, other=float("-inf"))
-    if RESIDUAL and HAS_DRAFT:
-        y = tl.load(draft_ptr + draft_row[:, None] + cols, mask=mask & rejected[:, None], other=float("-inf"))
-    else:
-        y = x
-    _, log_w = _weights(x, y, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token, cols, rejected, scale,
-                        SCALE_MODE, HAS_DRAFT, RESIDUAL, PRECISE)
+    _, log_w = _weights(target_ptr, draft_ptr, target_row, draft_row, cols, mask, n_p_max, n_p_log_sum, n_q_max,
+                        n_q_log_sum, n_token, rejected, scale, SCALE_MODE, HAS_DRAFT, RESIDUAL, PRECISE)
     u = krng.uniform_from_base(noise_base[:, None], cols)
     score = tl.where(mask, log_w - _log(-_log(u, PRECISE), PRECISE), float("-inf"))
     _, arg = _max_index(score, axis=1)
