@@ -583,6 +583,10 @@ for label, (t_logits, d_logits, d_tokens, params) in checks.items():
 #   kernels' correctness oracle, far too slow to be a fair speed baseline;
 # - the Triton step **eager** (one call from Python, launch included) and **replayed warm from a CUDA graph** (20
 #   steps per replay, as a decode loop runs it).
+#
+# The first tables and figures below read the record of the kernels before their sampling raced blocks of tokens
+# (`results/verify_h200.json`, the element race: every token hashed and raced); the section "The race in two
+# levels" sets the same four columns for the kernels as they stand beside it.
 
 # %%
 import statistics
