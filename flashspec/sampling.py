@@ -110,7 +110,8 @@ SAMPLE_BLOCK = 256
 BLOCK_NOISE_INDEX = (1 << 32) - 1
 
 
-def block_race(weights: torch.Tensor, log_weights: torch.Tensor, base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def block_race(weights: torch.Tensor, log_weights: torch.Tensor,
+               base: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one index per row [B, V] from normalise(weights) in two levels; (index [B], has_mass [B]).
 
     Exact by the chain rule: block c wins its race with probability W_c / W (W_c the sum of the block's weights,

@@ -154,8 +154,9 @@ CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 16 is beyond the portable 8: Hopper allows i
 # 3.9 some two-launch plans replayed in 0.4x their 3.6 time), so the fastest plan can differ. Each table is a
 # benchmark record's "plan_choice", the fastest variant per measured (B, V) by warm CUDA-graph replay on the H200,
 # which `flashspec bench verify` prints ready to paste here. Every variant's tokens equalled the reference's there.
-# (3, 6): results/verify_h200_70751e3.json (the device's own Triton). Both tables were measured before the sampler
-#   raced blocks of sampling.SAMPLE_BLOCK tokens; a sampling tile they name below one block is raised to a block. Later 3.6 runs timed the cooperative and the
+# Both tables were measured before the sampler raced blocks of sampling.SAMPLE_BLOCK tokens; a sampling tile they
+# name below one block is raised to a block.
+# (3, 6): results/verify_h200_70751e3.json (the device's own Triton). Later 3.6 runs timed the cooperative and the
 #   programmatic dependent launches too; neither beat these entries by more than one plan moves between two runs,
 #   so the entries stay (chapter 02 reads the comparison from the records).
 # (3, 9): results/verify_triton39_h200.json (commit 7e93be7, a carried Triton 3.9.0, the version CI pins). Its
@@ -275,11 +276,10 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         cluster = bool(tuning and dict(tuning).get("cluster", 0))
         cluster_ctas, cluster_block_v, cluster_warps, cluster_stages = 1, stats_block_v, 4, 1  # one block
         lane_elems = int(dict(tuning or ()).get("stats_lane_elems", GPU_PLAN["stats_lane_elems"]))
-    if not greedy and vocab > SAMPLE_BLOCK and not (block_v or interpreting() or device.type != "cuda"):
-        # a tuned tile below one block (tables measured before the sampler raced blocks) becomes one block
-        sample_block_v, coop_block_v = max(sample_block_v, SAMPLE_BLOCK), max(coop_block_v, SAMPLE_BLOCK)
-        cluster_block_v = max(cluster_block_v, SAMPLE_BLOCK)
     if not greedy and vocab > SAMPLE_BLOCK:  # the sampler races whole blocks of tokens (`sampling.block_race`)
+        if not block_v:  # a table's tile below one block (measured before the sampler raced blocks) becomes one
+            sample_block_v, coop_block_v, cluster_block_v = (max(width, SAMPLE_BLOCK) for width in
+                                                             (sample_block_v, coop_block_v, cluster_block_v))
         for name, width in (("sample_block_v", sample_block_v), ("coop_block_v", coop_block_v),
                             ("cluster_block_v", cluster_block_v)):
             if width < SAMPLE_BLOCK:

@@ -1,8 +1,9 @@
 """Launch 2 of verification: every program redoes the accept test of its rows from the stats partials
 and two logits per candidate (O(1) in V per candidate), then streams its V-chunk of the one position its
 row samples from (first rejection, or the bonus position) in a two-level exponential race with counter-based
-noise (blocks of tokens weighed by their sums, then the tokens of the winning block); the last program of a row block to finish (an atomic ticket) reduces the chunk winners and
-writes tokens / num_accepted. See `flashspec.kernels.verify` for the whole step."""
+noise (blocks of tokens weighed by their sums, then the tokens of the winning block); the last program of a row
+block to finish (an atomic ticket) reduces the chunk winners and writes tokens / num_accepted.
+See `flashspec.kernels.verify` for the whole step."""
 from __future__ import annotations
 
 import triton
@@ -11,8 +12,8 @@ from triton.language import core as tlcore  # noqa: F401  (the interpreter patch
 
 from flashspec import sampling
 from flashspec.kernels import rng as krng
-from flashspec.kernels.shims import (INT32_MAX, _combine_lse, _exp, _log, _log1p, _max, _max_index, _min, _scale,
-                                     _sum, gdc_wait)
+from flashspec.kernels.shims import (INT32_MAX, _combine_lse, _exp, _fold_first_max, _log, _max, _max_index, _min,
+                                     _scale, _sum, gdc_wait)
 from flashspec.kernels.rng import device_function
 
 
@@ -95,10 +96,7 @@ def _element_race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log
             lane_best = tl.where(lane_better, score, lane_best)
             lane_idx = tl.where(lane_better, cols.to(tl.int32)[None, :], lane_idx)
         else:
-            tile, tile_arg = _max_index(score, axis=1)
-            better = tile > best  # strict: an earlier tile keeps a tie
-            best = tl.where(better, tile, best)
-            best_idx = tl.where(better, (first + start).to(tl.int32) + tile_arg.to(tl.int32), best_idx)
+            best, best_idx = _fold_first_max(best, best_idx, score, (first + start).to(tl.int32))
     if LANES:
         best = _max(lane_best, axis=1)
         best_idx = _min(tl.where(lane_best == best[:, None], lane_idx, INT32_MAX), axis=1)
@@ -127,10 +125,7 @@ def _block_race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_s
         blocks = (first + start) // SAMPLE_BLOCK + tl.arange(0, BLOCKS).to(tl.int64)
         u = krng.uniform_from_base(noise_base[:, None], (-blocks + BLOCK_NOISE_INDEX)[None, :])
         score = tl.where(masses > 0.0, _log(masses, PRECISE) - _log(-_log(u, PRECISE), PRECISE), float("-inf"))
-        tile, tile_arg = _max_index(score, axis=1)
-        better = tile > best  # strict: an earlier tile keeps a tie
-        best = tl.where(better, tile, best)
-        best_block = tl.where(better, (first + start) // SAMPLE_BLOCK + tile_arg.to(tl.int64), best_block)
+        best, best_block = _fold_first_max(best, best_block, score, (first + start) // SAMPLE_BLOCK)
     # the race inside the winning block (its logits were just read: L1/L2 hits)
     cols = best_block[:, None] * SAMPLE_BLOCK + tl.arange(0, SAMPLE_BLOCK).to(tl.int64)[None, :]
     mask = (row_ok & (best > float("-inf")))[:, None] & (cols < vocab)

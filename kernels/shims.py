@@ -100,6 +100,15 @@ else:
 
 
 
+@device_function
+def _fold_first_max(best, best_idx, values, offset):
+    """Fold a [BLOCK_B, N] tile into running (max, first index of it) per row; the tile's column c is index
+    offset + c. Strict: an earlier tile keeps a tie, so the first index of the maximum wins over all tiles."""
+    tile, arg = _max_index(values, axis=1)
+    better = tile > best
+    return tl.where(better, tile, best), tl.where(better, offset + arg.to(best_idx.dtype), best_idx)
+
+
 # ----------------------------------------------------------------------------- math helpers
 @device_function
 def _log(x, PRECISE: tl.constexpr):

@@ -10,7 +10,7 @@ from triton.language import core as tlcore  # noqa: F401  (the interpreter patch
 
 from flashspec.kernels.rng import device_function
 from flashspec.kernels.sample_pass import _accept, _store_accept
-from flashspec.kernels.shims import _lanes_lse, _max_index, _online_lse, _scale, gdc_launch_dependents
+from flashspec.kernels.shims import _fold_first_max, _lanes_lse, _online_lse, _scale, gdc_launch_dependents
 
 
 # ----------------------------------------------------------------------------- launch 1
@@ -38,10 +38,7 @@ def _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr
             cols = first + start + lanes
             mask = row_ok[:, None] & (cols < vocab)[None, :]
             x = tl.load(target_ptr + target_row[:, None] + cols[None, :], mask=mask, other=float("-inf"))
-            tile_max, tile_arg = _max_index(x.to(tl.float32), axis=1)
-            better = tile_max > best  # strict: an earlier index keeps a tie
-            best = tl.where(better, tile_max, best)
-            best_idx = tl.where(better, (first + start).to(tl.int32) + tile_arg.to(tl.int32), best_idx)
+            best, best_idx = _fold_first_max(best, best_idx, x.to(tl.float32), (first + start).to(tl.int32))
         tl.store(part_max_ptr + out_target, best, mask=row_ok)
         tl.store(part_idx_ptr + out_target, best_idx, mask=row_ok)
     else:
