@@ -610,11 +610,16 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
 def _chain_floor(target: torch.Tensor, plan) -> dict:
     """The dependency chain of `plan`'s design (two launches, or one cooperative launch) at its grids with almost
     no arithmetic (`flashspec.kernels.chain_probe`), as a warm graph replay: the latency floor of that
-    plan's structure."""
+    plan's structure; and, for a two-launch plan, the chain of a step that samples in its stats launch at the same
+    stats grid (`one_launch_chain_floor_us`): the floor of folding the sampling pass into the first launch."""
     from flashspec.kernels.chain_probe import chain_step
 
     value, error = _attempt(lambda: _graph_warm_us(chain_step(target, plan).run))
-    return {"chain_floor_us": value, **({"chain_floor_error": error} if error else {})}
+    row = {"chain_floor_us": value, **({"chain_floor_error": error} if error else {})}
+    if not plan.coop:
+        value, error = _attempt(lambda: _graph_warm_us(chain_step(target, plan, one_launch=True).run))
+        row.update({"one_launch_chain_floor_us": value, **({"one_launch_chain_floor_error": error} if error else {})})
+    return row
 
 
 def _best(variants: dict[str, dict], key: str) -> str | None:
@@ -761,10 +766,11 @@ def _ratio_range(numerator: list[float] | None, denominator: list[float] | None)
     return [numerator[0] / denominator[1], numerator[1] / denominator[0]]
 
 
-def shortest_chain_floor(point: dict, keep: Callable[[dict], bool] = lambda row: True) -> float | None:
-    """The shortest dependency-chain probe (µs) among a point's variants whose row `keep` accepts, or None."""
-    chains = [row["chain_floor_us"] for row in point.get("variants", {}).values()
-              if keep(row) and row.get("chain_floor_us") is not None]
+def shortest_chain_floor(point: dict, keep: Callable[[dict], bool] = lambda row: True,
+                         key: str = "chain_floor_us") -> float | None:
+    """The shortest dependency-chain probe (µs; `key`: "one_launch_chain_floor_us" for the one-launch chain at
+    each plan's stats grid) among a point's variants whose row `keep` accepts, or None."""
+    chains = [row[key] for row in point.get("variants", {}).values() if keep(row) and row.get(key) is not None]
     return min(chains) if chains else None
 
 

@@ -9,6 +9,11 @@ that word, loads one tile of the row it names, stores its tile's maximum and tak
 program of each row reduces the winners and writes a token. `flashspec bench verify` times it as a warm CUDA
 graph replay (`chain_floor_us`) beside the real step.
 
+`chain_step(..., one_launch=True)` is the chain of a step with no second launch (`_chain_one`): launch 1 as
+above, and the last program of each row goes on to load, from that word, the tiles a sampler drawing its proposals
+from per-block statistics would read (`ONE_LAUNCH_TILES` tiles of a sampling block: eight proposals, each a tile of
+p and of q) and write the token: the latency floor of folding the sampling into the stats launch.
+
 The cooperative plan's chain is one launch (`_chain_coop`): each program loads one tile of its chunk at every
 position, stores one partial, waits at its row's barrier, reads the row's partials, loads one tile of the row
 they name, stores its maximum and takes a ticket; the last program of the row writes the token.
@@ -30,6 +35,32 @@ from flashspec.kernels.plan import LaunchPlan
 from flashspec.kernels.rng import device_function
 from flashspec.kernels.shims import (INT32_MAX, _max, _max_index, _min, _sum, gdc_launch_dependents, gdc_wait,
                                      interpreting)
+from flashspec.sampling import SAMPLE_BLOCK
+
+
+@device_function
+def _partial_and_ticket(x_ptr, part_ptr, counter_ptr, vocab, positions, splits,
+                        CHUNK: tl.constexpr, BLOCK: tl.constexpr):
+    """Program (row, position, split) of grid (rows, positions, splits): one tile at the start of its chunk ->
+    one partial, then its ticket (the row's last program draws positions * splits - 1)."""
+    row = tl.program_id(0)
+    position = tl.program_id(1)
+    split = tl.program_id(2)
+    cols = split * CHUNK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + (row * positions + position).to(tl.int64) * vocab + cols, mask=cols < vocab, other=0.0)
+    slot = (row * positions + position) * splits + split
+    tl.store(part_ptr + slot + tl.arange(0, 1), _sum(x.to(tl.float32)[None, :], axis=1))
+    return tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
+
+
+@device_function
+def _row_word(part_ptr, counter_ptr, row, positions, splits, BLOCK_S: tl.constexpr):
+    """The row's last program: the sum of the row's partials ([1]); resets the row's ticket counter."""
+    every = tl.arange(0, BLOCK_S)
+    parts = tl.load(part_ptr + row * positions * splits + every, mask=every < positions * splits, other=0.0,
+                    volatile=True)
+    tl.atomic_xchg(counter_ptr + row, 0)
+    return _sum(parts[None, :], axis=1)
 
 
 @triton.jit
@@ -39,20 +70,32 @@ def _chain_first(x_ptr, part_ptr, counter_ptr, word_ptr, vocab, positions, split
     row's last program sums the partials into one word. PDL: as `_stats_kernel`'s."""
     if PDL:
         gdc_launch_dependents()
-    row = tl.program_id(0)
-    position = tl.program_id(1)
-    split = tl.program_id(2)
-    cols = split * CHUNK + tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + (row * positions + position).to(tl.int64) * vocab + cols, mask=cols < vocab, other=0.0)
-    slot = (row * positions + position) * splits + split
-    tl.store(part_ptr + slot + tl.arange(0, 1), _sum(x.to(tl.float32)[None, :], axis=1))
-    ticket = tl.atomic_add(counter_ptr + row, 1, sem="acq_rel", scope="gpu")
+    ticket = _partial_and_ticket(x_ptr, part_ptr, counter_ptr, vocab, positions, splits, CHUNK, BLOCK)
     if ticket == positions * splits - 1:
-        every = tl.arange(0, BLOCK_S)
-        parts = tl.load(part_ptr + row * positions * splits + every, mask=every < positions * splits, other=0.0,
-                        volatile=True)
-        tl.store(word_ptr + row + tl.arange(0, 1), _sum(parts[None, :], axis=1))
-        tl.atomic_xchg(counter_ptr + row, 0)
+        row = tl.program_id(0)
+        tl.store(word_ptr + row + tl.arange(0, 1), _row_word(part_ptr, counter_ptr, row, positions, splits, BLOCK_S))
+
+
+@triton.jit
+def _chain_one(x_ptr, part_ptr, counter_ptr, out_ptr, vocab, positions, splits,
+               CHUNK: tl.constexpr, BLOCK: tl.constexpr, BLOCK_S: tl.constexpr, TILES: tl.constexpr,
+               TILE: tl.constexpr):
+    """The chain of a one-launch step: `_chain_first`'s grid and partials, and the row's last program goes on to
+    the token itself: from the row's word (so the loads wait for it), TILES tiles of TILE columns of the last
+    position, spread over V, loaded at once (one dependent round trip: what a sampler that draws its proposals
+    from per-block statistics of the stats pass loads) -> the first column of the largest, the row's token."""
+    ticket = _partial_and_ticket(x_ptr, part_ptr, counter_ptr, vocab, positions, splits, CHUNK, BLOCK)
+    if ticket == positions * splits - 1:
+        row = tl.program_id(0)
+        word = _row_word(part_ptr, counter_ptr, row, positions, splits, BLOCK_S)
+        last = positions - 1 + (word != word).to(tl.int32)  # NaN-proof: always the last position
+        stride = tl.maximum(tl.cdiv(vocab, TILE) // TILES, 1)  # tiles apart, in tiles
+        cols = tl.reshape((tl.arange(0, TILES) * stride)[:, None] * TILE + tl.arange(0, TILE)[None, :],
+                          [1, TILES * TILE])
+        x = tl.load(x_ptr + (row * positions + last).to(tl.int64)[:, None] * vocab + cols, mask=cols < vocab,
+                    other=float("-inf")).to(tl.float32)
+        top = _max(x, axis=1)
+        tl.store(out_ptr + row + tl.arange(0, 1), _min(tl.where(x == top[:, None], cols, INT32_MAX), axis=1))
 
 
 @device_function
@@ -123,6 +166,9 @@ def _chain_coop(x_ptr, part_ptr, win_val_ptr, win_idx_ptr, counter_ptr, out_ptr,
                    CHUNK, BLOCK, BLOCK_S)
 
 
+ONE_LAUNCH_TILES = 16  # `_chain_one`: eight proposals, a tile of the target's and of the draft's logits each
+
+
 @dataclass
 class ChainStep:
     """The two probe launches bound to one set of logits: `run()` launches both; `token` [B] int32 then holds,
@@ -138,13 +184,18 @@ class ChainStep:
                     kernel[grid](*args, **each)
 
 
-def chain_step(target_logits: torch.Tensor, plan: LaunchPlan) -> ChainStep:
+def chain_step(target_logits: torch.Tensor, plan: LaunchPlan, one_launch: bool = False) -> ChainStep:
     """The probe at `plan`'s grids for `target_logits` [B, γ+1, V]: one row per program, the plan's splits,
-    tile widths and warps."""
+    tile widths and warps. one_launch: the chain of a step that samples in its stats launch (`_chain_one` at
+    the plan's stats grid); not for a cooperative plan, whose chain is one launch already."""
     batch, positions, vocab = target_logits.shape
     device = target_logits.device
     if plan.coop:
+        if one_launch:
+            raise ValueError("one_launch: a cooperative plan's chain is one launch already; pass a two-launch plan")
         return _coop_chain_step(target_logits, plan)
+    if one_launch:
+        return _one_launch_chain_step(target_logits, plan)
     sample_splits = plan.sample_splits
     sample_chunk = plan.sample_chunk if sample_splits > 1 else triton.next_power_of_2(vocab)
     parts = torch.empty(batch * positions * plan.stats_splits, dtype=torch.float32, device=device)
@@ -164,6 +215,21 @@ def chain_step(target_logits: torch.Tensor, plan: LaunchPlan) -> ChainStep:
                    BLOCK_S=triton.next_power_of_2(sample_splits), PDL=plan.pdl, num_warps=plan.sample_warps,
                    **({"launch_pdl": True} if plan.pdl else {})))
     return ChainStep(launches=[first, second], token=token)
+
+
+def _one_launch_chain_step(target_logits: torch.Tensor, plan: LaunchPlan) -> ChainStep:
+    """`chain_step(..., one_launch=True)`: `_chain_one` at the plan's stats grid, tile width and warps."""
+    batch, positions, vocab = target_logits.shape
+    device = target_logits.device
+    parts = torch.empty(batch * positions * plan.stats_splits, dtype=torch.float32, device=device)
+    counters = torch.zeros(batch, dtype=torch.int32, device=device)
+    token = torch.empty(batch, dtype=torch.int32, device=device)
+    launch = (_chain_one, (batch, positions, plan.stats_splits),
+              (target_logits, parts, counters, token, vocab, positions, plan.stats_splits),
+              dict(CHUNK=plan.stats_chunk, BLOCK=plan.stats_block_v,
+                   BLOCK_S=triton.next_power_of_2(positions * plan.stats_splits), TILES=ONE_LAUNCH_TILES,
+                   TILE=SAMPLE_BLOCK, num_warps=plan.stats_warps))
+    return ChainStep(launches=[launch], token=token)
 
 
 def _coop_chain_step(target_logits: torch.Tensor, plan: LaunchPlan) -> ChainStep:

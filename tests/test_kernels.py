@@ -609,7 +609,9 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
         assert "honest_torch_graph_error" in point or "honest_torch_graph_warm_us" in point
         # the dependency-chain floor, for every two-launch plan: a CUDA graph replay on a GPU, an error on a CPU
         assert (point["chain_floor_us"] > 0) if ON_GPU else ("chain_floor_error" in point)
-        assert all("chain_floor_us" in row for row in point["variants"].values() if row["launches"] == 2)
+        assert all("chain_floor_us" in row and "one_launch_chain_floor_us" in row
+                   for row in point["variants"].values() if row["launches"] == 2)
+        assert (point["one_launch_chain_floor_us"] > 0) if ON_GPU else ("one_launch_chain_floor_error" in point)
         for name, row in point["variants"].items():  # each variant runs the plan it names
             overrides = PLAN_VARIANTS[name]
             if "error" in row:  # compiled, the cluster plan needs SM90+ and Triton >= 3.9: it says so
@@ -966,6 +968,34 @@ def test_chain_probe_finds_the_largest_logit_it_loaded(batch: int, vocab: int, s
     for _ in range(2):
         step.run()
         assert torch.equal(step.token.long(), expected)
+
+
+@pytest.mark.parametrize("batch, vocab, splits, block_v", [(2, 100, 3, 16), (1, 40, 1, 16), (3, 9000, 2, 256)])
+def test_one_launch_chain_probe_finds_the_largest_logit_of_its_tiles(batch: int, vocab: int, splits: int,
+                                                                     block_v: int) -> None:
+    """The one-launch chain probe (`chain_step(..., one_launch=True)`) must run its whole chain in one launch: each
+    row's token is the first column of the largest last-position logit among the ONE_LAUNCH_TILES sampling-block
+    tiles spread over V that the row's last program loaded, twice in a row (its ticket resets itself); it refuses a
+    cooperative plan, whose chain is one launch already."""
+    from flashspec.kernels.chain_probe import ONE_LAUNCH_TILES, chain_step
+
+    gamma = 4
+    logits = torch.randn(batch, gamma + 1, vocab, generator=torch.Generator().manual_seed(vocab)).to(DEVICE)
+    plan = make_plan(batch, gamma, vocab, logits.device, False, block_v=block_v, num_splits=splits)
+    step = chain_step(logits, plan, one_launch=True)
+    assert len(step.launches) == 1
+    tile = SAMPLE_BLOCK
+    stride = max(-(-vocab // tile) // ONE_LAUNCH_TILES, 1)
+    cols = torch.tensor(sorted({c for k in range(ONE_LAUNCH_TILES) for c in range(k * stride * tile,
+                                                                               (k * stride + 1) * tile) if c < vocab}))
+    expected = cols.to(DEVICE)[logits[:, gamma, cols.to(DEVICE)].argmax(1)]
+    for _ in range(2):
+        step.run()
+        assert torch.equal(step.token.long(), expected)
+    coop = make_plan(batch, gamma, vocab, logits.device, False, block_v=block_v, num_splits=splits,
+                     tuning=(("coop", 1),))
+    with pytest.raises(ValueError, match="one_launch"):
+        chain_step(logits, coop, one_launch=True)
 
 
 def test_verdicts_judge_the_eager_bars_at_both_ends_of_the_spread() -> None:

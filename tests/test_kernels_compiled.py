@@ -92,14 +92,17 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
                                 described = sass.describe(kernel, args, meta, plan.precise)
                                 launches.setdefault(_structure(described), described)
                             # the benchmark's dependency-chain probe at the same grids (the cluster plan has none)
-                            for kernel, _, args, meta in ([] if plan.cluster else chain_step(target, plan).launches):
+                            chains = [] if plan.cluster else chain_step(target, plan).launches
+                            if not (plan.cluster or plan.coop):  # and the one-launch chain at its stats grid
+                                chains += chain_step(target, plan, one_launch=True).launches
+                            for kernel, _, args, meta in chains:
                                 described = sass.describe(kernel, args, meta, plan.precise)
                                 launches.setdefault(_structure(described), described)
     finally:
         plan_module.make_plan.cache_clear()
     assert {d["kernel"] for d in launches.values()} == {"_stats_kernel", "_stats_accept_kernel", "_sample_kernel",
                                                         "_fused_kernel", "_coop_kernel", "_cluster_kernel", "_chain_first",
-                                                        "_chain_second", "_chain_coop"}
+                                                        "_chain_second", "_chain_one", "_chain_coop"}
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="0")
     done = subprocess.run([sys.executable, "-c", FRONT_END], input=json.dumps(list(launches.values())), env=env,
                           capture_output=True, text=True, timeout=600)
