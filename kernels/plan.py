@@ -154,13 +154,13 @@ CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 16 is beyond the portable 8: Hopper allows i
 # 3.9 some two-launch plans replayed in 0.4x their 3.6 time), so the fastest plan can differ. Each table is a
 # benchmark record's "plan_choice", the fastest variant per measured (B, V) by warm CUDA-graph replay on the H200,
 # which `flashspec bench verify` prints ready to paste here. Every variant's tokens equalled the reference's there.
-# Both tables were measured before the sampler raced blocks of sampling.SAMPLE_BLOCK tokens; a sampling tile they
-# name below one block is raised to a block.
-# (3, 6): results/verify_h200_70751e3.json (the device's own Triton). Later 3.6 runs timed the cooperative and the
-#   programmatic dependent launches too; neither beat these entries by more than one plan moves between two runs,
-#   so the entries stay (chapter 02 reads the comparison from the records).
-# (3, 9): results/verify_triton39_h200.json (commit 7e93be7, a carried Triton 3.9.0, the version CI pins). Its
-#   run replayed the (3, 6) entries too (its default plans), and chapter 02 sets the two choices side by side.
+# (3, 6): results/verify_h200_70751e3.json (the device's own Triton), measured before the sampler raced blocks of
+#   sampling.SAMPLE_BLOCK tokens; a sampling tile it names below one block is raised to a block. Later 3.6 runs
+#   timed the cooperative and the programmatic dependent launches too; neither beat these entries by more than one
+#   plan moves between two runs, so the entries stay (chapter 02 reads the comparison from the records).
+# (3, 9): results/verify_h200_blocks_all_decba52.json (a carried Triton 3.9.0, the version CI pins; the two-level
+#   race, ten plan variants at all six points). The table before it, the element race's choice, was
+#   results/verify_triton39_h200.json's (commit 7e93be7); chapter 02 sets both runs beside the (3, 6) plans.
 SHAPE_PLANS_BY_TRITON: dict[tuple[int, int], dict[tuple[int, int], dict[str, int]]] = {
     (3, 6): {
         (1, 32768): {'sample_block_v': 128, 'sample_max_tiles': 8},
@@ -174,11 +174,11 @@ SHAPE_PLANS_BY_TRITON: dict[tuple[int, int], dict[tuple[int, int], dict[str, int
     },
     (3, 9): {
         (1, 32768): {'sample_block_v': 256, 'sample_max_tiles': 4, 'pdl': 1},
-        (1, 131072): {'sample_block_v': 256, 'sample_max_tiles': 4, 'pdl': 1},
-        (8, 32768): {},
+        (1, 131072): {'stats_lane_elems': 0},
+        (8, 32768): {'lanes': 1, 'sample_max_tiles': 8},
         (8, 131072): {'lanes': 1, 'sample_max_tiles': 8},
         (64, 32768): {'lanes': 1, 'sample_max_tiles': 8},
-        (64, 131072): {'accept_once': 1, 'lanes': 1, 'pdl': 1},
+        (64, 131072): {'lanes': 1, 'sample_max_tiles': 8},
     },
 }
 

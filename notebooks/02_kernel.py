@@ -1244,7 +1244,7 @@ if len(ncu_runs) == 2 and sass_record is not None:
              and point["variant"] == "default" for launch in point["launches"] if launch["kernel"] == "_sample_kernel"
              for loop in launch["loops"]]
     fast_sample = ncu_kernels(ncu_runs[NCU_BEFORE], "diagnostic_fast_math").get((8, 32000, "sample"))
-    plain_sample = before.get((8, 32000, "sample"))  # the same plan at that point: the (3, 9) table's entry is empty
+    plain_sample = before.get((8, 32000, "sample"))  # the same plan at that point: the (3, 9) table's entry was empty then
     moved = [(key, before[key]["duration_us"], after[key]["duration_us"]) for key in sorted(before)
              if key[2] == "stats" and key in after]
     display(Markdown(

@@ -656,7 +656,7 @@ def test_plan_choice_skips_diagnostic_and_wrong_variants() -> None:
     assert "(8, 32768): {'sample_block_v': 256}" in plan_choice([point])["paste"]
 
 
-PLAN_RECORDS = {(3, 6): "verify_h200_70751e3", (3, 9): "verify_triton39_h200"}  # where each plan table came from
+PLAN_RECORDS = {(3, 6): "verify_h200_70751e3", (3, 9): "verify_h200_blocks_all_decba52"}  # where each plan table came from
 
 
 def test_shape_plans_follow_the_installed_triton() -> None:
