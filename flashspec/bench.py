@@ -774,6 +774,15 @@ def shortest_chain_floor(point: dict, keep: Callable[[dict], bool] = lambda row:
     return min(chains) if chains else None
 
 
+def newest_points(records: list[dict]) -> dict[tuple[int, int], tuple[dict, dict]]:
+    """(batch, vocab) -> (point, its record) over benchmark records, each point from the newest record that timed
+    it (by the record's provenance date; a record without one counts as oldest): where a later run timed a point
+    again, the book reads the later run."""
+    ordered = sorted(records, key=lambda record: str(record["provenance"].get("date_utc") or ""))
+    return {(point["batch"], point["vocab"]): (point, record)
+            for record in ordered for point in record["results"]["points"]}
+
+
 def issue_bound_step_us(ncu_record: dict, batch: int, vocab: int, bytes_floor_us: float,
                          variant: str = "default") -> float | None:
     """The least a two-launch step can take at (batch, vocab) by its kernels' instruction counts: the stats pass at

@@ -1552,8 +1552,10 @@ else:
 # A launch plan is chosen by timing, and the same plan compiles to other code under another Triton. So
 # `flashspec.kernels.plan` keeps one table per Triton version it was measured under (`SHAPE_PLANS_BY_TRITON`), and
 # `SHAPE_PLANS` is the table of the newest measured version not newer than the installed one. The (3, 9) table
-# is the plan choice of a whole `flashspec bench verify` on the H200 with a carried Triton 3.9. That run's default
-# plans were still the (3, 6) table's, so it timed both choices side by side:
+# was first the plan choice of a whole `flashspec bench verify` on the H200 with a carried Triton 3.9 (commit
+# 7e93be7, the element race; since the sampler races blocks it is the choice of the complete run in "The race in
+# two levels" below). That first run's default plans were still the (3, 6) table's, so it timed both choices side
+# by side:
 
 # %%
 from flashspec.kernels import plan as launch_plans  # noqa: E402
@@ -1819,17 +1821,19 @@ else:
 # %% [markdown]
 # On the H200, under Triton 3.9 with every plan variant: the whole benchmark before the change (the record the
 # tables at the top of this section read, `results/verify_h200.json`, the element race) and after it
-# (`results/verify_h200_blocks_*.json`; the first run hit its time limit before its sixth point, which a second run
-# timed alone with fewer variants). Per point: the warm replay of the default plan and of the fastest variant,
-# and each kernel's own warm time in the default plan.
+# (`results/verify_h200_blocks_*.json`: a first run cut by its time limit before its sixth point, that point timed
+# alone, then all six points in one run with ten plan variants, the run the launch-plan table for Triton 3.9 now
+# comes from). Each point is read from the newest run that timed it (`flashspec.bench.newest_points`). Per point:
+# the warm replay of the default plan and of the fastest variant, and each kernel's own warm time in the default
+# plan.
 
 # %%
 after_records = [provenance.load_result(path.stem)
                  for path in sorted(provenance.results_dir().glob("verify_h200_blocks_*.json"))]
-after_points = {(p["batch"], p["vocab"]): (p, record) for record in after_records
-                for p in record["results"]["points"]}
+after_points = bench.newest_points(after_records)
+after_runs = list({id(record): record for _, record in after_points.values()}.values())  # the runs read, once each
 if after_points:
-    for record in after_records:
+    for record in after_runs:
         print(f"after: {provenance.caption(record)}; {record['provenance']['command']}")
     print(f"{'B':>3} {'V':>7} {'floor':>6} {'default replay':>19} {'best replay':>19} {'sample kernel':>19} "
           f"{'stats kernel':>19} {'best / floor':>15}")
@@ -1859,15 +1863,20 @@ if after_points:
         f"point's fastest plan the worst point is B = {worst[0]}, V = {worst[1]} at {best_over[worst]:.2f}× its "
         f"floor ({len(best_over)} points measured after the change), where the stats pass alone takes "
         f"{after_points[worst][0]['triton_stats_kernel_warm_us']:.1f} µs of a "
-        f"{2 * after_points[worst][0]['floor_us']:.1f} µs budget."))
+        f"{2 * after_points[worst][0]['floor_us']:.1f} µs budget. Each run measures its own floor (one empty launch, "
+        "or the bytes): the launch floor was "
+        + ", ".join(sorted({f"{p['floor_launch_us']:.2f} µs" for p in points}))
+        + " in the element race's run and "
+        + ", ".join(sorted({f"{p['floor_launch_us']:.2f} µs" for p, _ in after_points.values()}))
+        + " after, so the last column can move against the replay where the machine's empty launch did."))
 else:
     print(f"the H200 after the two-level race: {NOT_MEASURED}")
 
 # %% [markdown]
-# The four columns of "What it costs" for the kernels as they stand now, from the same records: floor, honest
-# baseline, eager and warm replay per point, and each run's verdicts. The six points come from two runs on two
-# machines, so a bar is judged within each run over the points it timed; the replay bar reads each point's fastest
-# plan, the eager bars the alternating pairs of one call each.
+# The four columns of "What it costs" for the kernels as they stand now, from the same points: floor, honest
+# baseline, eager and warm replay per point, and the verdicts of each run read. A bar is judged within a run over the
+# points it timed; the replay bar reads each point's fastest plan, the eager bars the alternating pairs of one call
+# each.
 
 # %%
 if after_points:
@@ -1883,7 +1892,7 @@ if after_points:
               f"{row[now_honest] / row[now_eager]:13.1f} {row['best_graph_warm_over_floor']:11.2f} {run:>8}")
     print("eager columns:", "one call from an idle GPU, launch included" if now_eager.endswith("_latency_us")
           else "medians of triton.testing.do_bench")
-    for record in after_records:
+    for record in after_runs:
         print(f"verdicts of the run at {record['provenance']['git_sha'][:7]}:")
         for name, bar in record["results"]["verdicts"].items():
             if bar["points"]:
@@ -1895,12 +1904,70 @@ if after_points:
     replay_met = [row for row in now_rows if row["best_graph_warm_over_floor"] <= 2.0]
     display(Markdown(
         "**Figure.** The verification step with the two-level race: floor, honest baseline, eager and warm graph "
-        "replay, log scale (" + "; ".join(provenance.caption(record) for record in after_records) + "). "
+        "replay, log scale (" + "; ".join(provenance.caption(record) for record in after_runs) + "). "
         f"With each point's fastest plan the warm replay is within 2× its floor at {len(replay_met)} of "
         f"{len(now_rows)} points (" + (", ".join(f"B = {r['batch']}, V = {r['vocab']}" for r in replay_met) or "none")
         + "); the bar asks for all of them."))
 else:
     print(f"the kernels as they stand, on the H200: {NOT_MEASURED}")
+
+# %% [markdown]
+# ### One launch: the chain it would leave
+#
+# Where the bar is missed at small batches, even the shortest two-launch chain is near or past 2× the floor (the
+# chain floor above): the next step is a shorter chain, not faster arithmetic. A step that samples inside its
+# stats launch has one: the last program of each row, which already reads the row's partials, draws the token
+# itself. It needs proposals it can draw without a second pass over V. The bonus token can be drawn exactly as
+# `block_race` draws it if the stats pass keeps, per block of 256 tokens, the sum of p's weights (it computes those
+# weights anyway for the log-sum-exp): race the blocks, then the tokens of the winning block, one tile load. The
+# residual max(0, p − q) has no block sums before both normalisers are known, but it can be drawn by rejection from
+# p: propose t ~ p and accept it with probability max(0, 1 − q_t / p_t). An accepted t has probability
+# proportional to p_t · max(0, 1 − q_t / p_t) = max(0, p_t − q_t), the residual itself, and k proposals drawn at
+# once cost one round trip. A proposal is accepted with probability r = Σ max(0, p − q), the residual's mass; a row
+# whose k proposals all fail needs an exact fallback (the residual race over V: a second pass, in that row only).
+#
+# This is not built. The benchmark times its chain (`chain_step(..., one_launch=True)`: the stats launch's grid, and
+# the row's last program loading from its partials sixteen block tiles, eight proposals of p and of q) beside each
+# plan's two-launch chain, with the stats kernel alone, which the one launch still contains:
+
+# %%
+one_launch_rows = [(p, record) for p, record in (after_points[(q["batch"], q["vocab"])] for q in points
+                                                 if (q["batch"], q["vocab"]) in after_points)
+                   if bench.shortest_chain_floor(p, key="one_launch_chain_floor_us") is not None]
+if one_launch_rows:
+    print(f"{'B':>3} {'V':>7} {'floor':>6} {'bar 2x':>7} {'2-launch chain':>15} {'1-launch chain':>15} "
+          f"{'stats kernel':>13} {'bar - stats':>12} {'run':>8}")
+    fits, tight = [], []
+    for p, record in one_launch_rows:
+        two = bench.shortest_chain_floor(p, lambda row: row.get("launches") == 2)
+        one = bench.shortest_chain_floor(p, key="one_launch_chain_floor_us")
+        stats_alone = p["triton_stats_kernel_warm_us"]
+        bar = 2 * p["floor_us"]
+        print(f"{p['batch']:>3} {p['vocab']:>7} {p['floor_us']:6.2f} {bar:7.2f} {cell(two, '.2f', 15)} "
+              f"{one:15.2f} {stats_alone:13.2f} {bar - stats_alone:12.2f} {record['provenance']['git_sha'][:7]:>8}")
+        (fits if one < bar else tight).append((p, one, bar - stats_alone))
+    print("(µs, warm CUDA-graph replays; chains: the shortest over the run's plan variants; stats kernel: the "
+          "default plan's, alone)")
+    proposals = 8
+    worst_fallback = max(r * (1 - r) ** proposals for r in (i / 1000 for i in range(1, 1000)))
+    display(Markdown(
+        f"The one-launch chain is shorter than the bar at {len(fits)} of {len(one_launch_rows)} points"
+        + (" (" + ", ".join(f"B = {p['batch']}, V = {p['vocab']}: {one:.1f} µs" for p, one, _ in fits) + ")"
+           if fits else "")
+        + ". What the chain does not hold is the step's work: the stats kernel alone leaves "
+        + ", ".join(f"{room:.1f} µs (B = {p['batch']}, V = {p['vocab']})" for p, _, room in fits + tight)
+        + " under the bar for everything the row's last program adds (its round trips and its race). "
+        + ("At " + ", ".join(f"B = {p['batch']}, V = {p['vocab']}" for p, _, room in fits + tight if room < 1.5)
+           + " that is under 1.5 µs, so a one-launch step there also needs a faster stats pass. "
+           if any(room < 1.5 for _, _, room in fits + tight) else "")
+        + f"A row needs the fallback when it rejected (probability r at that position) and all {proposals} "
+        f"proposals failed ((1 − r)^{proposals}): at most {100 * worst_fallback:.1f}% of rows per step, at "
+        f"r = 1/{proposals + 1}, where some row of 64 falls back in {100 * (1 - (1 - worst_fallback) ** 64):.0f}% of "
+        "steps: the fallback's cost is part of the design's price at large batches. These are a prediction's inputs, "
+        "not a measured step."))
+else:
+    print(f"the one-launch chain: {NOT_MEASURED}")
+
 
 # %% [markdown]
 # ## What it changes end to end

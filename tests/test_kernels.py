@@ -998,6 +998,21 @@ def test_one_launch_chain_probe_finds_the_largest_logit_of_its_tiles(batch: int,
         chain_step(logits, coop, one_launch=True)
 
 
+def test_newest_points_read_each_point_from_the_latest_run_that_timed_it() -> None:
+    from flashspec.bench import newest_points
+
+    def record(date: str | None, *shapes: tuple[int, int]) -> dict:
+        return {"provenance": {"date_utc": date},
+                "results": {"points": [{"batch": b, "vocab": v, "run": date} for b, v in shapes]}}
+
+    late, early, undated = (record("2026-12-03T10:00:00+00:00", (1, 32000), (8, 32000)),
+                            record("2026-12-02T10:00:00+00:00", (1, 32000), (64, 128256)), record(None, (8, 32000)))
+    points = newest_points([late, undated, early])
+    assert points[(1, 32000)] == (late["results"]["points"][0], late)
+    assert points[(8, 32000)][1] is late and points[(64, 128256)][1] is early
+    assert newest_points([]) == {}
+
+
 def test_verdicts_judge_the_eager_bars_at_both_ends_of_the_spread() -> None:
     """A bar met by the medians but not by the pessimistic end of the timings' spreads is 'WITHIN SPREAD',
     one met at both ends 'PASS', one missed at both 'MISS'; records without spreads keep the median verdict."""
