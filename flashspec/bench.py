@@ -513,6 +513,13 @@ PLAN_VARIANTS: dict[str, dict[str, int]] = {
     "stats_lanes_off": {"stats_lane_elems": 0},
     "stats_bv2048_pdl_lanes_off": {"accept_once": 1, "lanes": 1, "sample_block_v": 256, "sample_max_tiles": 4,
                                    "stats_block_v": 2048, "stats_max_tiles": 2, "pdl": 1, "stats_lane_elems": 0},
+    # the stats grid around the default's, with lanes_tiles8's sampling plan: at most two tiles or one per program
+    # (more programs, shorter loops, more tickets per row), wider tiles of 8192 logits (more bytes in flight per
+    # load), or twice the programs per SM (the target grid of both passes)
+    "stats_tiles2": {"lanes": 1, "sample_max_tiles": 8, "stats_max_tiles": 2},
+    "stats_tiles1_lanes": {"lanes": 1, "sample_max_tiles": 8, "stats_max_tiles": 1},
+    "stats_bv8192": {"lanes": 1, "sample_max_tiles": 8, "stats_block_v": 8192},
+    "programs_8_per_sm": {"lanes": 1, "sample_max_tiles": 8, "programs_per_sm": 8},
     # diagnostics, never chosen: what approximate log/exp would save (their tokens may differ at near-ties), in
     # the default plan and in stats_bv2048's, whose sampling kernel takes ~50 µs at B = 64, V = 128k: how much of
     # that is the per-element math
@@ -602,6 +609,12 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
     row["graph_warm_us"], graph_error = _attempt(lambda: _graph_warm_us(step))
     if graph_error:
         row["graph_error"] = graph_error
+    if not (prepared.plan.fused or prepared.plan.coop or prepared.plan.cluster):  # two launches: each alone
+        for name, launch in (("stats_kernel_warm_us", prepared.launch_stats),
+                             ("sample_kernel_warm_us", prepared.launch_sample)):
+            row[name], error = _attempt(lambda: _graph_warm_us(launch))
+            if error:
+                row[name.replace("_us", "_error")] = error
     if not (prepared.plan.fused or prepared.plan.cluster):  # the cluster plan has no chain through global memory
         row.update(_chain_floor(inputs[0], prepared.plan))
     return row

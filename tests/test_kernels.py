@@ -610,6 +610,8 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
         # the dependency-chain floor, for every two-launch plan: a CUDA graph replay on a GPU, an error on a CPU
         assert (point["chain_floor_us"] > 0) if ON_GPU else ("chain_floor_error" in point)
         assert all("chain_floor_us" in row and "one_launch_chain_floor_us" in row
+                   and ("stats_kernel_warm_us" in row) and ("sample_kernel_warm_us" in row)
+                   and ((row["stats_kernel_warm_us"] or 0) > 0 if ON_GPU else "stats_kernel_warm_error" in row)
                    for row in point["variants"].values() if row["launches"] == 2)
         assert (point["one_launch_chain_floor_us"] > 0) if ON_GPU else ("one_launch_chain_floor_error" in point)
         for name, row in point["variants"].items():  # each variant runs the plan it names
