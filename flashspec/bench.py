@@ -695,6 +695,7 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
         "launches_per_step": prepared.plan.launches,
         "plan": _plan_record(prepared),
         "logit_bytes": logit_bytes,
+        "target_logit_bytes": target.numel() * element,
         "two_pass_bytes": two_pass_bytes,
         "floor_us": floor_us,
         "floor_launch_us": floors["empty_launch_us"],
@@ -714,11 +715,17 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
         "triton_stats_kernel_us": _do_bench_us(two.launch_stats),
         "triton_sample_kernel_us": _do_bench_us(two.launch_sample),
     }
+    # the same step without draft logits (q one-hot at the drafted token): its stats pass streams the target's
+    # logits only, what a step given the draft's log-normalisers by its drafter would read
+    target_only = prepare_verify(target, None, tokens, params, key, fused=False)
+    target_only.run()
     graph_timings = {
         "triton_stats_kernel_warm_us": lambda: _graph_warm_us(two.launch_stats),
         "triton_sample_kernel_warm_us": lambda: _graph_warm_us(two.launch_sample),
         "triton_graph_replay_us": lambda: _graph_us(triton_step),
         "triton_graph_warm_us": lambda: _graph_warm_us(triton_step),
+        "target_only_stats_kernel_warm_us": lambda: _graph_warm_us(target_only.launch_stats),
+        "target_only_graph_warm_us": lambda: _graph_warm_us(target_only.run),
     }
     for name, measure in graph_timings.items():
         point[name], error = _attempt(measure)

@@ -614,6 +614,9 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
                    and ((row["stats_kernel_warm_us"] or 0) > 0 if ON_GPU else "stats_kernel_warm_error" in row)
                    for row in point["variants"].values() if row["launches"] == 2)
         assert (point["one_launch_chain_floor_us"] > 0) if ON_GPU else ("one_launch_chain_floor_error" in point)
+        assert (point["target_only_stats_kernel_warm_us"] > 0) if ON_GPU else (
+            "target_only_stats_kernel_warm_error" in point)
+        assert 0 < point["target_logit_bytes"] < point["logit_bytes"]
         for name, row in point["variants"].items():  # each variant runs the plan it names
             overrides = PLAN_VARIANTS[name]
             if "error" in row:  # compiled, the cluster plan needs SM90+ and Triton >= 3.9: it says so
