@@ -463,6 +463,13 @@ else:
                             "must shrink before that bar can be met (chapter 2, \"The kernels' own work, "
                             "counted\")" if least else ""))
     blocks_runs = [provenance.load_result(path.stem) for path in sorted(RESULTS.glob("verify_h200_blocks_*.json"))]
+    target_only_run = committed("verify_h200_target_only_13563fb.json")
+
+    def target_only_point(point: dict) -> dict | None:
+        """The same (B, V) in the run that timed the stats pass without draft logits, if committed."""
+        return next((p for p in (target_only_run or {"results": {"points": []}})["results"]["points"]
+                     if (p["batch"], p["vocab"]) == (point["batch"], point["vocab"])), None)
+
     if blocks_runs:  # the sampler racing blocks of tokens, then the tokens of the winning block
         blocks_points = [p for p, _ in bench.newest_points(blocks_runs).values()]  # a point's newest run
         worst = max(blocks_points, key=lambda p: p["best_graph_warm_over_floor"])
@@ -484,8 +491,11 @@ else:
             cluster_text += (f"; a step sampling inside its stats launch (not built) has a dependency chain under 2× "
                              f"the floor at {len(under)} of {len(one_launch)} points, but the stats kernel alone "
                              f"leaves {2 * tightest['floor_us'] - tightest['triton_stats_kernel_warm_us']:.1f} µs of "
-                             f"the bar at B = {tightest['batch']}, V = {tightest['vocab']} (chapter 2, \"One launch: "
-                             "the chain it would leave\")")
+                             f"the bar at B = {tightest['batch']}, V = {tightest['vocab']}"
+                             + (f", {2 * only['floor_us'] - only['target_only_stats_kernel_warm_us']:.1f} µs when it "
+                                "streams the target's logits alone (`results/verify_h200_target_only_13563fb.json`)"
+                                if (only := target_only_point(tightest)) else "")
+                             + " (chapter 2, \"One launch: the chain it would leave\")")
     add_claim(
         KERNEL_CLAIM,
         ("reproduced" if eager_met and floor_met else "half reproduced" if eager_met or floor_met
