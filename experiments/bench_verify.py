@@ -41,7 +41,12 @@ NOTES = ("floor_us = max(empty_launch_us, logit_bytes / bandwidth): one empty Tr
          "*_paired_warm / *_paired_cold: the same pairs with each call right after an untimed call of itself, or "
          "right after 64 MB read on the host (both calls finding the host's caches alike; the bars' by_host_state). "
          "variants: every "
-         "launch-plan variant (GPU_PLAN overrides); plan_choice: the fastest by warm graph replay per point.")
+         "launch-plan variant (GPU_PLAN overrides; stats_/sample_kernel_warm_us: a two-launch plan's kernels alone); "
+         "plan_choice: the fastest by warm graph replay per point. log_probs_*: the default plan given the draft's "
+         "warped log-probs (fp32) instead of its logits (draft_is_log_probs: the stats pass streams the target's "
+         "logits only); target_only_*: the default plan without draft logits (q one-hot); target_logit_bytes: the "
+         "target's share of logit_bytes. one_launch_chain_floor_us: the chain of a step sampling inside its stats "
+         "launch (kernels.chain_probe, not a built step).")
 
 
 def gpu_record(command: list[str], git_sha: str | None) -> dict[str, Any]:

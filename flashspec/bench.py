@@ -719,6 +719,16 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
     # logits only, what a step given the draft's log-normalisers by its drafter would read
     target_only = prepare_verify(target, None, tokens, params, key, fused=False)
     target_only.run()
+    # the step given the draft's log-probs (fp32, as it sampled from them): its stats pass streams the target only
+    log_q = warp_logits(draft.float(), params)
+
+    def log_probs_step():
+        return verify_triton(target, log_q, tokens, params, key, draft_is_log_probs=True)
+
+    with_log_probs = prepare_verify(target, log_q, tokens, params, key, draft_is_log_probs=True)
+    log_probs_tokens = with_log_probs.run()
+    log_probs_step()
+    log_probs_expected = verify_reference(target, log_q, tokens, params, key, draft_is_log_probs=True)
     graph_timings = {
         "triton_stats_kernel_warm_us": lambda: _graph_warm_us(two.launch_stats),
         "triton_sample_kernel_warm_us": lambda: _graph_warm_us(two.launch_sample),
@@ -726,11 +736,16 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
         "triton_graph_warm_us": lambda: _graph_warm_us(triton_step),
         "target_only_stats_kernel_warm_us": lambda: _graph_warm_us(target_only.launch_stats),
         "target_only_graph_warm_us": lambda: _graph_warm_us(target_only.run),
+        "log_probs_stats_kernel_warm_us": lambda: _graph_warm_us(with_log_probs.launch_stats),
+        "log_probs_graph_warm_us": lambda: _graph_warm_us(log_probs_step),
     }
     for name, measure in graph_timings.items():
         point[name], error = _attempt(measure)
         if error:
             point[name.replace("_us", "_error")] = error
+    point["log_probs_tokens_equal_reference"] = bool(
+        torch.equal(log_probs_tokens[0], log_probs_expected.tokens)
+        and torch.equal(log_probs_tokens[1], log_probs_expected.num_accepted))
     point.update({
         "triton_wall_us_per_call": _wall_us(triton_step, calls=200),
         "triton_api_wall_us_per_call": _wall_us(triton_api, calls=200),

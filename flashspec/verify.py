@@ -44,6 +44,7 @@ def verify(
     generator: torch.Generator | int | None = None,
     backend: str = "auto",
     validate: bool | None = None,
+    draft_is_log_probs: bool = False,
 ) -> VerifyOutput:
     """Verify γ drafted tokens per row against the target (book/design.md §1).
 
@@ -58,6 +59,10 @@ def verify(
         backend: "auto" (Triton on CUDA when available, else PyTorch), "torch" or "triton".
         validate: check values (token range, NaN/inf rows). None = only when the tensors are on
             the CPU, where it costs no device sync; True forces it (one sync on a GPU).
+        draft_is_log_probs: `draft_logits` holds the draft's warped log-probabilities instead of its logits:
+            exactly the log-probs it sampled from (temperature, top-k and top-p applied, each row normalised;
+            `flashspec.sampling.sample_from_logits` returns them). The verifier then needs no pass over the
+            draft's vocabulary to normalise it (the Triton backend streams the target's logits only).
     """
     params = SamplingParams() if params is None else params
     if not isinstance(params, SamplingParams):
@@ -65,19 +70,23 @@ def verify(
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     check_shapes(target_logits, draft_logits, draft_tokens)
+    if draft_is_log_probs and draft_logits is None:
+        raise ValueError("draft_is_log_probs=True needs draft_logits (the draft's log-probs); pass them, or "
+                         "draft_is_log_probs=False for deterministic proposals")
     if validate is None:
         validate = target_logits.device.type == "cpu"
     if validate:
-        check_values(target_logits, draft_logits, draft_tokens, params)
+        check_values(target_logits, draft_logits, draft_tokens, params, draft_is_log_probs)
     key = rng.key_from_generator(generator)
     if backend == "auto":
         backend = "triton" if target_logits.is_cuda and _triton_available() else "torch"
     if backend == "triton":
         from flashspec.kernels import verify_triton
 
-        tokens, num_accepted = verify_triton(target_logits, draft_logits, draft_tokens, params, key)
+        tokens, num_accepted = verify_triton(target_logits, draft_logits, draft_tokens, params, key,
+                                             draft_is_log_probs=draft_is_log_probs)
         return VerifyOutput(tokens=tokens, num_accepted=num_accepted)
-    return verify_reference(target_logits, draft_logits, draft_tokens, params, key)
+    return verify_reference(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs)
 
 
 def _triton_available() -> bool:
@@ -149,8 +158,10 @@ def check_values(
     draft_logits: torch.Tensor | None,
     draft_tokens: torch.Tensor,
     params: SamplingParams,
+    draft_is_log_probs: bool = False,
 ) -> None:
-    """Raise ValueError for token ids out of range and for logits rows no distribution can come from."""
+    """Raise ValueError for token ids out of range, for logits rows no distribution can come from, and (with
+    `draft_is_log_probs`) for draft rows that are not normalised log-probabilities."""
     vocab = target_logits.shape[2]
     if bool(((draft_tokens < 0) | (draft_tokens >= vocab)).any()):
         bad = draft_tokens[(draft_tokens < 0) | (draft_tokens >= vocab)][0].item()
@@ -158,13 +169,34 @@ def check_values(
     _check_logit_rows("target_logits", target_logits)
     if draft_logits is not None:
         _check_logit_rows("draft_logits", draft_logits)
+        if draft_is_log_probs:
+            _check_log_prob_rows(draft_logits)
         if not params.greedy:
-            log_q = warp_logits(draft_logits, params).gather(-1, draft_tokens.long().unsqueeze(-1))
+            log_q = draft_log_probs(draft_logits, draft_tokens, params, vocab, draft_is_log_probs).gather(
+                -1, draft_tokens.long().unsqueeze(-1))
             if bool(torch.isneginf(log_q).any()):
                 raise ValueError(
                     "draft_tokens contains a token with zero probability under the warped draft_logits; "
                     "pass exactly the logits (and the same SamplingParams) the draft sampled from"
                 )
+
+
+LOG_PROB_ROW_TOLERANCE = 1e-3  # |logsumexp| of a row of log-probs: far above fp32 rounding, far below any mistake
+
+
+def _check_log_prob_rows(log_probs: torch.Tensor) -> None:
+    """Each row of `draft_logits` given as log-probs must sum to one."""
+    totals = torch.logsumexp(log_probs.double(), dim=-1)
+    bad = totals.abs() > LOG_PROB_ROW_TOLERANCE
+    if bool(bad.any()):
+        row, position = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(
+            f"draft_logits row ({row}, {position}) is not a row of log-probabilities (its logsumexp is "
+            f"{float(totals[row, position]):.4g}, not 0; {int(bad.sum())} such rows) but draft_is_log_probs=True; "
+            "pass the log-probs the "
+            "draft sampled from (e.g. the second value `flashspec.sampling.sample_from_logits` returns), or its "
+            "logits with draft_is_log_probs=False"
+        )
 
 
 def _check_logit_rows(name: str, logits: torch.Tensor) -> None:
@@ -182,9 +214,11 @@ def verify_reference(
     draft_tokens: torch.Tensor,
     params: SamplingParams,
     key: rng.Key | torch.Tensor,
+    draft_is_log_probs: bool = False,
 ) -> VerifyOutput:
     """Vectorised PyTorch verification: the ground truth for every other backend. `key` may be a
-    device tensor [2] (see `rng.step_key`): then nothing here leaves the device (graph-safe)."""
+    device tensor [2] (see `rng.step_key`): then nothing here leaves the device (graph-safe).
+    `draft_is_log_probs`: `draft_logits` holds the draft's warped log-probs (read as given)."""
     batch, gamma = draft_tokens.shape
     vocab = target_logits.shape[2]
     device = target_logits.device
@@ -194,7 +228,7 @@ def verify_reference(
     if params.greedy:
         accepted = tokens_in == log_p[:, :gamma].argmax(dim=-1)
     else:
-        log_q = draft_log_probs(draft_logits, tokens_in, params, vocab)
+        log_q = draft_log_probs(draft_logits, tokens_in, params, vocab, draft_is_log_probs)
         log_p_x = log_p[:, :gamma].gather(-1, tokens_in.unsqueeze(-1)).squeeze(-1)
         log_q_x = log_q.gather(-1, tokens_in.unsqueeze(-1)).squeeze(-1)
         accept_u = rng.uniforms(key, rng.STREAM_ACCEPT, batch, gamma, 1, device=device)[..., 0]
@@ -226,14 +260,18 @@ def verify_reference(
 
 
 def draft_log_probs(
-    draft_logits: torch.Tensor | None, draft_tokens: torch.Tensor, params: SamplingParams, vocab: int
+    draft_logits: torch.Tensor | None, draft_tokens: torch.Tensor, params: SamplingParams, vocab: int,
+    given: bool = False,
 ) -> torch.Tensor:
-    """Warped draft log-probs [B, γ, V]; deterministic proposals are log one-hot at the token."""
+    """Warped draft log-probs [B, γ, V]; deterministic proposals are log one-hot at the token; `given`: the
+    caller's log-probs, as fp32."""
     if draft_logits is None:
         one_hot = torch.full(
             (*draft_tokens.shape, vocab), NEG_INF, dtype=torch.float32, device=draft_tokens.device
         )
         return one_hot.scatter(-1, draft_tokens.long().unsqueeze(-1), 0.0)
+    if given:
+        return draft_logits.float()
     return warp_logits(draft_logits, params)
 
 

@@ -57,14 +57,16 @@ def _rows_lse(target_ptr, draft_ptr, target_rows, draft_rows, target_ok, draft_o
         col_ok = (cols < vocab)[None, :]
         x = tl.load(target_ptr + target_rows[:, None] + cols[None, :], mask=target_ok[:, None] & col_ok,
                     other=float("-inf"))
-        if HAS_DRAFT:
+        if HAS_DRAFT == 1:  # logits (log-probs are normalised already)
             y = tl.load(draft_ptr + draft_rows[:, None] + cols[None, :], mask=draft_ok[:, None] & col_ok,
                         other=float("-inf"))
             q_lane_max, q_lane_sum = _lane_lse(q_lane_max, q_lane_sum, _scale(y.to(tl.float32), scale, SCALE_MODE))
         p_lane_max, p_lane_sum = _lane_lse(p_lane_max, p_lane_sum, _scale(x.to(tl.float32), scale, SCALE_MODE))
     p_max, p_log_sum = _combine_lse(p_lane_max[None, :, :], p_lane_sum[None, :, :], PRECISE)
-    if HAS_DRAFT:
+    if HAS_DRAFT == 1:
         q_max, q_log_sum = _combine_lse(q_lane_max[None, :, :], q_lane_sum[None, :, :], PRECISE)
+    elif HAS_DRAFT == 2:
+        q_max, q_log_sum = tl.zeros_like(p_max), tl.zeros_like(p_log_sum)
     else:
         q_max, q_log_sum = p_max, p_log_sum  # unused: q is one-hot at the drafted token
     return p_max, p_log_sum, q_max, q_log_sum

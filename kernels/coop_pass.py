@@ -56,7 +56,7 @@ def _row_partials(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, row, split,
         x = tl.load(target_ptr + target_rows[:, None] + cols[None, :], mask=target_ok[:, None] & col_ok,
                     other=float("-inf"))
         p_max, p_sum = _online_lse(p_max, p_sum, _scale(x.to(tl.float32), scale, SCALE_MODE))
-        if HAS_DRAFT:
+        if HAS_DRAFT == 1:  # logits (log-probs are normalised already: `_accept_sampled` reads no partials)
             y = tl.load(draft_ptr + draft_rows[:, None] + cols[None, :], mask=draft_ok[:, None] & col_ok,
                         other=float("-inf"))
             q_max, q_sum = _online_lse(q_max, q_sum, _scale(y.to(tl.float32), scale, SCALE_MODE))
@@ -64,7 +64,7 @@ def _row_partials(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, row, split,
     out_target = (row64 * width + positions) * num_splits + split
     tl.store(part_max_ptr + out_target, p_max, mask=target_ok)
     tl.store(part_sum_ptr + out_target, p_sum, mask=target_ok)
-    if HAS_DRAFT:
+    if HAS_DRAFT == 1:
         out_draft = (row64 * width + gamma + 1 + positions) * num_splits + split
         tl.store(part_max_ptr + out_draft, q_max, mask=draft_ok)
         tl.store(part_sum_ptr + out_draft, q_sum, mask=draft_ok)

@@ -12,8 +12,8 @@ from triton.language import core as tlcore  # noqa: F401  (the interpreter patch
 
 from flashspec import sampling
 from flashspec.kernels import rng as krng
-from flashspec.kernels.shims import (INT32_MAX, _combine_lse, _exp, _fold_first_max, _log, _max, _max_index, _min,
-                                     _scale, _sum, gdc_wait)
+from flashspec.kernels.shims import (INT32_MAX, _combine_lse, _draft_scale, _exp, _fold_first_max, _log, _max,
+                                     _max_index, _min, _scale, _sum, gdc_wait)
 from flashspec.kernels.rng import device_function
 
 
@@ -52,8 +52,8 @@ def _weights(target_ptr, draft_ptr, target_row, draft_row, cols, mask, n_p_max, 
     p = _exp(log_p, PRECISE)
     if RESIDUAL:
         if HAS_DRAFT:
-            q = _exp((_scale(y.to(tl.float32), scale, SCALE_MODE) - n_q_max[:, None]) - n_q_log_sum[:, None],
-                     PRECISE)
+            q = _exp((_draft_scale(y.to(tl.float32), scale, SCALE_MODE, HAS_DRAFT) - n_q_max[:, None])
+                     - n_q_log_sum[:, None], PRECISE)
         else:
             q = tl.where(cols == n_token[:, None], 1.0, 0.0)
         w = tl.where(rejected[:, None], tl.maximum(p - q, 0.0), p)
@@ -253,7 +253,7 @@ def _accept_sampled(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, drafted, 
         tl.load(part_sum_ptr + target_stats, mask=stats_mask, other=0.0, volatile=VOLATILE),
         PRECISE,
     )
-    if HAS_DRAFT:
+    if HAS_DRAFT == 1:
         draft_stats = target_stats + (gamma + 1) * num_stat_splits
         draft_mask = row_ok[:, None, None] & (p3 < gamma) & (s3 < num_stat_splits)
         q_max, q_log_sum = _combine_lse(
@@ -261,6 +261,8 @@ def _accept_sampled(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, drafted, 
             tl.load(part_sum_ptr + draft_stats, mask=draft_mask, other=0.0, volatile=VOLATILE),
             PRECISE,
         )
+    elif HAS_DRAFT == 2:  # log-probs: normalised already
+        q_max, q_log_sum = tl.zeros_like(p_max), tl.zeros_like(p_log_sum)
     else:
         q_max, q_log_sum = p_max, p_log_sum  # unused: q is one-hot at the drafted token
     return _accept_from_lse(target_ptr, draft_ptr, drafted, rows, row_ok, positions, p_max, p_log_sum, q_max,
@@ -285,7 +287,7 @@ def _accept_from_lse(target_ptr, draft_ptr, drafted, rows, row_ok, positions, p_
     if HAS_DRAFT:
         draft_at_token = tl.load(draft_ptr + (rows64[:, None] * gamma + positions) * vocab + drafted,
                                  mask=token_ok, other=float("-inf"))
-        log_q_x = (_scale(draft_at_token.to(tl.float32), scale, SCALE_MODE) - q_max) - q_log_sum
+        log_q_x = (_draft_scale(draft_at_token.to(tl.float32), scale, SCALE_MODE, HAS_DRAFT) - q_max) - q_log_sum
     else:
         log_q_x = tl.zeros([BLOCK_B, BLOCK_P], tl.float32)
     index0 = tl.zeros([1, 1], tl.int32)

@@ -148,6 +148,16 @@ def _scale(x, scale, SCALE_MODE: tl.constexpr):
         return x
 
 
+@device_function
+def _draft_scale(y, scale, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr):
+    """The draft's inputs as log q up to its normaliser: its logits scaled as the target's (HAS_DRAFT 1), or
+    its log-probs as given (HAS_DRAFT 2: already warped and normalised, so neither scaled nor shifted)."""
+    if HAS_DRAFT == 2:
+        return y
+    else:
+        return _scale(y, scale, SCALE_MODE)
+
+
 LOG2E = tl.constexpr(1.4426950408889634)
 
 if interpreting():

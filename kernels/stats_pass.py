@@ -20,7 +20,7 @@ def _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr
                  CHUNK: tl.constexpr, SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, GREEDY: tl.constexpr,
                  BLOCK_B: tl.constexpr, BLOCK_V: tl.constexpr, LANE_ELEMS: tl.constexpr):
     """The partials of one V-chunk (`split`) of the target row at `position` and of the draft row at the
-    same position (when there is one), for the BLOCK_B rows of row block `pid_b`. LANE_ELEMS > 0: each lane of
+    same position (when there is one and it holds logits), for the BLOCK_B rows of row block `pid_b`. LANE_ELEMS > 0: each lane of
     LANE_ELEMS consecutive logits of a tile (the elements one thread loads) keeps its own running (max, sum) over
     the tiles, and the lanes meet once at the end, instead of the whole tile reducing across threads per tile."""
     rows = pid_b * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -65,7 +65,7 @@ def _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr
                 p_max, p_sum = _online_lse(p_max, p_sum, tl.reshape(x, [BLOCK_B, BLOCK_V // LANE_ELEMS, LANE_ELEMS]), 2)
             else:
                 p_max, p_sum = _online_lse(p_max, p_sum, x)
-            if HAS_DRAFT:
+            if HAS_DRAFT == 1:  # logits: their log-sum-exp (log-probs, HAS_DRAFT 2, are normalised already)
                 y = tl.load(
                     draft_ptr + draft_row[:, None] + cols[None, :],
                     mask=mask & has_draft_row[:, None],
@@ -82,7 +82,7 @@ def _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr
             q_max, q_sum = _lanes_lse(q_max, q_sum)
         tl.store(part_max_ptr + out_target, p_max, mask=row_ok)
         tl.store(part_sum_ptr + out_target, p_sum, mask=row_ok)
-        if HAS_DRAFT:
+        if HAS_DRAFT == 1:
             out_draft = (rows64 * width + gamma + 1 + position) * num_splits + split
             tl.store(part_max_ptr + out_draft, q_max, mask=row_ok & has_draft_row)
             tl.store(part_sum_ptr + out_draft, q_sum, mask=row_ok & has_draft_row)
@@ -103,7 +103,7 @@ def _stats_kernel(
     CHUNK: tl.constexpr,  # V-elements per split, a multiple of BLOCK_V (constexpr: the interpreter
     #                       cannot loop to a runtime bound under numpy 2)
     SCALE_MODE: tl.constexpr,
-    HAS_DRAFT: tl.constexpr,  # draft logits given (False: deterministic proposals, or greedy)
+    HAS_DRAFT: tl.constexpr,  # 1: draft logits, 2: draft log-probs (not streamed), 0: none (deterministic, greedy)
     GREEDY: tl.constexpr,  # T = 0: partial argmax of the target instead of log-sum-exp
     BLOCK_B: tl.constexpr,  # rows per program
     BLOCK_V: tl.constexpr,  # vocabulary tile

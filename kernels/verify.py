@@ -308,8 +308,11 @@ def verify_triton(
     prefixes: torch.Tensor | None = None,
     fused: bool | None = None,
     tuning: tuple[tuple[str, int], ...] | None = None,
+    draft_is_log_probs: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton backend of `flashspec.verify` (shapes already checked there): (tokens [B, γ+1], num_accepted [B]).
+    `draft_is_log_probs`: `draft_logits` holds the draft's warped log-probs (as `flashspec.verify`'s argument):
+    the stats pass then streams the target's logits only.
 
     One launch or two, no host sync. Top-k / top-p first truncate the logits in torch (a sort,
     O(V log V)); the kernels' fast path is temperature only. `block_b`, `block_v` and
@@ -323,7 +326,7 @@ def verify_triton(
     if in_memory and prefixes is None:
         prefixes = device_prefixes(key)  # once, for the warm lookup and, if cold, for prepare_verify
     step = _warm_step(target_logits, draft_logits, draft_tokens, params, prefixes if in_memory else None,
-                      (block_b, block_v, num_splits, fused, tuning))
+                      (block_b, block_v, num_splits, fused, tuning, draft_is_log_probs))
     if step is not None and step.calls and _launch_hooks() == (None, None):
         if in_memory:  # the kernels read the device key's prefixes (int32) at these addresses
             accept = prefixes.data_ptr()
@@ -332,7 +335,8 @@ def verify_triton(
             accept, sample = _prefixes(key)
         return step.launch(target_logits, draft_logits, draft_tokens, accept, sample)
     return prepare_verify(target_logits, draft_logits, draft_tokens, params, key, block_b=block_b, block_v=block_v,
-                          num_splits=num_splits, prefixes=prefixes, fused=fused, tuning=tuning).run()
+                          num_splits=num_splits, prefixes=prefixes, fused=fused, tuning=tuning,
+                          draft_is_log_probs=draft_is_log_probs).run()
 
 
 def prepare_verify(
@@ -348,6 +352,7 @@ def prepare_verify(
     prefixes: torch.Tensor | None = None,
     fused: bool | None = None,
     tuning: tuple[tuple[str, int], ...] | None = None,
+    draft_is_log_probs: bool = False,
 ) -> PreparedVerify:
     """Allocate outputs and work buffers and bind the launches (see `verify_triton`). `tuning`: (key, value)
     pairs of `GPU_PLAN` that replace this shape's `SHAPE_PLANS` entry (the benchmark's plan variants).
@@ -365,7 +370,10 @@ def prepare_verify(
     if prefix_in_memory and prefixes is None:
         prefixes = device_prefixes(key)
     accept_prefix, sample_prefix = _stream_prefixes(key, prefixes)
-    options = (block_b, block_v, num_splits, fused, tuning)
+    if draft_is_log_probs and draft_logits is None:
+        raise ValueError("draft_is_log_probs=True needs draft_logits (the draft's log-probs); pass them, or "
+                         "draft_is_log_probs=False for deterministic proposals")
+    options = (block_b, block_v, num_splits, fused, tuning, draft_is_log_probs)
     warm_key = _warm_key(target_logits, draft_logits, draft_tokens, params, prefixes if prefix_in_memory else None,
                          options)
     if warm_key is not None:
@@ -380,7 +388,7 @@ def prepare_verify(
         scale_mode, scale = SCALE_NONE, 1.0
     elif params.needs_truncation:
         target_logits = truncate_logits(target_logits.float() / params.temperature, params)
-        if draft_logits is not None:
+        if draft_logits is not None and not draft_is_log_probs:  # log-probs come warped already
             draft_logits = truncate_logits(draft_logits.float() / params.temperature, params)
         scale_mode, scale = SCALE_NONE, 1.0
     elif params.temperature == 1.0:
@@ -397,7 +405,9 @@ def prepare_verify(
     plan = make_plan(batch, gamma, vocab, device, greedy, block_b, block_v, num_splits, fused, tuning)
     inputs = (target, draft, tokens_in)
     shape = (batch, gamma, vocab)
-    flags = dict(SCALE_MODE=scale_mode, HAS_DRAFT=has_draft, GREEDY=greedy)
+    # HAS_DRAFT: 0 no draft logits (deterministic proposals, or greedy), 1 logits, 2 warped log-probs
+    flags = dict(SCALE_MODE=scale_mode, HAS_DRAFT=(2 if draft_is_log_probs else 1) if has_draft else 0,
+                 GREEDY=greedy)
     prefix = (accept_prefix, sample_prefix, prefix_in_memory)
     device_index = _device_index(device)
     entry = _entry_id(device_index, launch_key(plan, inputs, shape, flags, prefix))

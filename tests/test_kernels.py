@@ -91,12 +91,16 @@ def make_case(batch: int, gamma: int, vocab: int, params: SamplingParams, with_d
     return target.to(device), (draft.to(device) if with_draft else None), tokens.to(device)
 
 
-def assert_backends_agree(target, draft, tokens, params, seed, **plan) -> fs.VerifyOutput:
-    expected = fs.verify(target, draft, tokens, params, generator=seed, backend="torch")
+def assert_backends_agree(target, draft, tokens, params, seed, draft_is_log_probs=False, validate=None,
+                          **plan) -> fs.VerifyOutput:
+    expected = fs.verify(target, draft, tokens, params, generator=seed, backend="torch",
+                         draft_is_log_probs=draft_is_log_probs, validate=validate)
     if plan:
-        got_tokens, got_accepted = verify_triton(target, draft, tokens, params, rng.key_from_generator(seed), **plan)
+        got_tokens, got_accepted = verify_triton(target, draft, tokens, params, rng.key_from_generator(seed),
+                                                 draft_is_log_probs=draft_is_log_probs, **plan)
     else:
-        got = fs.verify(target, draft, tokens, params, generator=seed, backend="triton")
+        got = fs.verify(target, draft, tokens, params, generator=seed, backend="triton",
+                        draft_is_log_probs=draft_is_log_probs, validate=validate)
         got_tokens, got_accepted = got.tokens, got.num_accepted
     assert got_tokens.dtype == torch.int64 and got_accepted.dtype == torch.int64
     assert torch.equal(got_accepted.cpu(), expected.num_accepted.cpu()), (got_accepted, expected.num_accepted)
@@ -185,6 +189,30 @@ def test_long_rows_split_into_several_chunks(params: SamplingParams, with_draft:
     assert params.greedy or chosen.sample_splits == 3
     for seed in (1, 2):
         assert_backends_agree(target, draft, tokens, params, seed, **shape, **TILED_PLANS[plan])
+
+
+@pytest.mark.parametrize("plan", TILED_PLANS)
+@pytest.mark.parametrize("params", SPLIT_PARAMS, ids=str)
+def test_draft_log_probs_in_place_of_its_logits(params: SamplingParams, plan: str) -> None:
+    """The draft's warped log-probs passed instead of its logits (`draft_is_log_probs`: the stats pass streams
+    the target's logits only, the accept test and the residual read the log-probs as given): every plan returns
+    the reference's tokens, in chunks and several tiles per program, twice in a row, and the default plan at the
+    whole-row shape too."""
+    target, draft, tokens = make_case(5, 3, 100, params, True, torch.float32, seed=23)
+    log_q = warp_logits(draft, params)  # what the draft sampled from
+    shape = dict(block_b=2, block_v=16, num_splits=3) if plan == "fused" else dict(block_b=8, block_v=16, num_splits=3)
+    rejected = False
+    for seed in (1, 2):
+        out = assert_backends_agree(target, log_q, tokens, params, seed, draft_is_log_probs=True, **shape,
+                                    **TILED_PLANS[plan])
+        rejected |= bool((out.num_accepted < 3).any())
+    assert rejected or params.greedy  # a residual was drawn from the given log-probs
+    # read as given, never normalised again: rows shifted off one (what no caller should pass, so the API's
+    # value check is off here) give the reference's tokens for those very rows
+    assert_backends_agree(target, log_q - 2.0, tokens, params, 4, draft_is_log_probs=True, validate=False, **shape,
+                          **TILED_PLANS[plan])
+    if plan == "default":
+        assert_backends_agree(target, log_q, tokens, params, 3, draft_is_log_probs=True)
 
 
 @pytest.mark.parametrize("plan", TILED_PLANS)
@@ -617,6 +645,8 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
         assert (point["target_only_stats_kernel_warm_us"] > 0) if ON_GPU else (
             "target_only_stats_kernel_warm_error" in point)
         assert 0 < point["target_logit_bytes"] < point["logit_bytes"]
+        assert point["log_probs_tokens_equal_reference"] is True
+        assert (point["log_probs_graph_warm_us"] > 0) if ON_GPU else ("log_probs_graph_warm_error" in point)
         for name, row in point["variants"].items():  # each variant runs the plan it names
             overrides = PLAN_VARIANTS[name]
             if "error" in row:  # compiled, the cluster plan needs SM90+ and Triton >= 3.9: it says so

@@ -72,6 +72,33 @@ def test_same_seed_same_output(batch, gamma, vocab, seed, params, deterministic)
 
 
 @settings(max_examples=40, deadline=None)
+@given(batch=st.integers(1, 6), gamma=st.integers(1, 6), vocab=st.integers(2, 40), seed=st.integers(0, 10_000),
+       params=PARAMS)
+def test_draft_log_probs_give_the_same_tokens_as_its_logits(batch, gamma, vocab, seed, params):
+    """The draft's warped log-probs in place of its logits (`draft_is_log_probs`) are the very q the logits
+    give, so every token is the same, for every sampling parameter (top-k / top-p warped once, by the draft)."""
+    target, draft, tokens = make_inputs(batch, gamma, vocab, seed, params)
+    log_q = torch.stack([sample_from_logits(draft[:, i], params, rng.Key.from_seed(0))[1] for i in range(gamma)], 1)
+    from_logits = fs.verify(target, draft, tokens, params, generator=seed)
+    from_log_probs = fs.verify(target, log_q, tokens, params, generator=seed, draft_is_log_probs=True)
+    assert torch.equal(from_logits.tokens, from_log_probs.tokens)
+    assert torch.equal(from_logits.num_accepted, from_log_probs.num_accepted)
+
+
+def test_draft_log_probs_must_be_given_and_normalised():
+    target, draft, tokens = good()
+    with pytest.raises(ValueError, match=r"draft_is_log_probs=True needs draft_logits"):
+        fs.verify(target, None, tokens, draft_is_log_probs=True)
+    with pytest.raises(ValueError, match=r"draft_logits row \(0, 0\) is not a row of log-probabilities.*"
+                                         r"draft_is_log_probs=False"):
+        fs.verify(target, draft, tokens, draft_is_log_probs=True)  # logits, not log-probs
+    log_q = torch.log_softmax(draft, dim=-1)
+    log_q[1, 1] -= 0.01
+    with pytest.raises(ValueError, match=r"row \(1, 1\)"):
+        fs.verify(target, log_q, tokens, draft_is_log_probs=True)
+
+
+@settings(max_examples=40, deadline=None)
 @given(batch=st.integers(1, 6), gamma=st.integers(1, 6), vocab=st.integers(2, 40), seed=st.integers(0, 10_000))
 def test_greedy_is_the_argmax_chain(batch, gamma, vocab, seed):
     params = fs.SamplingParams(0.0)
@@ -214,18 +241,23 @@ def test_bad_input_writes_nothing():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: host syncs only exist there")
 @pytest.mark.parametrize("fused", [False, True], ids=["fs.verify", "fused launch"])
 @pytest.mark.parametrize("params", [fs.SamplingParams(1.0), fs.SamplingParams(0.0), fs.SamplingParams(0.7, top_p=0.9)])
-def test_triton_verify_makes_no_host_sync(params, fused):
-    """Zero host syncs inside verify (its default plan, and the fused launch); torch raises on any
-    synchronising call."""
+@pytest.mark.parametrize("log_probs", [False, True], ids=["draft logits", "draft log-probs"])
+def test_triton_verify_makes_no_host_sync(params, fused, log_probs):
+    """Zero host syncs inside verify (its default plan, and the fused launch), given the draft's logits or its
+    log-probs; torch raises on any synchronising call."""
     from flashspec.kernels import verify_triton
 
     target, draft, tokens = make_inputs(8, 4, 32000, 1, fs.SamplingParams(1.0))
+    if log_probs:
+        draft = torch.log_softmax(draft, dim=-1)
     target, draft, tokens = target.cuda(), draft.cuda(), tokens.cuda()
 
     def call(seed: int) -> torch.Tensor:
         if fused:
-            return verify_triton(target, draft, tokens, params, rng.Key.from_seed(seed), fused=True)[0]
-        return fs.verify(target, draft, tokens, params, generator=seed, backend="triton", validate=False).tokens
+            return verify_triton(target, draft, tokens, params, rng.Key.from_seed(seed), fused=True,
+                                 draft_is_log_probs=log_probs)[0]
+        return fs.verify(target, draft, tokens, params, generator=seed, backend="triton", validate=False,
+                         draft_is_log_probs=log_probs).tokens
 
     call(0)  # compile first
     torch.cuda.synchronize()
