@@ -44,10 +44,13 @@ class DraftContext:
 
 @dataclass(frozen=True)
 class Proposal:
-    """γ drafted tokens per row and the raw logits they were sampled from (None = deterministic)."""
+    """γ drafted tokens per row and the raw logits they were sampled from (None = deterministic); `log_probs`,
+    when the drafter keeps them: the warped log-probs it sampled from ([B, γ, V]), which the verifier reads in
+    place of the logits (`flashspec.verify(..., draft_is_log_probs=True)`: no pass over the draft's vocabulary)."""
 
     tokens: torch.Tensor
     logits: torch.Tensor | None
+    log_probs: torch.Tensor | None = None
 
 
 @runtime_checkable
@@ -117,11 +120,13 @@ class ModelDrafter:
             position_ids=context.position_ids[:, width - chunk :], logits_to_keep=1,
         )[:, -1]
         ones = torch.ones((batch, 1), dtype=torch.long, device=device)
-        drafted, drafted_logits = [], []
+        drafted, drafted_logits, drafted_log_probs = [], [], []
         for index in range(context.gamma):
-            token, _ = sample_from_logits(logits, context.sampling, context.key, position=index, stream=rng.STREAM_DRAFT)
+            token, log_probs = sample_from_logits(logits, context.sampling, context.key, position=index,
+                                                  stream=rng.STREAM_DRAFT)
             drafted.append(token)
             drafted_logits.append(logits)
+            drafted_log_probs.append(log_probs)
             if index == context.gamma - 1:
                 break
             self.mask = torch.cat([self.mask, ones], dim=1)
@@ -132,7 +137,8 @@ class ModelDrafter:
         self.draft_start = self.mask.shape[1] - (context.gamma - 1)
         self.proposal_lengths = list(context.lengths)
         self.seen = [length + context.gamma - 1 for length in context.lengths]
-        return Proposal(tokens=torch.stack(drafted, dim=1), logits=torch.stack(drafted_logits, dim=1))
+        return Proposal(tokens=torch.stack(drafted, dim=1), logits=torch.stack(drafted_logits, dim=1),
+                        log_probs=torch.stack(drafted_log_probs, dim=1))
 
     def rollback(self, num_valid: list[int]) -> None:
         if self.proposal_lengths is None:  # not the drafter of this step: its cache is a prefix already

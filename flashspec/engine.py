@@ -353,9 +353,11 @@ class SpeculativeDecoder:
             arm, proposal = self._choose_and_propose(context, cache, state, seed, step)
             gamma = proposal.tokens.shape[1]
             target_logits = self._target_forward(cache, state, proposal.tokens)
+            # the draft's log-probs where it kept them: exactly the q it sampled from, and no pass over its vocabulary
+            given = proposal.log_probs is not None and proposal.logits is not None
             out = verify(
-                target_logits, proposal.logits, proposal.tokens, sampling,
-                generator=step_seed, backend=self.backend, validate=False,
+                target_logits, proposal.log_probs if given else proposal.logits, proposal.tokens, sampling,
+                generator=step_seed, backend=self.backend, validate=False, draft_is_log_probs=given,
             )
             # The one host sync of the step: cache rollback needs the accepted lengths as host ints;
             # the non-finite flag rides along, so checking the models' logits costs no extra sync.

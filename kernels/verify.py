@@ -326,7 +326,7 @@ def verify_triton(
     if in_memory and prefixes is None:
         prefixes = device_prefixes(key)  # once, for the warm lookup and, if cold, for prepare_verify
     step = _warm_step(target_logits, draft_logits, draft_tokens, params, prefixes if in_memory else None,
-                      (block_b, block_v, num_splits, fused, tuning, draft_is_log_probs))
+                      warm_options(block_b, block_v, num_splits, fused, tuning, draft_is_log_probs))
     if step is not None and step.calls and _launch_hooks() == (None, None):
         if in_memory:  # the kernels read the device key's prefixes (int32) at these addresses
             accept = prefixes.data_ptr()
@@ -373,7 +373,7 @@ def prepare_verify(
     if draft_is_log_probs and draft_logits is None:
         raise ValueError("draft_is_log_probs=True needs draft_logits (the draft's log-probs); pass them, or "
                          "draft_is_log_probs=False for deterministic proposals")
-    options = (block_b, block_v, num_splits, fused, tuning, draft_is_log_probs)
+    options = warm_options(block_b, block_v, num_splits, fused, tuning, draft_is_log_probs)
     warm_key = _warm_key(target_logits, draft_logits, draft_tokens, params, prefixes if prefix_in_memory else None,
                          options)
     if warm_key is not None:
@@ -612,6 +612,13 @@ def _raw_launch_call(launcher) -> tuple | None:
 
 _LAUNCH_FIELDS = ("stats", "sample", "fused", "coop", "cluster")
 _WARM_STEPS: dict[tuple, _WarmStep] = {}
+
+
+def warm_options(block_b: int | None = None, block_v: int | None = None, num_splits: int | None = None,
+                 fused: bool | None = None, tuning: tuple[tuple[str, int], ...] | None = None,
+                 draft_is_log_probs: bool = False) -> tuple:
+    """The call options that decide a step's binding besides its tensors (`_warm_key`'s `options`)."""
+    return (block_b, block_v, num_splits, fused, tuning, draft_is_log_probs)
 
 
 def _warm_key(target: torch.Tensor, draft: torch.Tensor | None, tokens: torch.Tensor, params: SamplingParams,

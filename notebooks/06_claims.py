@@ -496,6 +496,15 @@ else:
                                 "streams the target's logits alone (`results/verify_h200_target_only_13563fb.json`)"
                                 if (only := target_only_point(tightest)) else "")
                              + " (chapter 2, \"One launch: the chain it would leave\")")
+        log_probs_run = committed("verify_h200_log_probs_c303303.json")
+        if log_probs_run is not None:  # the step given the draft's log-probs (the stats pass on the target alone)
+            lp_points = log_probs_run["results"]["points"]
+            lp_met = [p for p in lp_points if p["log_probs_graph_warm_us"] <= 2 * p["floor_us"]]
+            cluster_text += (f"; given the draft's log-probs instead of its logits (`draft_is_log_probs`) the step "
+                             f"replays within 2× the floor at {len(lp_met)} of {len(lp_points)} points ("
+                             + (", ".join(f"B = {p['batch']}, V = {p['vocab']}" for p in lp_met) or "none")
+                             + "; `results/verify_h200_log_probs_c303303.json`, chapter 2, \"The draft's "
+                             "log-probs\"), the bar with the logits as posed still not met")
     add_claim(
         KERNEL_CLAIM,
         ("reproduced" if eager_met and floor_met else "half reproduced" if eager_met or floor_met

@@ -136,6 +136,38 @@ class ConstantDrafter:
         self.rollbacks.append(list(num_valid))
 
 
+def test_model_drafter_hands_the_verifier_its_log_probs(target, draft, monkeypatch):
+    """A model drafter keeps the warped log-probs it sampled from, and the engine verifies with them
+    (`draft_is_log_probs`): the same tokens as verifying with its logits, every step."""
+    from flashspec import engine as engine_module
+
+    calls = []
+    real = engine_module.verify
+
+    def spy(target_logits, draft_logits, draft_tokens, params, **kwargs):
+        out = real(target_logits, draft_logits, draft_tokens, params, **kwargs)
+        if kwargs.get("draft_is_log_probs"):  # the same step from the logits the log-probs were warped from
+            logits = spy.proposal_logits
+            again = real(target_logits, logits, draft_tokens, params, **{**kwargs, "draft_is_log_probs": False})
+            calls.append(torch.equal(out.tokens, again.tokens) and torch.equal(out.num_accepted, again.num_accepted))
+        return out
+
+    propose = fs.drafters.ModelDrafter.propose
+
+    def keep_logits(self, context):
+        proposal = propose(self, context)
+        assert proposal.log_probs is not None and proposal.log_probs.shape == proposal.logits.shape
+        spy.proposal_logits = proposal.logits
+        return proposal
+
+    monkeypatch.setattr(engine_module, "verify", spy)
+    monkeypatch.setattr(fs.drafters.ModelDrafter, "propose", keep_logits)
+    decoder = SpeculativeDecoder(target, [draft], policy="fixed", gamma=3)
+    decoder.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=12, sampling=fs.SamplingParams(0.8, top_k=5),
+                     seed=3, ignore_eos=True)
+    assert calls and all(calls)
+
+
 def test_user_drafter_protocol(target):
     drafter = ConstantDrafter(3)
     assert isinstance(drafter, fs.drafters.Drafter)

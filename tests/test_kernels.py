@@ -417,8 +417,7 @@ def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: 
             args = (prepared.fused_args if prepared.plan.fused else prepared.coop_args if prepared.plan.coop
                     else prepared.cluster_args if prepared.plan.cluster else prepared.sample_args)
             assert all(isinstance(arg, int) for arg in args[:3]), "a warm step should bind addresses"
-            options = tuple(TILED_PLANS[plan].get(name) for name in ("block_b", "block_v", "num_splits", "fused",
-                                                                     "tuning"))
+            options = kernels.warm_options(**TILED_PLANS[plan])
             prefixes = kernels.device_prefixes(key) if device_key else None
             warm_key = kernels._warm_key(logits, draft, tokens, params, prefixes, options)
             assert warm_key in kernels._WARM_STEPS, "the later steps should reuse one binding"
