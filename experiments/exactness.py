@@ -82,6 +82,9 @@ def _grid() -> list[ChiSquareCase]:
 
 CONFIGS = _grid()
 TRITON_CONFIGS = [replace(c, num_sequences=10_000) for c in CONFIGS if c.rows_per_call is None]
+# the draft's warped log-probs passed in place of its logits (`draft_is_log_probs`), on both backends
+LOG_PROB_CONFIGS = [c for c in TRITON_CONFIGS if c.name in ("two-g2-T0.5", "two-g4-T1.7", "topp0.8-g4",
+                                                            "topk4-topp0.9-g2", "same-g4-T1.7", "disjoint-g2-T1")]
 NEGATIVE_CONFIGS = {
     # the bug, and the configurations on which it must be caught
     "post_rejection_leak": ("two-g2-T1.0", "two-g4-T0.5"),
@@ -91,7 +94,8 @@ NEGATIVE_CONFIGS = {
     "temperature_after_log_softmax": ("two-g2-T0.5", "two-g2-T1.7"),
 }
 # Bonferroni: every χ² test of the suite shares a family-wise level of 0.01.
-NUM_TESTS = len(CONFIGS) + len(TRITON_CONFIGS) + sum(len(v) for v in NEGATIVE_CONFIGS.values()) + 1
+NUM_TESTS = (len(CONFIGS) + len(TRITON_CONFIGS) + 2 * len(LOG_PROB_CONFIGS)
+             + sum(len(v) for v in NEGATIVE_CONFIGS.values()) + 1)
 ALPHA_EACH = 0.01 / NUM_TESTS
 
 
@@ -158,6 +162,14 @@ def main(argv: list[str] | None = None) -> int:
                              drafts=config.drafts, rows_per_call=config.rows_per_call,
                              num_sequences=config.num_sequences, passes=result.passes(ALPHA_EACH)))
         report["grid"][backend] = rows
+        log_prob_verifier = library_verifier(backend, args.device if backend == "triton" else None,
+                                             draft_log_probs=True)
+        rows = []
+        for config in tqdm(LOG_PROB_CONFIGS, desc=f"chi-square [{backend}, draft log-probs]"):
+            result = run_config(config, log_prob_verifier, seed=2)
+            rows.append(_row(config.name, result, gamma=config.gamma, params=vars(config.params) | {},
+                             drafts=config.drafts, passes=result.passes(ALPHA_EACH)))
+        report["grid"][f"{backend}_draft_log_probs"] = rows
     controls = []
     for bug, names in tqdm(list(NEGATIVE_CONFIGS.items()), desc="negative controls"):
         for name in names:

@@ -134,18 +134,24 @@ class Verifier(Protocol):
     ) -> VerifyOutput: ...
 
 
-def library_verifier(backend: str = "torch", device: str | torch.device | None = None) -> Verifier:
+def library_verifier(backend: str = "torch", device: str | torch.device | None = None,
+                     draft_log_probs: bool = False) -> Verifier:
     """The real `flashspec.verify` on one backend, in the harness's verifier signature.
 
     `device` moves the inputs there (e.g. "cuda" for the compiled Triton kernels) and the
-    outputs back to the CPU, where the harness keeps its state.
+    outputs back to the CPU, where the harness keeps its state. `draft_log_probs`: the draft's
+    warped log-probs are passed in place of its logits (`draft_is_log_probs=True`).
     """
 
     def run(target_logits, draft_logits, draft_tokens, params, generator, draft_noise):
+        given = draft_log_probs and draft_logits is not None
+        if given:
+            draft_logits = warp_logits(draft_logits, params)
         if device is not None:
             target_logits, draft_tokens = target_logits.to(device), draft_tokens.to(device)
             draft_logits = None if draft_logits is None else draft_logits.to(device)
-        out = verify(target_logits, draft_logits, draft_tokens, params, generator=generator, backend=backend)
+        out = verify(target_logits, draft_logits, draft_tokens, params, generator=generator, backend=backend,
+                     draft_is_log_probs=given)
         return VerifyOutput(tokens=out.tokens.cpu(), num_accepted=out.num_accepted.cpu())
 
     return run

@@ -18,6 +18,7 @@ import torch
 from experiments.exactness import (
     ALPHA_EACH,
     CONFIGS,
+    LOG_PROB_CONFIGS,
     NEGATIVE_CONFIGS,
     TRITON_CONFIGS,
     ChiSquareCase,
@@ -45,6 +46,17 @@ def test_joint_distribution_torch(config: ChiSquareCase):
 def test_joint_distribution_triton(config: ChiSquareCase):
     pytest.importorskip("triton")
     result = run_config(config, ex.library_verifier("triton", TRITON_DEVICE), seed=1)
+    assert result.passes(ALPHA_EACH), f"{config.name}: {result} (alpha {ALPHA_EACH:.2e})"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("config", LOG_PROB_CONFIGS, ids=lambda c: c.name)
+def test_joint_distribution_given_draft_log_probs(config: ChiSquareCase, backend: str):
+    """The draft's warped log-probs in place of its logits (`draft_is_log_probs`): the same exactness."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    verifier = ex.library_verifier(backend, TRITON_DEVICE if backend == "triton" else None, draft_log_probs=True)
+    result = run_config(config, verifier, seed=2)
     assert result.passes(ALPHA_EACH), f"{config.name}: {result} (alpha {ALPHA_EACH:.2e})"
 
 
