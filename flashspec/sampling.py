@@ -144,6 +144,43 @@ def block_race(weights: torch.Tensor, log_weights: torch.Tensor,
     return chosen[:, 0] * SAMPLE_BLOCK + scores.argmax(dim=-1), has_mass
 
 
+# The accept uniform of a proposal of `residual_by_rejection` is drawn at this index of the proposal's hash: no
+# token id (< 2**31) and no block of `block_race` (index BLOCK_NOISE_INDEX - block, above 2**32 - 2**23) reaches it.
+PROPOSAL_ACCEPT_INDEX = 1 << 31
+
+
+def residual_by_rejection(log_p: torch.Tensor, log_q: torch.Tensor, bases: torch.Tensor,
+                          fallback_base: torch.Tensor) -> torch.Tensor:
+    """Sample one index per row [B, V] from the residual normalise(max(0, p - q)) by rejection from p; [B].
+
+    Proposal k of a row is t_k ~ p (`block_race` with the noise of `bases[:, k]`), accepted with probability
+    max(0, 1 - q_t / p_t) (its own uniform, at PROPOSAL_ACCEPT_INDEX of the same hash); the row takes its first
+    accepted proposal, and if all K fail, an exact draw from the residual with the independent noise of
+    `fallback_base` ([B, 1]). Exact: an accepted proposal is t with probability proportional to
+    p_t · max(0, 1 - q_t / p_t) = max(0, p_t - q_t), and the fallback is the residual itself, so whichever way the
+    row ends its token has the residual's law. Why: a GPU can draw the proposals from per-block sums of p kept by
+    the pass that already streams p, and read q only in the proposals' blocks, where the residual's own block sums
+    need both normalisers first (a second pass over V). A proposal is accepted with probability
+    a = sum max(0, p - q), so the fallback runs with probability (1 - a)^K. Where max(0, p - q) is zero everywhere
+    in floating point (p = q), no proposal is accepted and the row keeps its first proposal, a draw from p (the
+    limit, as `flashspec.verify.verify_reference` does)."""
+    rows, vocab = log_p.shape
+    proposals = bases.shape[1]
+    p = log_p.exp()
+    many = p.repeat_interleave(proposals, dim=0)
+    drawn, _ = block_race(many, log_p.repeat_interleave(proposals, dim=0), bases.reshape(-1, 1))
+    drawn = drawn.view(rows, proposals)
+    log_p_t, log_q_t = log_p.gather(1, drawn), log_q.gather(1, drawn)
+    keep = torch.log1p(-torch.exp(torch.where(log_q_t < log_p_t, log_q_t - log_p_t, torch.zeros_like(log_p_t))))
+    accept_u = rng.uniform_from_base(bases, torch.tensor(PROPOSAL_ACCEPT_INDEX, device=log_p.device))
+    accepted = (log_q_t < log_p_t) & (torch.log(accept_u) <= keep)
+    first = accepted.long().argmax(dim=1, keepdim=True)  # the first accepted proposal (0 when none is)
+    residual = (p - log_q.exp()).clamp(min=0.0)
+    fallback, has_mass = block_race(residual, residual.log(), fallback_base)
+    return torch.where(accepted.any(dim=1), drawn.gather(1, first)[:, 0],
+                       torch.where(has_mass, fallback, drawn[:, 0]))
+
+
 def sample_from_logits(
     logits: torch.Tensor,
     params: SamplingParams,

@@ -1926,7 +1926,7 @@ else:
 # once cost one round trip. A proposal is accepted with probability r = Σ max(0, p − q), the residual's mass; a row
 # whose k proposals all fail needs an exact fallback (the residual race over V: a second pass, in that row only).
 #
-# This is not built. The benchmark times its chain (`chain_step(..., one_launch=True)`: the stats launch's grid, and
+# Its kernels are not built (the sampler itself is, in PyTorch: below). The benchmark times its chain (`chain_step(..., one_launch=True)`: the stats launch's grid, and
 # the row's last program loading from its partials sixteen block tiles, eight proposals of p and of q) beside each
 # plan's two-launch chain, with the stats kernel alone, which the one launch still contains:
 
@@ -1968,6 +1968,50 @@ if one_launch_rows:
 else:
     print(f"the one-launch chain: {NOT_MEASURED}")
 
+
+# %% [markdown]
+# **The residual by rejection is exact.** Let $a = \sum_v \max(0, p_v - q_v) > 0$ and $r = \max(0, p - q) / a$.
+# Draw $t \sim p$ and an independent uniform $u$, and accept when $u \le \max(0, 1 - q_t / p_t)$. Then
+# $P(\text{accept}, t = v) = p_v \max(0, 1 - q_v / p_v) = \max(0, p_v - q_v)$, so $P(\text{accept}) = a$ and
+# $P(t = v \mid \text{accept}) = r_v$. With $K$ independent proposals, the first accepted one taken, and an
+# independent exact draw from $r$ when all $K$ fail, the token is $v$ with probability
+# $\sum_{k<K} (1-a)^k a\, r_v + (1-a)^K r_v = r_v$. The fallback's noise must be independent of the proposals':
+# the event that sends a row there is made of them. `flashspec.sampling.residual_by_rejection` is this sampler
+# written once in PyTorch, each proposal drawn by `block_race` from p with its own hash (the reference a one-launch
+# kernel would match); `tests/test_verify.py` fits it by χ² at three residual masses, with two controls that must
+# fail (no accept test; p restricted to the residual's support). Here, 12,000 rows at residual mass 0.3 and 0.06
+# with four proposals:
+
+# %%
+reject_vocab, reject_rows, reject_k = 700, 12_000, 4
+reject_p = torch.zeros(reject_vocab)
+reject_p[[3, 250, 255, 256, 300, 511]] = torch.tensor([0.20, 0.05, 0.10, 0.15, 0.02, 0.08])
+reject_p[512:] = 0.40 / (reject_vocab - 512)
+lifted = torch.tensor([3, 250, 255, 256, 300, 511, 520, 699])
+row_ids = torch.arange(reject_rows).view(-1, 1)
+reject_key = fs.rng.Key.from_seed(7)
+proposal_bases = fs.rng.base_hash(reject_key, fs.rng.STREAM_SAMPLE, row_ids, torch.arange(reject_k).view(1, -1))
+fallback_bases = fs.rng.base_hash(reject_key, fs.rng.STREAM_SAMPLE, row_ids, torch.full((reject_rows, 1), reject_k))
+for mass in (0.3, 0.06):
+    fractions = torch.tensor([0.9, 0.2] * 4)  # tokens give up a large or a small part of p: r is not p's shape
+    share = fractions * reject_p[lifted] * mass / float((fractions * reject_p[lifted]).sum())
+    reject_q = reject_p.clone()
+    reject_q[lifted] -= share
+    others = torch.ones(reject_vocab, dtype=torch.bool)
+    others[lifted] = False
+    reject_q[others] += share.sum() * reject_p[others] / reject_p[others].sum()
+    exact_r = (reject_p - reject_q).clamp(min=0)
+    drawn = fs.sampling.residual_by_rejection(reject_p.log().expand(reject_rows, -1),
+                                              reject_q.log().expand(reject_rows, -1), proposal_bases, fallback_bases)
+    counts = torch.bincount(drawn, minlength=reject_vocab).double()
+    support = exact_r > 0
+    expected = exact_r[support].double() / exact_r[support].double().sum() * reject_rows
+    fit = chisquare(counts[support].numpy(), expected.numpy()).pvalue
+    print(f"residual mass {float(exact_r.sum()):.2f}: all {reject_k} proposals fail in "
+          f"{100 * (1 - float(exact_r.sum())) ** reject_k:.0f}% of rows (fallback); tokens outside the residual "
+          f"drawn: {int(counts[~support].sum())}; χ² over its {int(support.sum())} tokens: p = {fit:.3f}")
+    print("   exact    " + " ".join(f"{float(v):.3f}" for v in expected / reject_rows))
+    print("   observed " + " ".join(f"{float(v):.3f}" for v in counts[support] / reject_rows))
 
 # %% [markdown]
 # Can the stats pass itself go faster? A second run timed it alone in four more grids around the default's (at most

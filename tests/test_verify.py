@@ -294,7 +294,7 @@ def _chi_square_p(tokens: torch.Tensor, weights: torch.Tensor) -> float:
     support = weights > 0
     assert bool(support[tokens].all()), "a token of zero weight was drawn"
     counts = torch.bincount(tokens, minlength=weights.numel())[support].double()
-    expected = weights[support].double() / weights.sum().double() * tokens.numel()
+    expected = weights[support].double() / weights[support].double().sum() * tokens.numel()
     return float(chisquare(counts.numpy(), expected.numpy()).pvalue)
 
 
@@ -343,3 +343,68 @@ def test_block_race_of_one_block_is_the_gumbel_argmax():
     assert torch.equal(tokens, gumbel_argmax(weights.log(), noise)) and bool(has_mass.all())
     zero = torch.zeros(2, 700)
     assert not bool(block_race(zero, zero.log(), base[:2])[1].any())
+
+
+# --- the residual by rejection from p (`sampling.residual_by_rejection`) -----------------------------------
+
+
+def _residual_pair(mass: float, vocab: int = 700) -> tuple[torch.Tensor, torch.Tensor]:
+    """(p, q) over three blocks of SAMPLE_BLOCK tokens whose residual max(0, p - q) has total mass `mass`, spread
+    over eight tokens in all three blocks (and none elsewhere: q >= p on the rest), not in p's proportions: the
+    tokens give up alternately a large and a small fraction of their p."""
+    p = _three_block_weights(vocab)
+    p = p / p.sum()
+    lifted = torch.tensor([3, 250, 255, 256, 300, 511, 520, 699])
+    fractions = torch.tensor([0.9, 0.2] * 4)
+    share = fractions * p[lifted] * mass / float((fractions * p[lifted]).sum())
+    assert bool((share < p[lifted]).all()), "mass too large for these fractions"
+    q = p.clone()
+    q[lifted] -= share
+    rest = torch.ones(vocab, dtype=torch.bool)
+    rest[lifted] = False
+    q[rest] += share.sum() * p[rest] / p[rest].sum()  # the mass moved onto the other tokens, in p's proportions
+    return p, q
+
+
+def _draw_residual(sampler, p: torch.Tensor, q: torch.Tensor, rows: int, proposals: int, seed: int) -> torch.Tensor:
+    """`rows` independent draws (one row of hashes each) of `sampler(log_p, log_q, bases, fallback_base)`."""
+    row = torch.arange(rows).view(rows, 1)
+    key = rng.Key.from_seed(seed)
+    bases = rng.base_hash(key, rng.STREAM_SAMPLE, row, torch.arange(proposals).view(1, proposals))
+    fallback = rng.base_hash(key, rng.STREAM_SAMPLE, row, torch.full((rows, 1), proposals))
+    return sampler(p.log().expand(rows, -1), q.log().expand(rows, -1), bases, fallback)
+
+
+@pytest.mark.parametrize("mass, proposals", [(0.3, 4), (0.06, 4), (0.2, 1)])
+def test_residual_by_rejection_samples_the_residual(mass, proposals):
+    """12,000 rows: the tokens fit normalise(max(0, p - q)) (χ² over its support), whether the proposals mostly
+    succeed (residual mass 0.3 and four proposals: the fallback draws 24% of rows) or the fallback draws most
+    rows (mass 0.06: (1 - 0.06)^4 = 78%; mass 0.2 and one proposal: 80%)."""
+    from flashspec.sampling import residual_by_rejection
+
+    p, q = _residual_pair(mass)
+    residual = (p - q).clamp(min=0)
+    assert abs(float(residual.sum()) - mass) < 1e-4
+    tokens = _draw_residual(residual_by_rejection, p, q, 12_000, proposals, seed=7)
+    assert _chi_square_p(tokens, residual) > 1e-3
+
+
+def test_residual_by_rejection_controls_fail():
+    """The same χ² test must catch a sampler that keeps its first proposal from p without the accept test (it
+    draws tokens the residual never gives), and one that draws from p restricted to the residual's support (the
+    right tokens in p's proportions instead of max(0, p - q)'s)."""
+    from flashspec import sampling
+
+    def untested(log_p, log_q, bases, fallback_base):
+        return sampling.block_race(log_p.exp(), log_p, bases[:, :1])[0]
+
+    def p_on_the_support(log_p, log_q, bases, fallback_base):
+        restricted = torch.where(log_q < log_p, log_p.exp(), torch.zeros_like(log_p))
+        return sampling.block_race(restricted, restricted.log(), fallback_base)[0]
+
+    p, q = _residual_pair(0.3)
+    residual = (p - q).clamp(min=0)
+    tokens = _draw_residual(untested, p, q, 12_000, 4, seed=7)
+    assert bool((residual[tokens] == 0).any())
+    tokens = _draw_residual(p_on_the_support, p, q, 12_000, 4, seed=7)
+    assert bool((residual[tokens] > 0).all()) and _chi_square_p(tokens, residual) < 1e-6
