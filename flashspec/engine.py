@@ -354,7 +354,7 @@ class SpeculativeDecoder:
             gamma = proposal.tokens.shape[1]
             target_logits = self._target_forward(cache, state, proposal.tokens)
             # the draft's log-probs where it kept them: exactly the q it sampled from, and no pass over its vocabulary
-            given = proposal.log_probs is not None and proposal.logits is not None
+            given = proposal.log_probs is not None
             out = verify(
                 target_logits, proposal.log_probs if given else proposal.logits, proposal.tokens, sampling,
                 generator=step_seed, backend=self.backend, validate=False, draft_is_log_probs=given,

@@ -1983,10 +1983,8 @@ else:
 # with four proposals:
 
 # %%
-reject_vocab, reject_rows, reject_k = 700, 12_000, 4
-reject_p = torch.zeros(reject_vocab)
-reject_p[[3, 250, 255, 256, 300, 511]] = torch.tensor([0.20, 0.05, 0.10, 0.15, 0.02, 0.08])
-reject_p[512:] = 0.40 / (reject_vocab - 512)
+reject_vocab, reject_rows, reject_k = race_vocab, 12_000, 4
+reject_p = race_weights / race_weights.sum()  # p: the three blocks of the two-level race's check above
 lifted = torch.tensor([3, 250, 255, 256, 300, 511, 520, 699])
 row_ids = torch.arange(reject_rows).view(-1, 1)
 reject_key = fs.rng.Key.from_seed(7)

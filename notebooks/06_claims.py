@@ -464,11 +464,7 @@ else:
                             "counted\")" if least else ""))
     blocks_runs = [provenance.load_result(path.stem) for path in sorted(RESULTS.glob("verify_h200_blocks_*.json"))]
     target_only_run = committed("verify_h200_target_only_13563fb.json")
-
-    def target_only_point(point: dict) -> dict | None:
-        """The same (B, V) in the run that timed the stats pass without draft logits, if committed."""
-        return next((p for p in (target_only_run or {"results": {"points": []}})["results"]["points"]
-                     if (p["batch"], p["vocab"]) == (point["batch"], point["vocab"])), None)
+    target_only_points = bench.newest_points([target_only_run] if target_only_run else [])
 
     if blocks_runs:  # the sampler racing blocks of tokens, then the tokens of the winning block
         blocks_points = [p for p, _ in bench.newest_points(blocks_runs).values()]  # a point's newest run
@@ -494,7 +490,8 @@ else:
                              f"the bar at B = {tightest['batch']}, V = {tightest['vocab']}"
                              + (f", {2 * only['floor_us'] - only['target_only_stats_kernel_warm_us']:.1f} µs when it "
                                 "streams the target's logits alone (`results/verify_h200_target_only_13563fb.json`)"
-                                if (only := target_only_point(tightest)) else "")
+                                if (only := target_only_points.get((tightest["batch"], tightest["vocab"]), (None,))[0])
+                                else "")
                              + " (chapter 2, \"One launch: the chain it would leave\")")
         log_probs_run = committed("verify_h200_log_probs_c303303.json")
         if log_probs_run is not None:  # the step given the draft's log-probs (the stats pass on the target alone)
