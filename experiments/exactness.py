@@ -85,6 +85,10 @@ TRITON_CONFIGS = [replace(c, num_sequences=10_000) for c in CONFIGS if c.rows_pe
 # the draft's warped log-probs passed in place of its logits (`draft_is_log_probs`), on both backends
 LOG_PROB_CONFIGS = [c for c in TRITON_CONFIGS if c.name in ("two-g2-T0.5", "two-g4-T1.7", "topp0.8-g4",
                                                             "topk4-topp0.9-g2", "same-g4-T1.7", "disjoint-g2-T1")]
+# the residual drawn by rejection from p (`residual="rejection"`, the one-launch kernel's sampler), on both backends
+REJECTION_CONFIGS = [c for c in TRITON_CONFIGS if c.name in (
+    "two-g1-T1.0", "two-g2-T0.5", "two-g4-T1.7", "two-g7-T1.0", "topk4-topp0.9-g2", "topp0.8-g4",
+    "deterministic-g3-T0.5", "deterministic-g2-T1-topk", "same-g4-T1.7", "disjoint-g2-T1")]
 NEGATIVE_CONFIGS = {
     # the bug, and the configurations on which it must be caught
     "post_rejection_leak": ("two-g2-T1.0", "two-g4-T0.5"),
@@ -92,9 +96,10 @@ NEGATIVE_CONFIGS = {
     "accept_reuses_draft_noise": ("two-g1-T1.0", "two-g4-T1.7"),
     "residual_reuses_draft_noise": ("two-g2-T1.0", "two-g2-T0.5"),
     "temperature_after_log_softmax": ("two-g2-T0.5", "two-g2-T1.7"),
+    "residual_from_target": ("two-g2-T1.0", "two-g4-T1.7"),
 }
 # Bonferroni: every χ² test of the suite shares a family-wise level of 0.01.
-NUM_TESTS = (len(CONFIGS) + len(TRITON_CONFIGS) + 2 * len(LOG_PROB_CONFIGS)
+NUM_TESTS = (len(CONFIGS) + len(TRITON_CONFIGS) + 2 * len(LOG_PROB_CONFIGS) + 2 * len(REJECTION_CONFIGS)
              + sum(len(v) for v in NEGATIVE_CONFIGS.values()) + 1)
 ALPHA_EACH = 0.01 / NUM_TESTS
 
@@ -170,6 +175,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(_row(config.name, result, gamma=config.gamma, params=vars(config.params) | {},
                              drafts=config.drafts, passes=result.passes(ALPHA_EACH)))
         report["grid"][f"{backend}_draft_log_probs"] = rows
+        rejection_verifier = library_verifier(backend, args.device if backend == "triton" else None,
+                                              residual="rejection")
+        rows = []
+        for config in tqdm(REJECTION_CONFIGS, desc=f"chi-square [{backend}, residual by rejection]"):
+            result = run_config(config, rejection_verifier, seed=3)
+            rows.append(_row(config.name, result, gamma=config.gamma, params=vars(config.params) | {},
+                             drafts=config.drafts, passes=result.passes(ALPHA_EACH)))
+        report["grid"][f"{backend}_residual_rejection"] = rows
     controls = []
     for bug, names in tqdm(list(NEGATIVE_CONFIGS.items()), desc="negative controls"):
         for name in names:

@@ -520,6 +520,13 @@ PLAN_VARIANTS: dict[str, dict[str, int]] = {
     "stats_tiles1_lanes": {"lanes": 1, "sample_max_tiles": 8, "stats_max_tiles": 1},
     "stats_bv8192": {"lanes": 1, "sample_max_tiles": 8, "stats_block_v": 8192},
     "programs_8_per_sm": {"lanes": 1, "sample_max_tiles": 8, "programs_per_sm": 8},
+    # one launch, the residual drawn by rejection from p (residual="rejection", kernels/one_pass.py): another
+    # sampler with its own reference, so never a `SHAPE_PLANS` entry (`is_rejection`); the default stats grid, at
+    # most two tiles or one per program, or tiles of 2048 logits
+    "one_pass": {"residual_rejection": 1},
+    "one_pass_tiles2": {"residual_rejection": 1, "stats_max_tiles": 2},
+    "one_pass_tiles1": {"residual_rejection": 1, "stats_max_tiles": 1},
+    "one_pass_bv2048": {"residual_rejection": 1, "stats_block_v": 2048, "stats_max_tiles": 2},
     # diagnostics, never chosen: what approximate log/exp would save (their tokens may differ at near-ties), in
     # the default plan and in stats_bv2048's, whose sampling kernel takes ~50 µs at B = 64, V = 128k: how much of
     # that is the per-element math
@@ -527,6 +534,11 @@ PLAN_VARIANTS: dict[str, dict[str, int]] = {
     "diagnostic_fast_math_bv2048": {"accept_once": 1, "lanes": 1, "sample_block_v": 256, "sample_max_tiles": 4,
                                     "stats_block_v": 2048, "stats_max_tiles": 2, "precise": 0},
 }
+
+
+def is_rejection(overrides: dict[str, int]) -> bool:
+    """A variant of the one-pass plan, which draws the residual by rejection (residual="rejection")."""
+    return bool(overrides.get("residual_rejection", 0))
 
 
 def is_diagnostic(overrides: dict[str, int]) -> bool:
@@ -537,6 +549,9 @@ def is_diagnostic(overrides: dict[str, int]) -> bool:
 def _plan_record(prepared) -> dict:
     """The grid and block sizes of a prepared step, for the results file."""
     plan = prepared.plan
+    if plan.one_pass:
+        return {"one_pass": True, "fused": False, "grid": list(prepared.one_pass_grid),
+                "block_v": plan.stats_block_v, "warps": plan.stats_warps}
     if plan.cluster:
         return {"cluster": True, "fused": False, "grid": list(prepared.cluster_grid), "ctas": plan.cluster_ctas,
                 "block_v": plan.cluster_block_v, "warps": plan.cluster_warps}
@@ -556,9 +571,11 @@ def _plan_record(prepared) -> dict:
 
 
 def _variant_options(overrides: dict[str, int]) -> dict:
-    """The `fused` and `tuning` arguments of a launch-plan variant (fused None: the tuning decides; False would
-    forbid the cooperative plan)."""
-    return {"fused": True if overrides.get("fused", 0) else None, "tuning": tuple(sorted(overrides.items()))}
+    """The `fused`, `tuning` and `residual` arguments of a launch-plan variant (fused None: the tuning decides; False
+    would forbid the cooperative plan)."""
+    tuning = {name: value for name, value in overrides.items() if name != "residual_rejection"}
+    return {"fused": True if overrides.get("fused", 0) else None, "tuning": tuple(sorted(tuning.items())),
+            "residual": "rejection" if is_rejection(overrides) else "race"}
 
 
 def variant_prepare(inputs: tuple, params: SamplingParams, key: rng.Key, overrides: dict[str, int]) -> Callable:
@@ -579,9 +596,10 @@ def variant_step(inputs: tuple, params: SamplingParams, key: rng.Key, overrides:
 
 
 def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides: dict[str, int],
-                  expected: tuple[torch.Tensor, torch.Tensor] | None) -> dict:
+                  expected: dict[str, tuple[torch.Tensor, torch.Tensor]] | None) -> dict:
     """One launch-plan variant at one point: its grid, eager step time (do_bench) and warm graph replay,
-    and whether it returns `expected` (the reference's tokens for `key`). A failure is recorded."""
+    and whether it returns the reference's tokens for `key` (`expected`, by residual sampler). A failure is
+    recorded."""
     prepare = variant_prepare(inputs, params, key, overrides)
     step = variant_step(inputs, params, key, overrides)
     row: dict = {"overrides": dict(overrides)}
@@ -599,7 +617,8 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
         _sync()
         row.update(launches=prepared.plan.launches, plan=_plan_record(prepared), registers=prepared.registers())
         if expected is not None:
-            row["tokens_equal_reference"] = bool(torch.equal(tokens, expected[0]) and torch.equal(accepted, expected[1]))
+            wanted = expected[_variant_options(overrides)["residual"]]
+            row["tokens_equal_reference"] = bool(torch.equal(tokens, wanted[0]) and torch.equal(accepted, wanted[1]))
         row["eager_us"], row["eager_us_spread"] = _do_bench_spread_us(step, rep_ms=100)
         row["latency_us"], row["latency_us_spread"] = _latency_spread_us(step)
     except Exception as error:  # noqa: BLE001 -- recorded; the other variants still run
@@ -609,14 +628,21 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
     row["graph_warm_us"], graph_error = _attempt(lambda: _graph_warm_us(step))
     if graph_error:
         row["graph_error"] = graph_error
-    if not (prepared.plan.fused or prepared.plan.coop or prepared.plan.cluster):  # two launches: each alone
+    plan = prepared.plan
+    if not (plan.fused or plan.coop or plan.cluster or plan.one_pass):  # two launches: each alone
         for name, launch in (("stats_kernel_warm_us", prepared.launch_stats),
                              ("sample_kernel_warm_us", prepared.launch_sample)):
             row[name], error = _attempt(lambda: _graph_warm_us(launch))
             if error:
                 row[name.replace("_us", "_error")] = error
-    if not (prepared.plan.fused or prepared.plan.cluster):  # the cluster plan has no chain through global memory
-        row.update(_chain_floor(inputs[0], prepared.plan))
+    if plan.one_pass:  # its structure: one launch whose last program per row samples
+        from flashspec.kernels.chain_probe import chain_step
+
+        row["chain_floor_us"], error = _attempt(lambda: _graph_warm_us(chain_step(inputs[0], plan, one_launch=True).run))
+        if error:
+            row["chain_floor_error"] = error
+    elif not (plan.fused or plan.cluster):  # the cluster plan has no chain through global memory
+        row.update(_chain_floor(inputs[0], plan))
     return row
 
 
@@ -635,12 +661,13 @@ def _chain_floor(target: torch.Tensor, plan) -> dict:
     return row
 
 
-def _best(variants: dict[str, dict], key: str) -> str | None:
+def _best(variants: dict[str, dict], key: str, rejection: bool = False) -> str | None:
     """The variant with the smallest `key` among those that measured it and returned the reference's tokens
-    (diagnostic variants excluded)."""
+    (diagnostic variants excluded), of the residual race (the launch-plan table's) or, `rejection`, of the
+    one-pass plan."""
     timed = {name: row[key] for name, row in variants.items()
              if row.get(key) is not None and row.get("tokens_equal_reference", True)
-             and not is_diagnostic(row["overrides"])}
+             and not is_diagnostic(row["overrides"]) and is_rejection(row["overrides"]) == rejection}
     return min(timed, key=timed.get) if timed else None
 
 
@@ -688,7 +715,9 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
     two.run()
     _sync()
     reference = verify_reference(target, draft, tokens, params, key)
-    expected = (reference.tokens, reference.num_accepted)
+    by_rejection = verify_reference(target, draft, tokens, params, key, residual="rejection")
+    expected = {"race": (reference.tokens, reference.num_accepted),
+                "rejection": (by_rejection.tokens, by_rejection.num_accepted)}
     point = {
         "batch": batch, "gamma": gamma, "vocab": vocab, "dtype": str(dtype).replace("torch.", ""),
         "temperature": 1.0,
@@ -746,6 +775,7 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
     point["log_probs_tokens_equal_reference"] = bool(
         torch.equal(log_probs_tokens[0], log_probs_expected.tokens)
         and torch.equal(log_probs_tokens[1], log_probs_expected.num_accepted))
+    point.update(_rejection_timings(target, draft, log_q, tokens, params, key, honest_step))
     point.update({
         "triton_wall_us_per_call": _wall_us(triton_step, calls=200),
         "triton_api_wall_us_per_call": _wall_us(triton_api, calls=200),
@@ -788,6 +818,49 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
         point["host_loop_us"] = _do_bench_us(loop, warmup_ms=10, rep_ms=100)
     point.update(point_ratios(point))
     return point
+
+
+def _rejection_timings(target: torch.Tensor, draft: torch.Tensor, log_q: torch.Tensor, tokens: torch.Tensor,
+                       params: SamplingParams, key: rng.Key, honest_step: Callable) -> dict:
+    """The step with residual="rejection" (the one-pass plan) at one point, given the draft's logits and given its
+    log-probs: tokens against its reference, eager (do_bench, idle-GPU latency, paired with the honest baseline),
+    warm graph replay, and how the inputs' rows ended (`flashspec.verify.rejection_fallbacks`)."""
+    from flashspec.kernels import verify_triton
+    from flashspec.verify import rejection_fallbacks
+
+    def step():
+        return verify_triton(target, draft, tokens, params, key, residual="rejection")
+
+    def log_probs_step():
+        return verify_triton(target, log_q, tokens, params, key, draft_is_log_probs=True, residual="rejection")
+
+    row: dict = {}
+    for name, call, given in (("rejection", step, False), ("rejection_log_probs", log_probs_step, True)):
+        try:
+            call()
+            got_tokens, got_accepted = call()  # the warm step, launched straight from its binding
+            want = verify_reference(target, log_q if given else draft, tokens, params, key, given, "rejection")
+            row[f"{name}_tokens_equal_reference"] = bool(torch.equal(got_tokens, want.tokens)
+                                                         and torch.equal(got_accepted, want.num_accepted))
+        except Exception as error:  # noqa: BLE001 -- recorded; the benchmark goes on
+            _sync_quietly()
+            row[f"{name}_error"] = f"{type(error).__name__}: {error}"
+            continue
+        row[f"{name}_graph_warm_us"], error = _attempt(lambda: _graph_warm_us(call))
+        if error:
+            row[f"{name}_graph_error"] = error
+    if "rejection_error" in row:
+        return row
+    row["rejection_eager_us"], row["rejection_eager_us_spread"] = _do_bench_spread_us(step)
+    row["rejection_latency_us"], row["rejection_latency_us_spread"] = _latency_spread_us(step)
+    measured, error = _attempt(lambda: _paired_ratio(honest_step, step, host=None))
+    if error:
+        row["honest_over_rejection_paired_error"] = error
+    else:
+        row["honest_over_rejection_paired"], row["honest_over_rejection_paired_range"], sides = measured
+        row["honest_over_rejection_paired_sides_us"] = {"honest": sides["numerator"], "step": sides["denominator"]}
+    row["rejection_rows"] = rejection_fallbacks(target, draft, tokens, params, key)
+    return row
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -898,6 +971,17 @@ def point_ratios(point: dict) -> dict:
         point.get("honest_torch_latency_us"), floor_by_launches.get(str(point.get("launches_per_step"))))
     if "host_loop_us" in point:
         ratios["host_loop_over_triton"] = _ratio(point["host_loop_us"], point["triton_us"])
+    # the one-pass plan (residual="rejection"): as run by default, and its fastest variant
+    best_rejection = _best(variants, "graph_warm_us", rejection=True) or _best(variants, "eager_us", rejection=True)
+    best_rejection_row = variants[best_rejection] if best_rejection else {}
+    ratios.update({
+        "rejection_graph_warm_over_floor": _ratio(point.get("rejection_graph_warm_us"), floor),
+        "rejection_log_probs_graph_warm_over_floor": _ratio(point.get("rejection_log_probs_graph_warm_us"), floor),
+        "best_rejection_variant": best_rejection,
+        "best_rejection_graph_warm_us": best_rejection_row.get("graph_warm_us"),
+        "best_rejection_graph_warm_over_floor": _ratio(best_rejection_row.get("graph_warm_us"), floor),
+        "honest_over_rejection_eager": _ratio(point["honest_torch_us"], point.get("rejection_eager_us")),
+    })
     return ratios
 
 
@@ -1009,7 +1093,27 @@ def verdicts(points: list[dict], targets: dict[str, float] = TARGETS) -> dict:
                                                                 lambda m, t: m >= t)["as_run"]
         return row
 
+    def rejection_eager_bar(name: str, chosen: list[dict]) -> dict:
+        """The one-pass step's eager bar: paired launch-included calls (its fastest variant is not paired)."""
+        row = bar(name, chosen, "honest_over_rejection_paired", "honest_over_rejection_paired", min,
+                  lambda m, t: m >= t)
+        row["timing"] = "one call from an idle GPU, launch included, paired with the honest baseline's"
+        return row
+
     return {
+        # the step with residual="rejection" (one launch, kernels/one_pass.py): as run by default and at its
+        # fastest variant
+        "residual_rejection": {
+            "graph_over_floor_max": bar("graph_over_floor_max", points, "rejection_graph_warm_over_floor",
+                                        "best_rejection_graph_warm_over_floor", max, lambda m, t: m <= t),
+            "graph_over_floor_max_given_log_probs": bar(
+                "graph_over_floor_max", points, "rejection_log_probs_graph_warm_over_floor",
+                "rejection_log_probs_graph_warm_over_floor", max, lambda m, t: m <= t),
+            "honest_over_eager_min_for_batch_le_8": rejection_eager_bar(
+                "honest_over_eager_min_for_batch_le_8", [p for p in points if p["batch"] <= 8]),
+            "honest_over_eager_at_batch_64": rejection_eager_bar(
+                "honest_over_eager_at_batch_64", [p for p in points if p["batch"] == 64]),
+        },
         "graph_over_floor_max": bar("graph_over_floor_max", points, "graph_warm_over_floor",
                                     "best_graph_warm_over_floor", max, lambda m, t: m <= t),
         "honest_over_eager_min_for_batch_le_8": eager_bar("honest_over_eager_min_for_batch_le_8",

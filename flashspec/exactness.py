@@ -135,12 +135,12 @@ class Verifier(Protocol):
 
 
 def library_verifier(backend: str = "torch", device: str | torch.device | None = None,
-                     draft_log_probs: bool = False) -> Verifier:
+                     draft_log_probs: bool = False, residual: str = "race") -> Verifier:
     """The real `flashspec.verify` on one backend, in the harness's verifier signature.
 
     `device` moves the inputs there (e.g. "cuda" for the compiled Triton kernels) and the
     outputs back to the CPU, where the harness keeps its state. `draft_log_probs`: the draft's
-    warped log-probs are passed in place of its logits (`draft_is_log_probs=True`).
+    warped log-probs are passed in place of its logits (`draft_is_log_probs=True`). `residual`: `verify`'s.
     """
 
     def run(target_logits, draft_logits, draft_tokens, params, generator, draft_noise):
@@ -151,7 +151,7 @@ def library_verifier(backend: str = "torch", device: str | torch.device | None =
             target_logits, draft_tokens = target_logits.to(device), draft_tokens.to(device)
             draft_logits = None if draft_logits is None else draft_logits.to(device)
         out = verify(target_logits, draft_logits, draft_tokens, params, generator=generator, backend=backend,
-                     draft_is_log_probs=given)
+                     draft_is_log_probs=given, residual=residual)
         return VerifyOutput(tokens=out.tokens.cpu(), num_accepted=out.num_accepted.cpu())
 
     return run
@@ -506,12 +506,25 @@ def late_temperature_verifier(target_logits, draft_logits, draft_tokens, params,
     return _emit(draft_tokens, num_accepted, emitted, gamma)
 
 
+def residual_from_target_verifier(target_logits, draft_logits, draft_tokens, params, generator, draft_noise):
+    """BUG: after a rejection, draws the replacement from the target p instead of the residual max(0, p - q) (what
+    rejection from p becomes without its accept test)."""
+    key = rng.Key.from_seed(generator)
+    batch, gamma = draft_tokens.shape
+    u = rng.uniforms(key, rng.STREAM_ACCEPT, batch, gamma, 1)[..., 0]
+    log_p, _, accepted = _accept_pieces(target_logits, draft_logits, draft_tokens, params, u)
+    num_accepted = accepted.long().cumprod(1).sum(1)
+    emitted = _sample_rows(log_p[torch.arange(batch), num_accepted], key, num_accepted, rng.STREAM_SAMPLE)
+    return _emit(draft_tokens, num_accepted, emitted, gamma)
+
+
 NEGATIVE_CONTROLS: dict[str, Verifier] = {
     "post_rejection_leak": leaky_verifier,
     "bonus_from_residual": residual_bonus_verifier,
     "accept_reuses_draft_noise": draft_noise_accept_verifier,
     "residual_reuses_draft_noise": draft_noise_residual_verifier,
     "temperature_after_log_softmax": late_temperature_verifier,
+    "residual_from_target": residual_from_target_verifier,
 }
 
 

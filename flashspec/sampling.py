@@ -147,6 +147,11 @@ def block_race(weights: torch.Tensor, log_weights: torch.Tensor,
 # The accept uniform of a proposal of `residual_by_rejection` is drawn at this index of the proposal's hash: no
 # token id (< 2**31) and no block of `block_race` (index BLOCK_NOISE_INDEX - block, above 2**32 - 2**23) reaches it.
 PROPOSAL_ACCEPT_INDEX = 1 << 31
+# The verifier's residual by rejection (`flashspec.verify`, residual="rejection") draws REJECTION_PROPOSALS proposals
+# at the first rejection n; proposal k's hash is the sample stream's at position PROPOSAL_POSITION + n * K + k of its
+# row, a position no step reaches (the bonus and the fallback race use positions 0..γ), so every draw is independent.
+REJECTION_PROPOSALS = 8
+PROPOSAL_POSITION = 1 << 30
 
 
 def residual_by_rejection(log_p: torch.Tensor, log_q: torch.Tensor, bases: torch.Tensor,
@@ -164,21 +169,27 @@ def residual_by_rejection(log_p: torch.Tensor, log_q: torch.Tensor, bases: torch
     a = sum max(0, p - q), so the fallback runs with probability (1 - a)^K. Where max(0, p - q) is zero everywhere
     in floating point (p = q), no proposal is accepted and the row keeps its first proposal, a draw from p (the
     limit, as `flashspec.verify.verify_reference` does)."""
-    rows, vocab = log_p.shape
+    drawn, accepted = rejection_proposals(log_p, log_q, bases)
+    first = accepted.long().argmax(dim=1, keepdim=True)  # the first accepted proposal (0 when none is)
+    residual = (log_p.exp() - log_q.exp()).clamp(min=0.0)
+    fallback, has_mass = block_race(residual, residual.log(), fallback_base)
+    return torch.where(accepted.any(dim=1), drawn.gather(1, first)[:, 0],
+                       torch.where(has_mass, fallback, drawn[:, 0]))
+
+
+def rejection_proposals(log_p: torch.Tensor, log_q: torch.Tensor,
+                        bases: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The proposals of `residual_by_rejection`: (each row's K draws from p [B, K], whether each passed its
+    accept test against the residual [B, K]); a row none of whose proposals passed falls back to an exact draw."""
+    rows, _ = log_p.shape
     proposals = bases.shape[1]
-    p = log_p.exp()
-    many = p.repeat_interleave(proposals, dim=0)
+    many = log_p.exp().repeat_interleave(proposals, dim=0)
     drawn, _ = block_race(many, log_p.repeat_interleave(proposals, dim=0), bases.reshape(-1, 1))
     drawn = drawn.view(rows, proposals)
     log_p_t, log_q_t = log_p.gather(1, drawn), log_q.gather(1, drawn)
     keep = torch.log1p(-torch.exp(torch.where(log_q_t < log_p_t, log_q_t - log_p_t, torch.zeros_like(log_p_t))))
     accept_u = rng.uniform_from_base(bases, torch.tensor(PROPOSAL_ACCEPT_INDEX, device=log_p.device))
-    accepted = (log_q_t < log_p_t) & (torch.log(accept_u) <= keep)
-    first = accepted.long().argmax(dim=1, keepdim=True)  # the first accepted proposal (0 when none is)
-    residual = (p - log_q.exp()).clamp(min=0.0)
-    fallback, has_mass = block_race(residual, residual.log(), fallback_base)
-    return torch.where(accepted.any(dim=1), drawn.gather(1, first)[:, 0],
-                       torch.where(has_mass, fallback, drawn[:, 0]))
+    return drawn, (log_q_t < log_p_t) & (torch.log(accept_u) <= keep)
 
 
 def sample_from_logits(

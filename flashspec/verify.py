@@ -11,9 +11,11 @@ from dataclasses import dataclass
 import torch
 
 from flashspec import rng
-from flashspec.sampling import NEG_INF, SamplingParams, block_race, warp_logits
+from flashspec.sampling import (NEG_INF, PROPOSAL_POSITION, REJECTION_PROPOSALS, SamplingParams, block_race,
+                                rejection_proposals, residual_by_rejection, warp_logits)
 
 BACKENDS = ("auto", "torch", "triton")
+RESIDUALS = ("race", "rejection")
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -45,6 +47,7 @@ def verify(
     backend: str = "auto",
     validate: bool | None = None,
     draft_is_log_probs: bool = False,
+    residual: str = "race",
 ) -> VerifyOutput:
     """Verify γ drafted tokens per row against the target (book/design.md §1).
 
@@ -63,12 +66,18 @@ def verify(
             exactly the log-probs it sampled from (temperature, top-k and top-p applied, each row normalised;
             `flashspec.sampling.sample_from_logits` returns them). The verifier then needs no pass over the
             draft's vocabulary to normalise it (the Triton backend streams the target's logits only).
+        residual: how a rejected row draws its token from the residual max(0, p - q) (both exact, different
+            random streams): "race" streams the residual over V after the accept test (two launches on a GPU);
+            "rejection" draws `sampling.REJECTION_PROPOSALS` proposals from p and accepts each with probability
+            max(0, 1 - q/p), racing the whole residual only if all fail (`sampling.residual_by_rejection`), so a
+            GPU verifies in one launch (kernels/one_pass.py).
     """
     params = SamplingParams() if params is None else params
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a flashspec.SamplingParams, got {type(params).__name__}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    check_residual(residual)
     check_shapes(target_logits, draft_logits, draft_tokens)
     if draft_is_log_probs and draft_logits is None:
         raise ValueError("draft_is_log_probs=True needs draft_logits (the draft's log-probs); pass them, or "
@@ -84,9 +93,16 @@ def verify(
         from flashspec.kernels import verify_triton
 
         tokens, num_accepted = verify_triton(target_logits, draft_logits, draft_tokens, params, key,
-                                             draft_is_log_probs=draft_is_log_probs)
+                                             draft_is_log_probs=draft_is_log_probs, residual=residual)
         return VerifyOutput(tokens=tokens, num_accepted=num_accepted)
-    return verify_reference(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs)
+    return verify_reference(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs, residual)
+
+
+def check_residual(residual: str) -> None:
+    """Raise ValueError unless `residual` names one of the residual samplers."""
+    if residual not in RESIDUALS:
+        raise ValueError(f"residual must be one of {RESIDUALS} (how a rejected row samples max(0, p - q)), "
+                         f"got {residual!r}")
 
 
 def _triton_available() -> bool:
@@ -215,10 +231,13 @@ def verify_reference(
     params: SamplingParams,
     key: rng.Key | torch.Tensor,
     draft_is_log_probs: bool = False,
+    residual: str = "race",
 ) -> VerifyOutput:
     """Vectorised PyTorch verification: the ground truth for every other backend. `key` may be a
     device tensor [2] (see `rng.step_key`): then nothing here leaves the device (graph-safe).
-    `draft_is_log_probs`: `draft_logits` holds the draft's warped log-probs (read as given)."""
+    `draft_is_log_probs`: `draft_logits` holds the draft's warped log-probs (read as given); `residual`: as
+    `verify`'s."""
+    check_residual(residual)
     batch, gamma = draft_tokens.shape
     vocab = target_logits.shape[2]
     device = target_logits.device
@@ -241,22 +260,56 @@ def verify_reference(
     else:
         log_q_n = log_q[rows, num_accepted.clamp(max=gamma - 1)]
         rejected = (num_accepted < gamma).unsqueeze(-1)
-        # the residual max(0, p - q) in linear space: its block sums are what the two-level race weighs
         p_n = log_p_n.exp()
-        weights = torch.where(rejected, (p_n - log_q_n.exp()).clamp(min=0.0), p_n)
-        log_weights = torch.where(rejected, weights.log(), log_p_n)
         base = rng.base_hash(key, rng.STREAM_SAMPLE, rows.view(batch, 1), num_accepted.view(batch, 1))
-        from_residual, has_mass = block_race(weights, log_weights, base)
-        from_target, _ = block_race(p_n, log_p_n, base)
-        # max(0, p - q) can round to zero everywhere when p == q; then any rejection had
-        # probability ~0 and sampling p is the limit of the residual. Keeps ids in [0, V).
-        emitted = torch.where(has_mass, from_residual, from_target)
+        from_target, _ = block_race(p_n, log_p_n, base)  # the bonus (and, racing, the limit below)
+        if residual == "rejection":
+            bases = proposal_bases(key, num_accepted)
+            from_residual = residual_by_rejection(log_p_n, log_q_n, bases, base)  # its fallback races with `base`
+            emitted = torch.where(rejected[:, 0], from_residual, from_target)
+        else:
+            # the residual max(0, p - q) in linear space: its block sums are what the two-level race weighs
+            weights = torch.where(rejected, (p_n - log_q_n.exp()).clamp(min=0.0), p_n)
+            log_weights = torch.where(rejected, weights.log(), log_p_n)
+            from_residual, has_mass = block_race(weights, log_weights, base)
+            # max(0, p - q) can round to zero everywhere when p == q; then any rejection had
+            # probability ~0 and sampling p is the limit of the residual. Keeps ids in [0, V).
+            emitted = torch.where(has_mass, from_residual, from_target)
 
     positions = torch.arange(gamma + 1, device=device).view(1, gamma + 1)
     out = torch.full((batch, gamma + 1), -1, dtype=torch.long, device=device)
     out[:, :gamma] = torch.where(positions[:, :gamma] < num_accepted.view(batch, 1), tokens_in, -1)
     out[rows, num_accepted] = emitted
     return VerifyOutput(tokens=out, num_accepted=num_accepted)
+
+
+def proposal_bases(key: rng.Key | torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:
+    """The hashes [B, K] of the K = REJECTION_PROPOSALS proposals each row draws from p at its first rejection
+    `num_accepted` [B] (residual="rejection"): the sample stream's, at positions past any step's."""
+    batch = num_accepted.shape[0]
+    rows = torch.arange(batch, device=num_accepted.device).view(batch, 1)
+    positions = PROPOSAL_POSITION + num_accepted.view(batch, 1) * REJECTION_PROPOSALS + torch.arange(
+        REJECTION_PROPOSALS, device=num_accepted.device).view(1, REJECTION_PROPOSALS)
+    return rng.base_hash(key, rng.STREAM_SAMPLE, rows, positions)
+
+
+def rejection_fallbacks(target_logits: torch.Tensor, draft_logits: torch.Tensor | None, draft_tokens: torch.Tensor,
+                        params: SamplingParams, key: rng.Key | torch.Tensor,
+                        draft_is_log_probs: bool = False) -> dict[str, int]:
+    """How a step with residual="rejection" ends its rows: {"rows", "rejected" (rows that drew from the residual),
+    "fallback" (rejected rows none of whose proposals passed, which race the residual over V)}. For the
+    benchmark and the book: what the one-launch kernel's slow path costs depends on how often it runs."""
+    out = verify_reference(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs, "rejection")
+    batch, gamma = draft_tokens.shape
+    if params.greedy:
+        return {"rows": batch, "rejected": int((out.num_accepted < gamma).sum()), "fallback": 0}
+    rows = torch.arange(batch, device=target_logits.device)
+    log_p_n = warp_logits(target_logits, params)[rows, out.num_accepted]
+    log_q = draft_log_probs(draft_logits, draft_tokens, params, target_logits.shape[2], draft_is_log_probs)
+    log_q_n = log_q[rows, out.num_accepted.clamp(max=gamma - 1)]
+    _, accepted = rejection_proposals(log_p_n, log_q_n, proposal_bases(key, out.num_accepted))
+    rejected = out.num_accepted < gamma
+    return {"rows": batch, "rejected": int(rejected.sum()), "fallback": int((rejected & ~accepted.any(dim=1)).sum())}
 
 
 def draft_log_probs(

@@ -50,10 +50,12 @@ class LaunchPlan:
     cluster_warps: int = 4  # warps per block
     cluster_stages: int = 1  # software-pipelining depth of its log-sum-exp loop
     stats_lane_elems: int = 0  # > 0: the stats pass keeps per-lane partials over this many logits (`_chunk_stats`)
+    one_pass: bool = False  # one launch, the residual by rejection (`kernels/one_pass.py`) on the stats grid
+    #                         (residual="rejection"; every other plan races the residual)
 
     @property
     def launches(self) -> int:
-        return 1 if self.fused or self.coop or self.cluster else 2
+        return 1 if self.fused or self.coop or self.cluster or self.one_pass else 2
 
 
 @functools.lru_cache(maxsize=16)
@@ -227,13 +229,18 @@ def gpu_plan_for(batch: int, vocab: int, tuning: tuple[tuple[str, int], ...] | N
 def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: bool,
               block_b: int | None = None, block_v: int | None = None,
               num_splits: int | None = None, fused: bool | None = None,
-              tuning: tuple[tuple[str, int], ...] | None = None) -> LaunchPlan:
+              tuning: tuple[tuple[str, int], ...] | None = None, residual: str = "race") -> LaunchPlan:
     """Choose block sizes, V-splits and one launch or two. On a GPU: one row per program once V is large,
     enough V-splits for a few programs per SM, the launch count of this shape's `SHAPE_PLANS` entry
     unless `fused` says (`fused` False: two launches, never the cooperative one, which runs at T > 0 only and
     where its grid fits on the GPU at once). Interpreted: whole rows, few programs, two launches unless `fused`
     or `tuning` says.
-    `tuning` ((key, value) pairs of GPU_PLAN) replaces the shape's entry (the benchmark's variants)."""
+    `tuning` ((key, value) pairs of GPU_PLAN) replaces the shape's entry (the benchmark's variants).
+    `residual` "rejection": the one launch of the residual by rejection (`LaunchPlan.one_pass`) on the stats pass's
+    grid (its stats tile holds whole sampling blocks); the table's launch-structure keys do not apply to it."""
+    one_pass = residual == "rejection"
+    if one_pass:
+        fused = False
     two_asked = fused is False
     if device.type == "cuda" and not interpreting():
         config = gpu_plan_for(batch, vocab, tuning)
@@ -285,6 +292,9 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
             if width < SAMPLE_BLOCK:
                 raise ValueError(f"{name}={width}: a sampling tile holds whole blocks of {SAMPLE_BLOCK} tokens once "
                                  f"V > {SAMPLE_BLOCK} (V = {vocab}); use a power of two >= {SAMPLE_BLOCK}")
+    if one_pass and not greedy and vocab > SAMPLE_BLOCK and stats_block_v < SAMPLE_BLOCK:
+        raise ValueError(f"block_v={stats_block_v}: the one-pass plan keeps each block of {SAMPLE_BLOCK} tokens' sum "
+                         f"in the program that streams it; use a power of two >= {SAMPLE_BLOCK} (V = {vocab})")
     if block_b is None:  # compiled: independent of B, so B does not trigger a recompile
         block_b = max(1, tile // stats_block_v)
         if interpreting() or device.type != "cuda":
@@ -311,7 +321,9 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
     if coop and not greedy and not two_asked:
         coop_fit = _coop_splits(batch, vocab, coop_block_v, coop_capacity, num_splits)
     coop_chunk, coop_splits = coop_fit or (0, 1)
-    cluster = cluster and not greedy and not two_asked and not fused
+    cluster = cluster and not greedy and not two_asked and not fused and not one_pass
+    if one_pass:
+        coop_fit, accept_once, pdl, lane_elems = None, False, False, 0
     return LaunchPlan(
         block_b=block_b,
         stats_block_v=stats_block_v,
@@ -345,4 +357,5 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         cluster_warps=cluster_warps if cluster else 4,  # other plans keep the defaults: no key of theirs moves
         cluster_stages=cluster_stages if cluster else 1,
         stats_lane_elems=lane_elems,
+        one_pass=one_pass,
     )

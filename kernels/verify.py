@@ -56,11 +56,13 @@ from flashspec.kernels import rng as krng
 from flashspec.kernels.cluster_pass import _cluster_kernel
 from flashspec.kernels.coop_pass import _coop_kernel, barrier_phases
 from flashspec.kernels.fused_pass import _fused_kernel
+from flashspec.kernels.one_pass import _one_pass_kernel
 from flashspec.kernels.plan import GPU_PLAN, SHAPE_PLANS, LaunchPlan, make_plan  # noqa: F401  (re-exported: the benchmark tunes them)
 from flashspec.kernels.sample_pass import _sample_kernel
 from flashspec.kernels.shims import SCALE_DIVIDE, SCALE_MULTIPLY, SCALE_NONE, _cdiv, interpreting  # noqa: F401
 from flashspec.kernels.stats_pass import _stats_accept_kernel, _stats_kernel
-from flashspec.sampling import SamplingParams, truncate_logits
+from flashspec.verify import check_residual
+from flashspec.sampling import REJECTION_PROPOSALS, SAMPLE_BLOCK, SamplingParams, truncate_logits
 
 _COMPILE_OPTIONS: dict = {} if interpreting() else {"enable_fp_fusion": False}
 
@@ -201,6 +203,7 @@ _SAMPLE_LAUNCHER = _Launcher(_sample_kernel)
 _FUSED_LAUNCHER = _Launcher(_fused_kernel)
 _COOP_LAUNCHER = _Launcher(_coop_kernel)
 _CLUSTER_LAUNCHER = _Launcher(_cluster_kernel)
+_ONE_PASS_LAUNCHER = _Launcher(_one_pass_kernel)
 
 
 # the current CUDA device without `torch.cuda.current_device`'s lazy-init check (a µs): for calls whose tensors are
@@ -240,6 +243,9 @@ class PreparedVerify:
     cluster_grid: tuple[int] | None = None
     cluster_args: tuple | None = None
     cluster_meta: dict | None = None
+    one_pass_grid: tuple[int, int, int] | None = None
+    one_pass_args: tuple | None = None
+    one_pass_meta: dict | None = None
     key: int | None = None  # `_entry_id`: stands for each launch's device and specialisation (None: per launch)
     keep: tuple = ()  # the tensors whose raw addresses the launches hold (a warm step's): alive while this is
     direct: tuple = ()  # a warm step's launches, fired without `_Launcher` (`_WarmStep.launch_list`)
@@ -262,10 +268,15 @@ class PreparedVerify:
     def launch_cluster(self) -> None:
         _CLUSTER_LAUNCHER(self.cluster_grid, self.cluster_args, self.cluster_meta, self.key)
 
+    def launch_one_pass(self) -> None:
+        _ONE_PASS_LAUNCHER(self.one_pass_grid, self.one_pass_args, self.one_pass_meta, self.key)
+
     def registers(self) -> dict:
         """`_Launcher.registers` of each kernel this step launches (call after a run)."""
         if self.plan.cluster:
             return {"cluster": _CLUSTER_LAUNCHER.registers(self.cluster_args, self.cluster_meta, self.key)}
+        if self.plan.one_pass:
+            return {"one_pass": _ONE_PASS_LAUNCHER.registers(self.one_pass_args, self.one_pass_meta, self.key)}
         if self.plan.fused:
             return {"fused": _FUSED_LAUNCHER.registers(self.fused_args, self.fused_meta, self.key)}
         if self.plan.coop:
@@ -283,7 +294,9 @@ class PreparedVerify:
                 for fire, args in launches:
                     fire(stream, args)
                 return self.tokens, self.num_accepted
-        if self.plan.fused:
+        if self.plan.one_pass:
+            self.launch_one_pass()
+        elif self.plan.fused:
             self.launch_fused()
         elif self.plan.coop:
             self.launch_coop()
@@ -309,6 +322,7 @@ def verify_triton(
     fused: bool | None = None,
     tuning: tuple[tuple[str, int], ...] | None = None,
     draft_is_log_probs: bool = False,
+    residual: str = "race",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton backend of `flashspec.verify` (shapes already checked there): (tokens [B, γ+1], num_accepted [B]).
     `draft_is_log_probs`: `draft_logits` holds the draft's warped log-probs (as `flashspec.verify`'s argument):
@@ -321,12 +335,14 @@ def verify_triton(
     `fused`: True one launch, False two, None the plan's choice for this shape (`plan.SHAPE_PLANS`
     on a GPU; two launches in the interpreter). `tuning`: (key, value) pairs of `plan.GPU_PLAN` that replace the
     shape's `SHAPE_PLANS` entry (benchmark variants; in the interpreter only "lanes" matters).
+    `residual`: as `flashspec.verify`'s; "rejection" runs the one-pass plan (`kernels/one_pass.py`) whatever the
+    shape, `fused` and the launch-structure keys of `tuning` (its tile and grid keys still apply).
     """
     in_memory = isinstance(key, torch.Tensor)
     if in_memory and prefixes is None:
         prefixes = device_prefixes(key)  # once, for the warm lookup and, if cold, for prepare_verify
     step = _warm_step(target_logits, draft_logits, draft_tokens, params, prefixes if in_memory else None,
-                      warm_options(block_b, block_v, num_splits, fused, tuning, draft_is_log_probs))
+                      warm_options(block_b, block_v, num_splits, fused, tuning, draft_is_log_probs, residual))
     if step is not None and step.calls and _launch_hooks() == (None, None):
         if in_memory:  # the kernels read the device key's prefixes (int32) at these addresses
             accept = prefixes.data_ptr()
@@ -336,7 +352,7 @@ def verify_triton(
         return step.launch(target_logits, draft_logits, draft_tokens, accept, sample)
     return prepare_verify(target_logits, draft_logits, draft_tokens, params, key, block_b=block_b, block_v=block_v,
                           num_splits=num_splits, prefixes=prefixes, fused=fused, tuning=tuning,
-                          draft_is_log_probs=draft_is_log_probs).run()
+                          draft_is_log_probs=draft_is_log_probs, residual=residual).run()
 
 
 def prepare_verify(
@@ -353,6 +369,7 @@ def prepare_verify(
     fused: bool | None = None,
     tuning: tuple[tuple[str, int], ...] | None = None,
     draft_is_log_probs: bool = False,
+    residual: str = "race",
 ) -> PreparedVerify:
     """Allocate outputs and work buffers and bind the launches (see `verify_triton`). `tuning`: (key, value)
     pairs of `GPU_PLAN` that replace this shape's `SHAPE_PLANS` entry (the benchmark's plan variants).
@@ -373,7 +390,8 @@ def prepare_verify(
     if draft_is_log_probs and draft_logits is None:
         raise ValueError("draft_is_log_probs=True needs draft_logits (the draft's log-probs); pass them, or "
                          "draft_is_log_probs=False for deterministic proposals")
-    options = warm_options(block_b, block_v, num_splits, fused, tuning, draft_is_log_probs)
+    check_residual(residual)
+    options = warm_options(block_b, block_v, num_splits, fused, tuning, draft_is_log_probs, residual)
     warm_key = _warm_key(target_logits, draft_logits, draft_tokens, params, prefixes if prefix_in_memory else None,
                          options)
     if warm_key is not None:
@@ -402,7 +420,7 @@ def prepare_verify(
     draft = draft_logits.contiguous() if has_draft else target
     tokens_in = draft_tokens.contiguous()
 
-    plan = make_plan(batch, gamma, vocab, device, greedy, block_b, block_v, num_splits, fused, tuning)
+    plan = make_plan(batch, gamma, vocab, device, greedy, block_b, block_v, num_splits, fused, tuning, residual)
     inputs = (target, draft, tokens_in)
     shape = (batch, gamma, vocab)
     # HAS_DRAFT: 0 no draft logits (deterministic proposals, or greedy), 1 logits, 2 warped log-probs
@@ -412,7 +430,7 @@ def prepare_verify(
     device_index = _device_index(device)
     entry = _entry_id(device_index, launch_key(plan, inputs, shape, flags, prefix))
     warm = _is_warm(plan, entry, device_index)
-    layout = _work_layout(batch, gamma, plan, greedy)
+    layout = _work_layout(batch, gamma, plan, greedy, vocab)
     bind = _binder(plan)
     if warm and warm_key is not None:  # later calls with this key reuse the binding (`_WarmStep`)
         template = bind(plan, (_Slot(_TARGET), _Slot(_DRAFT), _Slot(_TOKENS)),
@@ -610,15 +628,15 @@ def _raw_launch_call(launcher) -> tuple | None:
     return tuple(getattr(launcher, name) for name in names)
 
 
-_LAUNCH_FIELDS = ("stats", "sample", "fused", "coop", "cluster")
+_LAUNCH_FIELDS = ("stats", "sample", "fused", "coop", "cluster", "one_pass")
 _WARM_STEPS: dict[tuple, _WarmStep] = {}
 
 
 def warm_options(block_b: int | None = None, block_v: int | None = None, num_splits: int | None = None,
                  fused: bool | None = None, tuning: tuple[tuple[str, int], ...] | None = None,
-                 draft_is_log_probs: bool = False) -> tuple:
+                 draft_is_log_probs: bool = False, residual: str = "race") -> tuple:
     """The call options that decide a step's binding besides its tensors (`_warm_key`'s `options`)."""
-    return (block_b, block_v, num_splits, fused, tuning, draft_is_log_probs)
+    return (block_b, block_v, num_splits, fused, tuning, draft_is_log_probs, residual)
 
 
 def _warm_key(target: torch.Tensor, draft: torch.Tensor | None, tokens: torch.Tensor, params: SamplingParams,
@@ -641,8 +659,8 @@ def _warm_key(target: torch.Tensor, draft: torch.Tensor | None, tokens: torch.Te
 
 def _binder(plan: LaunchPlan):
     """The function binding a step's launches under `plan` (`_bind_two_launches` and the one-launch kinds)."""
-    return (_bind_fused if plan.fused else _bind_coop if plan.coop else _bind_cluster if plan.cluster
-            else _bind_two_launches)
+    return (_bind_one_pass if plan.one_pass else _bind_fused if plan.fused else _bind_coop if plan.coop
+            else _bind_cluster if plan.cluster else _bind_two_launches)
 
 
 def _device_index(device: torch.device) -> int | None:
@@ -662,6 +680,8 @@ def _entry_id(device_index: int | None, key: tuple) -> int:
 
 
 def _launchers(plan: LaunchPlan) -> tuple[_Launcher, ...]:
+    if plan.one_pass:
+        return (_ONE_PASS_LAUNCHER,)
     if plan.fused:
         return (_FUSED_LAUNCHER,)
     if plan.coop:
@@ -701,25 +721,30 @@ class _WorkLayout:
 
 
 @functools.lru_cache(maxsize=256)
-def _work_layout(batch: int, gamma: int, plan: LaunchPlan, greedy: bool) -> _WorkLayout:
-    """The single allocation of a step under `plan` (a pure function of the shape, so cached)."""
+def _work_layout(batch: int, gamma: int, plan: LaunchPlan, greedy: bool, vocab: int = 0) -> _WorkLayout:
+    """The single allocation of a step under `plan` (a pure function of the shape, so cached); `vocab` sizes the
+    one-pass plan's block pairs."""
     splits = plan.fused_splits if plan.fused else plan.coop_splits if plan.coop else plan.stats_splits
     stats = 16 if plan.cluster else _round16(batch * (2 * gamma + 1) * splits)  # the cluster plan keeps them on chip
-    if plan.cluster:
+    if plan.cluster or plan.one_pass:
         race = 0
     elif plan.coop:
         race = _round16(batch * 2 * plan.coop_splits)
     else:
         race = _round16(batch * 2 * plan.sample_splits) if not plan.fused and plan.sample_splits > 1 else 0
     info = _round16(6 * batch) if plan.accept_once else 0
+    blocks = (_round16(batch * (gamma + 1) * _cdiv(vocab, SAMPLE_BLOCK))
+              if plan.one_pass and not greedy and vocab > SAMPLE_BLOCK else 0)
     accepted = _round16(2 * batch * (gamma + 1))
     floats = accepted + _round16(2 * batch)
-    ints = floats + 2 * stats + race + info
+    ints = floats + 2 * stats + race + info + 2 * blocks
     fields = (
         ("part_max", floats, stats, True),
         ("part_sum", floats if greedy else floats + stats, stats, True),
         ("race_val", floats + 2 * stats if race else floats, race or 16, True),
         ("info", floats + 2 * stats + race if info else floats, info or 16, True),
+        ("block_max", floats + 2 * stats + race + info if blocks else floats, blocks or 16, True),
+        ("block_sum", floats + 2 * stats + race + info + blocks if blocks else floats, blocks or 16, True),
         ("part_idx", ints, stats if greedy else 16, False),
         ("race_idx", ints + (stats if greedy else 0), race or 16, False),
         ("ints", ints, 16, False),
@@ -845,3 +870,30 @@ def _bind_cluster(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, s
                 **({} if interpreting() else {"num_ctas": plan.cluster_ctas}))
     return PreparedVerify(plan=plan, tokens=out_tokens, num_accepted=out_accepted,
                           cluster_grid=(batch,), cluster_args=args, cluster_meta=meta, key=entry)
+
+
+def _bind_one_pass(plan: LaunchPlan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int, int],
+                   scale: float, flags: dict, prefix: tuple, entry: int, device: torch.device,
+                   addresses: bool) -> PreparedVerify:
+    """The one launch of the residual by rejection (`kernels/one_pass.py`): grid (row blocks, γ+1, V-splits), a
+    ticket per row block."""
+    target, draft, tokens_in = inputs
+    out_tokens, out_accepted = outputs
+    batch, gamma, vocab = shape
+    accept_prefix, sample_prefix, prefix_in_memory = prefix
+    one_block = vocab <= SAMPLE_BLOCK
+    num_blocks = 1 if one_block else _cdiv(vocab, SAMPLE_BLOCK)
+    args = (target, draft, tokens_in, work["part_max"], work["part_sum"], work["part_idx"], work["block_max"],
+            work["block_sum"], _ticket_counter(device, _cdiv(batch, plan.block_b), addresses), out_tokens, out_accepted,
+            batch, gamma, vocab, plan.stats_splits, num_blocks, scale, accept_prefix, sample_prefix)
+    meta = dict(CHUNK=plan.stats_chunk, ROW=_cdiv(vocab, plan.sample_block_v) * plan.sample_block_v, **flags,
+                PRECISE=plan.precise and not interpreting(), PREFIX_IN_MEMORY=prefix_in_memory,
+                PROPOSALS=REJECTION_PROPOSALS, ONE_BLOCK=one_block,
+                SB=triton.next_power_of_2(vocab) if one_block else SAMPLE_BLOCK,
+                BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_S=plan.block_s,
+                BLOCK_NB=triton.next_power_of_2(num_blocks),
+                BLOCK_V=plan.stats_block_v, SAMPLE_BLOCK_V=plan.sample_block_v, num_warps=plan.stats_warps,
+                **_COMPILE_OPTIONS)
+    return PreparedVerify(plan=plan, tokens=out_tokens, num_accepted=out_accepted,
+                          one_pass_grid=(_cdiv(batch, plan.block_b), gamma + 1, plan.stats_splits), one_pass_args=args,
+                          one_pass_meta=meta, key=entry)

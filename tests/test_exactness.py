@@ -20,6 +20,7 @@ from experiments.exactness import (
     CONFIGS,
     LOG_PROB_CONFIGS,
     NEGATIVE_CONFIGS,
+    REJECTION_CONFIGS,
     TRITON_CONFIGS,
     ChiSquareCase,
     gate_target,
@@ -57,6 +58,17 @@ def test_joint_distribution_given_draft_log_probs(config: ChiSquareCase, backend
         pytest.importorskip("triton")
     verifier = ex.library_verifier(backend, TRITON_DEVICE if backend == "triton" else None, draft_log_probs=True)
     result = run_config(config, verifier, seed=2)
+    assert result.passes(ALPHA_EACH), f"{config.name}: {result} (alpha {ALPHA_EACH:.2e})"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("config", REJECTION_CONFIGS, ids=lambda c: c.name)
+def test_joint_distribution_residual_by_rejection(config: ChiSquareCase, backend: str):
+    """The residual drawn by rejection from p (`residual="rejection"`, the one-launch kernel): the same exactness."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    verifier = ex.library_verifier(backend, TRITON_DEVICE if backend == "triton" else None, residual="rejection")
+    result = run_config(config, verifier, seed=3)
     assert result.passes(ALPHA_EACH), f"{config.name}: {result} (alpha {ALPHA_EACH:.2e})"
 
 

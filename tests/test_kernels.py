@@ -94,7 +94,8 @@ def make_case(batch: int, gamma: int, vocab: int, params: SamplingParams, with_d
 def assert_backends_agree(target, draft, tokens, params, seed, draft_is_log_probs=False, validate=None,
                           **plan) -> fs.VerifyOutput:
     expected = fs.verify(target, draft, tokens, params, generator=seed, backend="torch",
-                         draft_is_log_probs=draft_is_log_probs, validate=validate)
+                         draft_is_log_probs=draft_is_log_probs, validate=validate,
+                         residual=plan.get("residual", "race"))
     if plan:
         got_tokens, got_accepted = verify_triton(target, draft, tokens, params, rng.key_from_generator(seed),
                                                  draft_is_log_probs=draft_is_log_probs, **plan)
@@ -132,7 +133,9 @@ def test_triton_equals_torch_reference(batch, gamma, vocab, temperature, truncat
 # the launch plans every kernel test runs (the cooperative and the cluster one at T > 0; greedy, their plan is the
 # two launches; interpreted, the cluster plan's program runs as one block)
 PLANS = {"default": {}, "fused": {"fused": True}, "coop": {"tuning": (("coop", 1),)},
-         "cluster": {"tuning": (("cluster", 1),)}}
+         "cluster": {"tuning": (("cluster", 1),)},
+         # the one launch that draws the residual by rejection from p (its own reference: residual="rejection")
+         "one_pass": {"residual": "rejection"}}
 # and, where programs loop over several tiles or the accept test's place matters, the race that keeps per-lane
 # winners (GPU_PLAN["lanes"]) and the accept test run once per row block by the stats launch ("accept_once")
 TILED_PLANS = {**PLANS, "lanes": {"tuning": (("lanes", 1),)},
@@ -178,15 +181,16 @@ def test_long_rows_split_into_several_chunks(params: SamplingParams, with_draft:
     chosen = make_plan(5, 3, 100, DEVICE, params.greedy, **shape, **TILED_PLANS[plan])
     coop = plan == "coop" and not params.greedy
     cluster = plan == "cluster" and not params.greedy and (not ON_GPU or CLUSTERS_ON_DEVICE)
-    assert chosen.coop == coop and chosen.cluster == cluster
-    assert chosen.launches == (1 if plan == "fused" or coop or cluster else 2)
+    one_pass = plan == "one_pass"
+    assert chosen.coop == coop and chosen.cluster == cluster and chosen.one_pass == one_pass
+    assert chosen.launches == (1 if plan == "fused" or coop or cluster or one_pass else 2)
     assert not coop or (chosen.coop_splits == 3 and chosen.coop_chunk == 48)
     assert not cluster or chosen.cluster_block_v == 16  # a whole row per program, in seven tiles
     if plan in ("lanes", "accept_once"):  # elsewhere the shape's SHAPE_PLANS entry decides (on a GPU)
         assert chosen.lanes
         assert chosen.accept_once == (plan == "accept_once" and not params.greedy)
     assert chosen.stats_splits == chosen.fused_splits == 3 and chosen.stats_chunk == chosen.fused_chunk == 48
-    assert params.greedy or chosen.sample_splits == 3
+    assert params.greedy or one_pass or chosen.sample_splits == 3
     for seed in (1, 2):
         assert_backends_agree(target, draft, tokens, params, seed, **shape, **TILED_PLANS[plan])
 
@@ -251,12 +255,41 @@ def test_rows_of_several_sampling_blocks(params: SamplingParams, with_draft: boo
                                    generator=torch.Generator().manual_seed(2)).view(4, 3).to(DEVICE)
     shape = dict(block_b=2, block_v=SAMPLE_BLOCK, num_splits=3)
     chosen = make_plan(4, 3, 700, DEVICE, params.greedy, **shape, **TILED_PLANS[plan])
-    assert chosen.sample_splits == 3 and chosen.sample_chunk == SAMPLE_BLOCK
+    assert (chosen.stats_splits if chosen.one_pass else chosen.sample_splits) == 3
+    assert (chosen.stats_chunk if chosen.one_pass else chosen.sample_chunk) == SAMPLE_BLOCK
     rejected = False
     for seed in (1, 2, 3):
         out = assert_backends_agree(target, draft, tokens, params, seed, **shape, **TILED_PLANS[plan])
         rejected |= bool((out.num_accepted < 3).any())
     assert rejected
+
+
+@pytest.mark.parametrize("with_draft", ["logits", "log-probs", "none"])
+def test_one_pass_proposals_and_fallback_at_several_blocks(with_draft: str) -> None:
+    """The one-pass plan (residual="rejection") at V = 700 in three splits of one sampling block: a draft near the
+    target leaves small residuals, so rejected rows fall back to the race over the whole row; a distant one is
+    mostly settled by the proposals (`rejection_fallbacks` says which happened). Either way the reference's
+    tokens, called twice (the tickets reset)."""
+    from flashspec.verify import rejection_fallbacks
+
+    params = SamplingParams(1.0)
+    generator = torch.Generator().manual_seed(5)
+    target = 2.0 * torch.randn(16, 4, 700, generator=generator)
+    seen = {"fallback": 0, "settled": 0}
+    for spread in (0.15, 2.0):
+        draft = target[:, :3] + spread * torch.randn(16, 3, 700, generator=generator)
+        tokens = torch.multinomial(warp_logits(draft, params).exp().reshape(-1, 700), 1,
+                                   generator=generator).view(16, 3)
+        given = {"logits": draft, "log-probs": warp_logits(draft, params), "none": None}[with_draft]
+        log_probs = with_draft == "log-probs"
+        for seed in (1, 2):
+            counts = rejection_fallbacks(target, given, tokens, params, rng.key_from_generator(seed), log_probs)
+            seen["fallback"] += counts["fallback"]
+            seen["settled"] += counts["rejected"] - counts["fallback"]
+            assert_backends_agree(target.to(DEVICE), None if given is None else given.to(DEVICE), tokens.to(DEVICE),
+                                  params, seed, draft_is_log_probs=log_probs, block_v=SAMPLE_BLOCK, num_splits=3,
+                                  residual="rejection")
+    assert seen["settled"] > 0 and (seen["fallback"] > 0 or with_draft == "none")
 
 
 def test_a_sampling_tile_smaller_than_a_block_is_refused() -> None:
@@ -363,8 +396,9 @@ def test_device_key_gives_the_same_tokens_as_the_host_key(with_draft, plan):
     for step in range(3):
         key = rng.step_key_host(rng.Key.from_seed(99), step)
         device_key = rng.step_key(rng.key_tensor(rng.Key.from_seed(99), device), torch.tensor([step], device=device))
-        expected = verify_reference(target, draft, tokens, params, key)
-        by_device = verify_reference(target, draft, tokens, params, device_key)
+        residual = TILED_PLANS[plan].get("residual", "race")
+        expected = verify_reference(target, draft, tokens, params, key, residual=residual)
+        by_device = verify_reference(target, draft, tokens, params, device_key, residual=residual)
         tokens_t, accepted_t = verify_triton(target, draft, tokens, params, device_key, **TILED_PLANS[plan])
         assert torch.equal(expected.tokens, by_device.tokens)
         assert torch.equal(expected.tokens, tokens_t) and torch.equal(expected.num_accepted, accepted_t)
@@ -405,7 +439,8 @@ def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: 
             # cold; then by address, keeping the binding; then that binding, with other keys
             for call, seed in enumerate((5, 5, 6, 7)):
                 key = rng.key_tensor(rng.Key.from_seed(seed), DEVICE) if device_key else rng.Key.from_seed(seed)
-                expected = verify_reference(logits, draft, tokens, params, rng.Key.from_seed(seed))
+                expected = verify_reference(logits, draft, tokens, params, rng.Key.from_seed(seed),
+                                            residual=TILED_PLANS[plan].get("residual", "race"))
                 prepared = prepare_verify(logits, draft, tokens, params, key, **TILED_PLANS[plan])
                 out_tokens, out_accepted = prepared.run()
                 assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)
@@ -415,7 +450,8 @@ def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: 
                 # the first call compiled (cold), the first verify_triton bound the step; the later ones reuse it
                 assert launched or call == 0, "a warm verify_triton call should launch straight from its binding"
             args = (prepared.fused_args if prepared.plan.fused else prepared.coop_args if prepared.plan.coop
-                    else prepared.cluster_args if prepared.plan.cluster else prepared.sample_args)
+                    else prepared.cluster_args if prepared.plan.cluster
+                    else prepared.one_pass_args if prepared.plan.one_pass else prepared.sample_args)
             assert all(isinstance(arg, int) for arg in args[:3]), "a warm step should bind addresses"
             options = kernels.warm_options(**TILED_PLANS[plan])
             prefixes = kernels.device_prefixes(key) if device_key else None
@@ -423,7 +459,8 @@ def test_warm_steps_launch_with_addresses_and_return_the_reference_tokens(plan: 
             assert warm_key in kernels._WARM_STEPS, "the later steps should reuse one binding"
             assert prepared.direct, "a warm step should launch its cached binaries directly"
     # a strided input is copied inside prepare_verify and bound by address: the step must keep the copy alive
-    expected = verify_reference(target, draft, tokens, params, rng.Key.from_seed(5))
+    expected = verify_reference(target, draft, tokens, params, rng.Key.from_seed(5),
+                                residual=TILED_PLANS[plan].get("residual", "race"))
     strided = torch.stack([target, torch.zeros_like(target)], dim=-1)[..., 0]
     prepared = prepare_verify(strided, draft, tokens, params, rng.Key.from_seed(5), **TILED_PLANS[plan])
     del strided
@@ -468,7 +505,8 @@ def test_warm_steps_still_call_tritons_launch_hooks(plan: str) -> None:
         else:
             runtime.launch_enter_hook = chain
     assert len(seen) == 2 * prepared.plan.launches, "both the prepared step and verify_triton must feed the hook"
-    expected = verify_reference(target, draft, tokens, params, rng.Key.from_seed(1)).tokens
+    expected = verify_reference(target, draft, tokens, params, rng.Key.from_seed(1),
+                                residual=PLANS[plan].get("residual", "race")).tokens
     assert torch.equal(out_tokens, expected) and torch.equal(straight_tokens, expected)
 
 
@@ -503,7 +541,8 @@ def test_captured_step_draws_new_uniforms_per_replay(plan: str, temperature: flo
     for value in range(3):
         key.copy_(rng.step_key(base, torch.tensor([value], device=DEVICE)))
         graph.replay()
-        expected = verify_reference(target, draft, tokens, params, rng.step_key_host(rng.Key.from_seed(7), value))
+        expected = verify_reference(target, draft, tokens, params, rng.step_key_host(rng.Key.from_seed(7), value),
+                                    residual=PLANS[plan].get("residual", "race"))
         assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)
 
 
@@ -526,11 +565,15 @@ def gpu_planner(monkeypatch):
 def test_gpu_plans_of_every_benchmark_variant_are_valid(gpu_planner, batch: int, vocab: int) -> None:
     """Every launch-plan variant the benchmark times gives a plan within the kernels' limits, on both
     plans, and a SHAPE_PLANS entry changes the default of its bucket only."""
-    from flashspec.bench import PLAN_VARIANTS
+    from flashspec.bench import PLAN_VARIANTS, _variant_options, is_rejection
 
     device = torch.device("cuda", 0)
     for overrides in PLAN_VARIANTS.values():
-        chosen = gpu_planner.make_plan(batch, 4, vocab, device, False, tuning=tuple(sorted(overrides.items())))
+        options = _variant_options(overrides)
+        chosen = gpu_planner.make_plan(batch, 4, vocab, device, False, tuning=options["tuning"],
+                                       residual=options["residual"])
+        assert chosen.one_pass == is_rejection(overrides)
+        assert not chosen.one_pass or chosen.stats_block_v % SAMPLE_BLOCK == 0  # its tiles hold whole blocks
         assert chosen.fused == bool(overrides.get("fused", 0))
         capacity = 132 * overrides.get("coop_programs_per_sm", 1)
         assert chosen.coop == (bool(overrides.get("coop", 0)) and batch <= capacity)
@@ -549,7 +592,7 @@ def test_gpu_plans_of_every_benchmark_variant_are_valid(gpu_planner, batch: int,
             assert chosen.cluster_ctas == overrides["cluster_ctas"]
             per_block = overrides.get("cluster_block_v", gpu_planner.GPU_PLAN["cluster_block_v"])
             assert chosen.cluster_block_v == per_block * chosen.cluster_ctas
-        assert chosen.launches == (1 if chosen.fused or chosen.coop or chosen.cluster else 2)
+        assert chosen.launches == (1 if chosen.fused or chosen.coop or chosen.cluster or chosen.one_pass else 2)
         assert chosen.pdl == (bool(overrides.get("pdl", 0)) and chosen.launches == 2)
     default = gpu_planner.make_plan(batch, 4, vocab, device, False)
     assert not default.fused  # an empty SHAPE_PLANS runs GPU_PLAN: two launches
@@ -607,7 +650,7 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
     import json
 
     from experiments import bench_verify
-    from flashspec.bench import PLAN_VARIANTS, TARGETS, is_diagnostic
+    from flashspec.bench import PLAN_VARIANTS, TARGETS, is_diagnostic, is_rejection
 
     out = tmp_path / "verify.json"
     assert bench_verify.main(["--smoke", "--batch", "1", "3", "--out", str(out)]) == 0
@@ -655,9 +698,20 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
             assert row["plan"].get("coop", False) == bool(overrides.get("coop", 0)), (name, row["plan"])
             assert row["plan"].get("cluster", False) == bool(overrides.get("cluster", 0)), (name, row["plan"])
             assert row["plan"]["fused"] == bool(overrides.get("fused", 0)), (name, row["plan"])
-            one_launch = overrides.get("coop") or overrides.get("fused") or overrides.get("cluster")
+            assert row["plan"].get("one_pass", False) == is_rejection(overrides), (name, row["plan"])
+            one_launch = (overrides.get("coop") or overrides.get("fused") or overrides.get("cluster")
+                          or is_rejection(overrides))
             assert row["launches"] == (1 if one_launch else 2), name
+        # the step with residual="rejection": its reference's tokens given logits or log-probs, timed, its rows
+        # counted, and never the launch-plan table's choice (another sampler)
+        assert point["rejection_tokens_equal_reference"] and point["rejection_log_probs_tokens_equal_reference"]
+        assert point["rejection_eager_us"] > 0 and point["honest_over_rejection_paired"] > 0
+        assert set(point["rejection_rows"]) == {"rows", "rejected", "fallback"}
+        assert is_rejection(PLAN_VARIANTS[point["best_rejection_variant"]])
+        assert not is_rejection(PLAN_VARIANTS[point["best_variant"]])
     assert set(results["verdicts"]) == set(TARGETS)
+    assert set(results["rejection_verdicts"]) == set(TARGETS) | {"graph_over_floor_max_given_log_probs"}
+    assert "SHAPE_PLANS" in results["plan_choice"]["paste"] and "residual" not in results["plan_choice"]["paste"]
     assert results["verdicts"]["honest_over_eager_at_batch_64"]["as_run"]["verdict"] == "NOT MEASURED"
     assert results["verdicts"]["honest_over_eager_min_for_batch_le_8"]["timing"].startswith(
         "one call from an idle GPU, launch included, the honest baseline's and the step's calls alternating")

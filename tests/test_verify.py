@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 import flashspec as fs
 from flashspec import rng
-from flashspec.sampling import sample_from_logits
+from flashspec.sampling import sample_from_logits, warp_logits
 
 PARAMS = st.sampled_from(
     [
@@ -222,6 +222,7 @@ def test_bad_sampling_params(kwargs, match):
         (dict(generator=-1), "generator"),
         (dict(generator="seed"), "generator"),
         (dict(params=0.7), "params"),
+        (dict(residual="resample"), "residual"),
     ],
 )
 def test_bad_call_arguments(kwargs, match):
@@ -239,12 +240,12 @@ def test_bad_input_writes_nothing():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: host syncs only exist there")
-@pytest.mark.parametrize("fused", [False, True], ids=["fs.verify", "fused launch"])
+@pytest.mark.parametrize("fused", [False, True, "rejection"], ids=["fs.verify", "fused launch", "residual=rejection"])
 @pytest.mark.parametrize("params", [fs.SamplingParams(1.0), fs.SamplingParams(0.0), fs.SamplingParams(0.7, top_p=0.9)])
 @pytest.mark.parametrize("log_probs", [False, True], ids=["draft logits", "draft log-probs"])
 def test_triton_verify_makes_no_host_sync(params, fused, log_probs):
-    """Zero host syncs inside verify (its default plan, and the fused launch), given the draft's logits or its
-    log-probs; torch raises on any synchronising call."""
+    """Zero host syncs inside verify (its default plan, the fused launch, and the one launch of the residual by
+    rejection), given the draft's logits or its log-probs; torch raises on any synchronising call."""
     from flashspec.kernels import verify_triton
 
     target, draft, tokens = make_inputs(8, 4, 32000, 1, fs.SamplingParams(1.0))
@@ -253,6 +254,9 @@ def test_triton_verify_makes_no_host_sync(params, fused, log_probs):
     target, draft, tokens = target.cuda(), draft.cuda(), tokens.cuda()
 
     def call(seed: int) -> torch.Tensor:
+        if fused == "rejection":
+            return fs.verify(target, draft, tokens, params, generator=seed, backend="triton", validate=False,
+                             draft_is_log_probs=log_probs, residual="rejection").tokens
         if fused:
             return verify_triton(target, draft, tokens, params, rng.Key.from_seed(seed), fused=True,
                                  draft_is_log_probs=log_probs)[0]
@@ -408,3 +412,47 @@ def test_residual_by_rejection_controls_fail():
     assert bool((residual[tokens] == 0).any())
     tokens = _draw_residual(p_on_the_support, p, q, 12_000, 4, seed=7)
     assert bool((residual[tokens] > 0).all()) and _chi_square_p(tokens, residual) < 1e-6
+
+
+# --- verify with residual="rejection": the residual drawn by rejection from p ----------------------------------
+
+
+@pytest.mark.parametrize("params", [fs.SamplingParams(1.0), fs.SamplingParams(0.7), fs.SamplingParams(0.0),
+                                    fs.SamplingParams(0.9, top_k=40, top_p=0.9)], ids=str)
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_rejection_changes_only_the_residual_draws(params, deterministic):
+    """residual="rejection" and "race" run the same accept test and draw the same bonus token (the same hash):
+    only rows that rejected may differ, and across 64 rows some do (another random stream, not the same sampler
+    under another name). Greedy has no residual: identical."""
+    target, draft, tokens = make_inputs(64, 4, 700, 3, params, deterministic=deterministic)
+    race = fs.verify(target, draft, tokens, params, generator=9)
+    rejection = fs.verify(target, draft, tokens, params, generator=9, residual="rejection")
+    assert torch.equal(race.num_accepted, rejection.num_accepted)
+    bonus = race.num_accepted == 4
+    assert torch.equal(race.tokens[bonus], rejection.tokens[bonus])
+    differs = (race.tokens != rejection.tokens).any(dim=1)
+    assert bool(differs[~bonus].any()) != params.greedy
+    assert not bool(differs[bonus].any())
+
+
+def test_rejection_fallbacks_count_the_rows_that_race_the_residual():
+    """`rejection_fallbacks`: a draft close to the target (small residuals) sends most rejected rows to the
+    fallback race; a distant one almost none; greedy never; and a fallback row's token is the race's (the same
+    hash at the same position: the fallback is the race)."""
+    from flashspec.verify import rejection_fallbacks
+
+    params = fs.SamplingParams(1.0)
+    generator = torch.Generator().manual_seed(4)
+    target = 2.0 * torch.randn(256, 4, 700, generator=generator)
+    near = target[:, :3] + 0.05 * torch.randn(256, 3, 700, generator=generator)
+    far = target[:, :3] + 2.0 * torch.randn(256, 3, 700, generator=generator)
+    key = rng.Key.from_seed(2)
+    counts = {}
+    for name, draft in (("near", near), ("far", far)):
+        tokens = torch.multinomial(warp_logits(draft, params).exp().reshape(-1, 700), 1,
+                                   generator=generator).view(256, 3)
+        counts[name] = rejection_fallbacks(target, draft, tokens, params, key)
+        assert counts[name]["rows"] == 256 and 0 <= counts[name]["fallback"] <= counts[name]["rejected"]
+    assert counts["near"]["fallback"] > counts["near"]["rejected"] / 2 > 0
+    assert counts["far"]["fallback"] < counts["far"]["rejected"] / 10
+    assert rejection_fallbacks(target, near, tokens, fs.SamplingParams(0.0), key)["fallback"] == 0
