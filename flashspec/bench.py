@@ -527,6 +527,10 @@ PLAN_VARIANTS: dict[str, dict[str, int]] = {
     "one_pass_tiles2": {"residual_rejection": 1, "stats_max_tiles": 2},
     "one_pass_tiles1": {"residual_rejection": 1, "stats_max_tiles": 1},
     "one_pass_bv2048": {"residual_rejection": 1, "stats_block_v": 2048, "stats_max_tiles": 2},
+    # diagnostics of the one-pass kernel (wrong tokens, never chosen): its streaming part alone, and up to the
+    # accept test; what is left of its replay is the ticket's wait and the proposals
+    "diagnostic_one_pass_stream": {"residual_rejection": 1, "one_pass_stop": 1},
+    "diagnostic_one_pass_accept": {"residual_rejection": 1, "one_pass_stop": 2},
     # diagnostics, never chosen: what approximate log/exp would save (their tokens may differ at near-ties), in
     # the default plan and in stats_bv2048's, whose sampling kernel takes ~50 µs at B = 64, V = 128k: how much of
     # that is the per-element math
@@ -542,8 +546,9 @@ def is_rejection(overrides: dict[str, int]) -> bool:
 
 
 def is_diagnostic(overrides: dict[str, int]) -> bool:
-    """A variant that is timed but never becomes a default (it does not round as the reference does)."""
-    return overrides.get("precise", 1) == 0
+    """A variant that is timed but never becomes a default (it does not round as the reference does, or, the
+    one-pass plan stopped early, does not sample at all)."""
+    return overrides.get("precise", 1) == 0 or overrides.get("one_pass_stop", 0) != 0
 
 
 def _plan_record(prepared) -> dict:

@@ -90,15 +90,31 @@ def _chunk_block_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, block_
 
 
 @device_function
-def _propose(target_ptr, draft_ptr, block_max_ptr, block_sum_ptr, rows, row_ok, num_accepted, n_p_max,
-             n_p_log_sum, n_q_max, n_q_log_sum, n_token, gamma, vocab, num_blocks, scale, sample_prefix,
+def _block_pairs(block_max_ptr, block_sum_ptr, rows64, row_ok, gamma, num_blocks,
+                 BLOCK_P: tl.constexpr, BLOCK_NB: tl.constexpr):
+    """Every position's block pairs (max, sum) [BLOCK_B, BLOCK_P, BLOCK_NB] of the rows, loaded before the accept
+    test says which position a row samples from: one dependent round trip less than loading that position's."""
+    p3 = tl.arange(0, BLOCK_P)[None, :, None]
+    blocks = tl.arange(0, BLOCK_NB).to(tl.int64)[None, None, :]
+    at = (rows64[:, None, None] * (gamma + 1) + p3) * num_blocks + blocks
+    mask = row_ok[:, None, None] & (p3 <= gamma) & (blocks < num_blocks)
+    b_max = tl.load(block_max_ptr + at, mask=mask, other=float("-inf"), volatile=True)
+    b_sum = tl.load(block_sum_ptr + at, mask=mask, other=0.0, volatile=True)
+    return b_max, b_sum
+
+
+@device_function
+def _propose(target_ptr, draft_ptr, b_max_all, b_sum_all, rows, row_ok, num_accepted, n_p_max,
+             n_p_log_sum, n_q_max, n_q_log_sum, n_token, gamma, vocab, scale, sample_prefix,
              SCALE_MODE: tl.constexpr, HAS_DRAFT: tl.constexpr, PRECISE: tl.constexpr, PROPOSALS: tl.constexpr,
-             ONE_BLOCK: tl.constexpr, SB: tl.constexpr, BLOCK_NB: tl.constexpr):
+             ONE_BLOCK: tl.constexpr, SB: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK_NB: tl.constexpr):
     """The PROPOSALS draws from p at each row's position n (`sampling.block_race` from the block pairs, then the
     race inside the chosen block) and their accept tests against the residual: (tokens [BLOCK_B, K], accepted
     [BLOCK_B, K]). A row that accepted every draft draws its bonus: all its proposals use the sample stream's
     hash at n (the first is the bonus; the accept tests are then meaningless and unread). ONE_BLOCK: the row
-    (V <= SB) is one block, whose race is the whole draw (`block_race` draws no block noise then)."""
+    (V <= SB) is one block, whose race is the whole draw (`block_race` draws no block noise then). `b_max_all`,
+    `b_sum_all`: `_block_pairs`. The draft's logits are read over the proposals' blocks with the target's (one
+    round trip), not at the drawn tokens after the race."""
     ks = tl.arange(0, PROPOSALS)
     rejected = num_accepted < gamma
     rows64 = rows.to(tl.int64)
@@ -111,10 +127,9 @@ def _propose(target_ptr, draft_ptr, block_max_ptr, block_sum_ptr, rows, row_ok, 
         chosen = bases.to(tl.int64) * 0
     else:  # the blocks' masses of p at n, sum exp(x - block max) * exp(block max - max - log-sum), raced
         blocks = tl.arange(0, BLOCK_NB).to(tl.int64)
-        block_ok = row_ok[:, None] & (blocks < num_blocks)[None, :]
-        block_at = ((rows64 * (gamma + 1) + n64) * num_blocks)[:, None] + blocks[None, :]
-        b_max = tl.load(block_max_ptr + block_at, mask=block_ok, other=float("-inf"), volatile=True)
-        b_sum = tl.load(block_sum_ptr + block_at, mask=block_ok, other=0.0, volatile=True)
+        at_n = tl.arange(0, BLOCK_P)[None, :, None] == num_accepted[:, None, None]
+        b_max = _max(tl.where(at_n, b_max_all, float("-inf")), axis=1)  # [BLOCK_B, BLOCK_NB] at position n
+        b_sum = _sum(tl.where(at_n, b_sum_all, 0.0), axis=1)
         shift = tl.where(b_max == float("-inf"), 0.0, (b_max - n_p_max[:, None]) - n_p_log_sum[:, None])
         masses = b_sum * _exp(shift, PRECISE)
         log_masses = tl.where(masses > 0.0, _log(tl.where(masses > 0.0, masses, 1.0), PRECISE), float("-inf"))
@@ -129,6 +144,10 @@ def _propose(target_ptr, draft_ptr, block_max_ptr, block_sum_ptr, rows, row_ok, 
     inside = row_ok[:, None, None] & (cols < vocab)
     target_row = (rows64 * (gamma + 1) + n64) * vocab
     x = tl.load(target_ptr + target_row[:, None, None] + cols, mask=inside, other=float("-inf"))
+    if HAS_DRAFT:  # the draft's row at n over the same blocks, read with the target's
+        draft_row = (rows64 * gamma + tl.minimum(n64, gamma - 1)) * vocab
+        y = tl.load(draft_ptr + draft_row[:, None, None] + cols, mask=inside & rejected[:, None, None],
+                    other=float("-inf"))
     log_p = ((_scale(x.to(tl.float32), scale, SCALE_MODE) - n_p_max[:, None, None])
              - n_p_log_sum[:, None, None])
     noise = krng.uniform_from_base(bases[:, :, None], cols)
@@ -136,14 +155,13 @@ def _propose(target_ptr, draft_ptr, block_max_ptr, block_sum_ptr, rows, row_ok, 
     _, arg = _max_index(score, axis=2)
     arg = arg.to(tl.int64)
     tokens = chosen * SB + arg  # [BLOCK_B, K]
-    log_p_t = _sum(tl.where(lanes[None, None, :] == arg[:, :, None], log_p, 0.0), axis=2)
+    won = lanes[None, None, :] == arg[:, :, None]
+    log_p_t = _sum(tl.where(won, log_p, 0.0), axis=2)
     # accept proposal t with probability max(0, 1 - q_t / p_t)
     if HAS_DRAFT:
-        draft_row = (rows64 * gamma + tl.minimum(n64, gamma - 1)) * vocab
-        y = tl.load(draft_ptr + draft_row[:, None] + tokens, mask=(rejected & row_ok)[:, None] & (tokens < vocab),
-                    other=float("-inf"))
-        log_q_t = ((_draft_scale(y.to(tl.float32), scale, SCALE_MODE, HAS_DRAFT) - n_q_max[:, None])
-                   - n_q_log_sum[:, None])
+        log_q = ((_draft_scale(y.to(tl.float32), scale, SCALE_MODE, HAS_DRAFT) - n_q_max[:, None, None])
+                 - n_q_log_sum[:, None, None])
+        log_q_t = _sum(tl.where(won, log_q, 0.0), axis=2)
     else:  # q one-hot at the drafted token
         log_q_t = tl.where(tokens == n_token[:, None], 0.0, float("-inf"))
     above = log_q_t < log_p_t
@@ -190,6 +208,8 @@ def _one_pass_kernel(
     BLOCK_NB: tl.constexpr,  # power of two >= NB
     BLOCK_V: tl.constexpr,  # vocabulary tile of the streaming part, a multiple of SB (unless ONE_BLOCK)
     SAMPLE_BLOCK_V: tl.constexpr,  # vocabulary tile of the fallback race
+    STOP: tl.constexpr = 0,  # diagnostics of where the time goes (wrong tokens): 1 stop after the streaming part,
+    #                          2 after the accept test (the emitted token is the first draw's position, unsampled)
 ):
     pid_b = tl.program_id(0)
     position = tl.program_id(1)
@@ -201,6 +221,8 @@ def _one_pass_kernel(
         _chunk_block_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, block_max_ptr, block_sum_ptr,
                            pid_b, position, split, batch, gamma, vocab, num_splits, num_blocks, scale,
                            CHUNK, SCALE_MODE, HAS_DRAFT, SB, BLOCK_B, BLOCK_V)
+    if STOP == 1:  # diagnostic: the streaming part alone
+        return
     tl.debug_barrier()  # every thread's partials precede the release below
     ticket = tl.atomic_add(counter_ptr + pid_b, 1, sem="acq_rel", scope="gpu")
     if ticket == (gamma + 1) * num_splits - 1:  # the last program of this row block: every partial is written
@@ -214,15 +236,21 @@ def _one_pass_kernel(
         row_ok = rows < batch
         rows64 = rows.to(tl.int64)
         positions = tl.arange(0, BLOCK_P)[None, :]
+        if not (GREEDY or ONE_BLOCK):
+            b_max_all, b_sum_all = _block_pairs(block_max_ptr, block_sum_ptr, rows64, row_ok, gamma, num_blocks,
+                                                BLOCK_P, BLOCK_NB)
+        else:  # unused
+            b_max_all = tl.zeros([BLOCK_B, BLOCK_P, BLOCK_NB], tl.float32)
+            b_sum_all = b_max_all
         drafted, num_accepted, emitted, n_p_max, n_p_log_sum, n_q_max, n_q_log_sum, n_token = _accept(
             target_ptr, draft_ptr, tokens_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr, rows, row_ok,
             gamma, vocab, num_splits, scale, accept, SCALE_MODE, HAS_DRAFT, GREEDY, PRECISE, True, BLOCK_B, BLOCK_P,
             BLOCK_S)
-        if not GREEDY:
+        if not GREEDY and STOP != 2:
             tokens, accepted = _propose(
-                target_ptr, draft_ptr, block_max_ptr, block_sum_ptr, rows, row_ok, num_accepted, n_p_max,
-                n_p_log_sum, n_q_max, n_q_log_sum, n_token, gamma, vocab, num_blocks, scale, sample,
-                SCALE_MODE, HAS_DRAFT, PRECISE, PROPOSALS, ONE_BLOCK, SB, BLOCK_NB)
+                target_ptr, draft_ptr, b_max_all, b_sum_all, rows, row_ok, num_accepted, n_p_max,
+                n_p_log_sum, n_q_max, n_q_log_sum, n_token, gamma, vocab, scale, sample,
+                SCALE_MODE, HAS_DRAFT, PRECISE, PROPOSALS, ONE_BLOCK, SB, BLOCK_P, BLOCK_NB)
             ks = tl.arange(0, PROPOSALS)[None, :]
             first = _min(tl.where(accepted, ks, PROPOSALS), axis=1)  # each row's first accepted proposal, or K
             # the first accepted proposal; the first proposal where none was (a bonus row's: its draw from p)

@@ -52,6 +52,7 @@ class LaunchPlan:
     stats_lane_elems: int = 0  # > 0: the stats pass keeps per-lane partials over this many logits (`_chunk_stats`)
     one_pass: bool = False  # one launch, the residual by rejection (`kernels/one_pass.py`) on the stats grid
     #                         (residual="rejection"; every other plan races the residual)
+    one_pass_stop: int = 0  # diagnostic, never a default: the one-pass kernel stops early (`_one_pass_kernel`'s STOP)
 
     @property
     def launches(self) -> int:
@@ -148,6 +149,10 @@ GPU_PLAN = {
     # the lane reductions stay inside a thread. Compiled for SM90: 455 -> 299 instructions per tile and thread
     # (`flashspec.kernels.sass`); a program of one tile keeps the tile's reduction (512 against 456). 0: off
     "stats_lane_elems": 8,
+    # diagnostic, never a default (its tokens are wrong): the one-pass kernel (residual="rejection") stops after its
+    # streaming part (1) or after the accept test (2), to split its time between streaming, the accept test and the
+    # proposals
+    "one_pass_stop": 0,
 }
 CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 16 is beyond the portable 8: Hopper allows it
 
@@ -358,4 +363,5 @@ def make_plan(batch: int, gamma: int, vocab: int, device: torch.device, greedy: 
         cluster_stages=cluster_stages if cluster else 1,
         stats_lane_elems=lane_elems,
         one_pass=one_pass,
+        one_pass_stop=int(dict(tuning or ()).get("one_pass_stop", 0)) if one_pass else 0,
     )

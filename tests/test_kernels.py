@@ -659,7 +659,9 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
     assert [p["batch"] for p in results["points"]] == [1, 3]
     for point in results["points"]:
         assert set(point["variants"]) == set(PLAN_VARIANTS)
-        assert all(row["tokens_equal_reference"] for row in point["variants"].values() if "error" not in row), \
+        # (a one-pass kernel stopped early, a diagnostic, samples nothing)
+        assert all(row["tokens_equal_reference"] for row in point["variants"].values()
+                   if "error" not in row and not row["overrides"].get("one_pass_stop")), \
             point["variants"]
         assert point["honest_torch_us"] > 0 and point["honest_over_triton"] is not None
         assert point["honest_torch_latency_us"] > 0 and point["honest_over_triton_latency"] is not None
