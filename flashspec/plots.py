@@ -411,6 +411,42 @@ def plot_kernel_floors(record: dict[str, Any], path: str | Path | None = None, v
 __all__ += ["plot_kernel_floors"]
 
 
+def plot_one_pass_split(record: dict[str, Any], path: str | Path | None = None) -> Figure:
+    """The one-pass verify step (residual="rejection") at each (B, V) of a `flashspec bench verify` record that timed
+    its diagnostics, as a stack: its streaming part alone, what the ticket and the accept test add, and what the
+    proposals (and any fallback race) add, beside the two-launch step's replay and 2x the floor (the bar)."""
+    data, footer = _unpack(record, settings=False)
+    points = [p for p in data["points"] if "diagnostic_one_pass_stream" in p.get("variants", {})]
+    stream = np.array([p["variants"]["diagnostic_one_pass_stream"].get("graph_warm_us") or np.nan for p in points])
+    accept = np.array([p["variants"]["diagnostic_one_pass_accept"].get("graph_warm_us") or np.nan for p in points])
+    whole = np.array([p.get("rejection_graph_warm_us") or np.nan for p in points])
+    two = np.array([p.get("triton_graph_warm_us") or np.nan for p in points])
+    fig = Figure(figsize=(9, 3.6), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    positions = np.arange(len(points))
+    width = 0.38
+    left = positions - width / 2
+    parts = (("streaming part", np.zeros_like(stream), stream),
+             ("+ ticket and accept test", stream, np.maximum(accept - stream, 0)),
+             ("+ proposals (and fallback)", np.maximum(accept, stream), np.maximum(whole - np.maximum(accept, stream), 0)))
+    for index, (label, bottom, height) in enumerate(parts):
+        ax.bar(left, height, width, bottom=bottom, color=f"C{index}", label=label)
+    ax.bar(positions + width / 2, two, width, color="0.6", label="two launches (race)")
+    bars = np.array([2 * p["floor_us"] for p in points])
+    ax.hlines(bars, positions - width, positions + width, colors="k", linestyles="--", linewidth=1,
+              label="bar: 2x the floor")
+    ax.set_xticks(positions, [f"B={p['batch']}\nV={p['vocab']:,}" for p in points], fontsize=8)
+    ax.set_yscale("log")
+    ax.set_ylabel("µs (warm CUDA-graph replay)")
+    ax.set_title("one launch, residual by rejection: where its replay goes", fontsize=9, loc="left")
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="upper left")
+    return _finish(fig, footer, path)
+
+
+__all__ += ["plot_one_pass_split"]
+
+
 def plot_generation_trace(stats: Any, path: str | Path | None = None, window: int = 8) -> Figure:
     """Arm chosen and acceptance at every step of one speculative generation.
 

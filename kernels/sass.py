@@ -45,6 +45,8 @@ def kernel_launches(prepared) -> list[tuple]:
     from flashspec.kernels import verify as kernels
 
     plan = prepared.plan
+    if plan.one_pass:
+        return [(kernels._one_pass_kernel, prepared.one_pass_args, prepared.one_pass_meta)]
     if plan.fused:
         return [(kernels._fused_kernel, prepared.fused_args, prepared.fused_meta)]
     if plan.coop:
@@ -102,7 +104,7 @@ def bind_step(plan, batch: int, gamma: int, vocab: int, params, with_draft: bool
     target = torch.zeros(1, gamma + 1, 8, dtype=torch.bfloat16)
     draft = torch.zeros(1, gamma, 8, dtype=torch.bfloat16) if with_draft else target
     tokens = torch.zeros(1, gamma, dtype=torch.int64)
-    layout = kernels._work_layout(batch, gamma, plan, params.greedy)
+    layout = kernels._work_layout(batch, gamma, plan, params.greedy, vocab)
     memory = torch.empty(layout.words // 2, dtype=torch.int64)
     outputs = (memory[:batch * (gamma + 1)].view(batch, gamma + 1), memory[:batch])
     key = rng.Key.from_seed(1)

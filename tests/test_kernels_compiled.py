@@ -25,10 +25,10 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
 from triton._C.libtriton import ir
-from flashspec.kernels import chain_probe, cluster_pass, coop_pass, fused_pass, sample_pass, stats_pass
+from flashspec.kernels import chain_probe, cluster_pass, coop_pass, fused_pass, one_pass, sample_pass, stats_pass
 
-kernels = {name: getattr(module, name) for module in (chain_probe, cluster_pass, coop_pass, fused_pass, sample_pass,
-                                                     stats_pass)
+kernels = {name: getattr(module, name) for module in (chain_probe, cluster_pass, coop_pass, fused_pass, one_pass,
+                                                     sample_pass, stats_pass)
            for name in dir(module) if name.endswith("_kernel") or name.startswith("_chain_")}
 target = GPUTarget("cuda", 90, 32)
 backend = make_backend(target)
@@ -63,7 +63,7 @@ def _structure(launch: dict) -> str:
 
 @pytest.mark.skipif(sys.platform == "win32", reason="Triton's compiler front end needs Linux")
 def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
-    from flashspec.bench import PLAN_VARIANTS
+    from flashspec.bench import PLAN_VARIANTS, _variant_options
     from flashspec.kernels import plan as plan_module
     from flashspec.kernels.chain_probe import chain_step
     from flashspec.kernels import sass
@@ -83,8 +83,9 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
                 for name, overrides in PLAN_VARIANTS.items():
                     for params, with_draft in ((SamplingParams(1.0), True), (SamplingParams(0.7), False),
                                                (SamplingParams(0.0), False)):
+                        options = _variant_options(overrides)
                         plan = plan_module.make_plan(batch, gamma, vocab, gpu, params.greedy,
-                                                     tuning=tuple(sorted(overrides.items())))
+                                                     tuning=options["tuning"], residual=options["residual"])
                         for device_key in (False, True):
                             prepared, target = sass.bind_step(plan, batch, gamma, vocab, params, with_draft,
                                                               device_key)
@@ -101,7 +102,8 @@ def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
     finally:
         plan_module.make_plan.cache_clear()
     assert {d["kernel"] for d in launches.values()} == {"_stats_kernel", "_stats_accept_kernel", "_sample_kernel",
-                                                        "_fused_kernel", "_coop_kernel", "_cluster_kernel", "_chain_first",
+                                                        "_fused_kernel", "_coop_kernel", "_cluster_kernel", "_one_pass_kernel",
+                                                        "_chain_first",
                                                         "_chain_second", "_chain_one", "_chain_coop"}
     env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="0")
     done = subprocess.run([sys.executable, "-c", FRONT_END], input=json.dumps(list(launches.values())), env=env,

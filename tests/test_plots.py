@@ -60,6 +60,28 @@ def test_plot_kernel_floors(tmp_path):
     assert [t.get_text() for t in figure.axes[0].get_legend().get_texts()] == ["stats pass", "sampling pass"]
 
 
+def test_plot_one_pass_split(tmp_path):
+    """Per point a stack of three (streaming part, accept test, proposals) and the two-launch bar, only for points
+    that timed the one-pass diagnostics, with a dashed bar at twice the floor."""
+    from flashspec.plots import plot_one_pass_split
+
+    def point(batch: int, diagnostics: bool) -> dict:
+        variants = ({"diagnostic_one_pass_stream": {"graph_warm_us": 3.0 * batch},
+                     "diagnostic_one_pass_accept": {"graph_warm_us": 5.0 * batch}} if diagnostics else {})
+        return {"batch": batch, "vocab": 32000, "floor_us": 3.5, "rejection_graph_warm_us": 8.0 * batch,
+                "triton_graph_warm_us": 7.0 * batch, "variants": variants}
+
+    path = tmp_path / "split.png"
+    figure = plot_one_pass_split({"settings": {}, "results": {"points": [point(1, True), point(8, True),
+                                                                         point(64, False)]}}, path)
+    assert path.stat().st_size > 0
+    heights = sorted(round(patch.get_height(), 6) for patch in figure.axes[0].patches)
+    assert heights == sorted([3.0, 24.0, 2.0, 16.0, 3.0, 24.0, 7.0, 56.0])
+    labels = [t.get_text() for t in figure.axes[0].get_legend().get_texts()]
+    assert sorted(labels) == sorted(["streaming part", "+ ticket and accept test", "+ proposals (and fallback)",
+                                     "two launches (race)", "bar: 2x the floor"])
+
+
 def test_plot_temperature_fit(tmp_path):
     """A line per calibrated draft over its τ grid and a circle at its fitted τ, from a real_pool-shaped record."""
     from flashspec.plots import plot_temperature_fit
