@@ -505,24 +505,25 @@ class _Session:
         if isinstance(chosen, PromptLookupDrafter):
             drafted, draft_logits = self._lookup(chosen, bucket, gamma), None
         else:
-            tokens, all_logits = [], []
+            tokens, all_log_probs = [], []
             for position in range(gamma):  # the draft's own stream (index: the draft, not the arm)
-                token, _ = self.sample(logits, params, key, position=position,
-                                       stream=DRAFT_STREAM_BASE + 16 * index)
+                token, log_probs = self.sample(logits, params, key, position=position,
+                                               stream=DRAFT_STREAM_BASE + 16 * index)
                 tokens.append(token)
-                all_logits.append(logits)
+                all_log_probs.append(log_probs)  # exactly the q it sampled from: the verifier reads it as given
                 if position < gamma - 1:
                     logits = chosen.next_draft(token[:, None], (b.lengths + position)[:, None], bucket)[:, 0]
-            drafted, draft_logits = torch.stack(tokens, 1), torch.stack(all_logits, 1)
+            drafted, draft_logits = torch.stack(tokens, 1), torch.stack(all_log_probs, 1)
+        given = draft_logits is not None  # the draft's warped log-probs (`draft_is_log_probs`), or no draft
         target_tokens = torch.cat([b.seq.gather(1, last[:, None]), drafted], 1)
         target_logits = self.target.forward(target_tokens, last[:, None] + offsets, bucket)
         if self.verify_triton:
             from flashspec.kernels import verify_triton
 
             out_tokens, num_accepted = verify_triton(target_logits, draft_logits, drafted, params, key,
-                                                     prefixes=prefixes)
+                                                     prefixes=prefixes, draft_is_log_probs=given)
         else:
-            result = verify_reference(target_logits, draft_logits, drafted, params, key)
+            result = verify_reference(target_logits, draft_logits, drafted, params, key, given)
             out_tokens, num_accepted = result.tokens, result.num_accepted
         if gamma < self.max_gamma:  # -1 past the γ+1 verified tokens: never emitted (offset > num_accepted)
             out_tokens = torch.nn.functional.pad(out_tokens, (0, self.max_gamma - gamma), value=-1)

@@ -2132,8 +2132,8 @@ if log_probs_path.exists():
            f"{max(launch_floors):.2f} µs, one empty launch per run), so a point within 2× by less than that spread "
            "(" + ", ".join(f"B = {p['batch']}, V = {p['vocab']}" for p in marginal) + ") would have missed on another "
            "machine's floor: met within the floor's spread, not beyond it. " if marginal else "")
-        + "The eager engine (`SpeculativeDecoder`) hands the verifier its model drafters' log-probs; the CUDA-graph "
-        "fast path (`FastSpeculativeDecoder`) still passes the draft's logits."))
+        + "Both engines hand the verifier their model drafters' log-probs: the eager `SpeculativeDecoder` and the "
+        "CUDA-graph fast path (`FastSpeculativeDecoder`)."))
 else:
     print(f"the step given the draft's log-probs: {NOT_MEASURED}")
 

@@ -85,6 +85,33 @@ def test_same_seed_same_output_on_fresh_and_reused_decoders(pool):
     assert not torch.equal(first.sequences, other.sequences)
 
 
+def test_model_drafts_are_verified_with_the_log_probs_they_sampled_from(pool, monkeypatch):
+    """A model draft's step hands the verifier the warped log-probs it sampled from (`draft_is_log_probs`: rows that
+    sum to one, no pass over the draft's vocabulary to normalise it); prompt lookup hands no draft distribution."""
+    from flashspec import fast
+
+    target, near, _ = pool
+    calls = []
+    reference = fast.verify_reference
+
+    def recording(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs=False):
+        calls.append((draft_logits, draft_is_log_probs))
+        return reference(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs)
+
+    monkeypatch.setattr(fast, "verify_reference", recording)
+    params = fs.SamplingParams(0.8, top_k=3)
+    FastSpeculativeDecoder(target, [near], gamma=3, backend="torch").generate(
+        PROMPT.expand(2, -1), max_new_tokens=6, sampling=params, seed=1, ignore_eos=True)
+    FastSpeculativeDecoder(target, [PromptLookupDrafter()], gamma=3, backend="torch").generate(
+        PROMPT.expand(2, -1), max_new_tokens=6, sampling=params, seed=1, ignore_eos=True)
+    given = [(logits, flag) for logits, flag in calls if logits is not None]
+    assert given and all(flag for _, flag in given)
+    for log_probs, _ in given:
+        assert torch.allclose(torch.logsumexp(log_probs.double(), dim=-1), torch.zeros(()).double(), atol=1e-5)
+        assert bool((log_probs == float("-inf")).any())  # top-k applied: the warped q, not the logits
+    assert any(logits is None and not flag for logits, flag in calls)
+
+
 def test_requests_of_similar_lengths_share_a_session_and_a_seed_still_fixes_the_run(pool):
     target, near, far = pool
     make = lambda: FastSpeculativeDecoder(target, [near, far, PromptLookupDrafter()], policy="fixed", gamma=3)  # noqa: E731
