@@ -167,22 +167,17 @@ def main(argv: list[str] | None = None) -> int:
                              drafts=config.drafts, rows_per_call=config.rows_per_call,
                              num_sequences=config.num_sequences, passes=result.passes(ALPHA_EACH)))
         report["grid"][backend] = rows
-        log_prob_verifier = library_verifier(backend, args.device if backend == "triton" else None,
-                                             draft_log_probs=True)
-        rows = []
-        for config in tqdm(LOG_PROB_CONFIGS, desc=f"chi-square [{backend}, draft log-probs]"):
-            result = run_config(config, log_prob_verifier, seed=2)
-            rows.append(_row(config.name, result, gamma=config.gamma, params=vars(config.params) | {},
-                             drafts=config.drafts, passes=result.passes(ALPHA_EACH)))
-        report["grid"][f"{backend}_draft_log_probs"] = rows
-        rejection_verifier = library_verifier(backend, args.device if backend == "triton" else None,
-                                              residual="rejection")
-        rows = []
-        for config in tqdm(REJECTION_CONFIGS, desc=f"chi-square [{backend}, residual by rejection]"):
-            result = run_config(config, rejection_verifier, seed=3)
-            rows.append(_row(config.name, result, gamma=config.gamma, params=vars(config.params) | {},
-                             drafts=config.drafts, passes=result.passes(ALPHA_EACH)))
-        report["grid"][f"{backend}_residual_rejection"] = rows
+        # the same exactness with the draft's log-probs given, and with the residual drawn by rejection
+        modes = (("draft_log_probs", {"draft_log_probs": True}, LOG_PROB_CONFIGS, 2),
+                 ("residual_rejection", {"residual": "rejection"}, REJECTION_CONFIGS, 3))
+        for suffix, options, mode_configs, seed in modes:
+            mode_verifier = library_verifier(backend, args.device if backend == "triton" else None, **options)
+            rows = []
+            for config in tqdm(mode_configs, desc=f"chi-square [{backend}, {suffix.replace('_', ' ')}]"):
+                result = run_config(config, mode_verifier, seed=seed)
+                rows.append(_row(config.name, result, gamma=config.gamma, params=vars(config.params) | {},
+                                 drafts=config.drafts, passes=result.passes(ALPHA_EACH)))
+            report["grid"][f"{backend}_{suffix}"] = rows
     controls = []
     for bug, names in tqdm(list(NEGATIVE_CONFIGS.items()), desc="negative controls"):
         for name in names:

@@ -18,7 +18,7 @@ from pathlib import Path
 LOCK = Path(__file__).resolve().parent.parent / "constraints.txt"
 HEADER = """\
 # The exact versions CI ran (Python {python}, Linux x86-64, CPU): `pip install -c constraints.txt -e ".[dev]"`.
-# Refresh: in a fresh venv run `pip install "torch==<newest>" -e ".[dev]"` (no -c), then `python -m pytest`
+# Refresh: in a fresh venv run `pip install "torch==<newest>" -e ".[dev]"` (no -c), then `python -m pytest -n auto`
 # and `bash .ci/run`; when green, `python tools/refresh_lock.py` rewrites this file from that venv and
 # raise the upper bounds in pyproject.toml to what was tested.
 """
