@@ -447,6 +447,58 @@ def plot_one_pass_split(record: dict[str, Any], path: str | Path | None = None) 
 __all__ += ["plot_one_pass_split"]
 
 
+def plot_standings(records: list[dict[str, Any]], path: str | Path | None = None) -> Figure:
+    """The replay bar across every structure of the verify step (`flashspec.bench.standings`), over one or more
+    `flashspec bench verify` records of the same points: per (B, V) and structure, the fastest exact warm replay
+    over the floor (a marker at the runs' median, a line across their range), and the bar at 2x the floor."""
+    from flashspec.bench import STRUCTURES, TARGETS_GRAPH_OVER_FLOOR, standings
+
+    footer = caption(records[0]) if records and "provenance" in records[0] else ""
+    shas = sorted({str(r["provenance"].get("git_sha") or "")[:7] for r in records if "provenance" in r} - {""})
+    if len(records) > 1 and shas:
+        footer += f"; {len(records)} runs, at git {', '.join(shas)}"
+    ratios: dict[tuple[int, int], dict[str, list[float]]] = {}
+    for record in records:
+        for point in _unpack(record, settings=False)[0]["points"]:
+            for name, row in standings(point).items():
+                ratios.setdefault((point["batch"], point["vocab"]), {}).setdefault(name, []).append(row["over_floor"])
+    keys = sorted(ratios, key=lambda key: (key[1], key[0]))
+    names = [name for name in (*STRUCTURES, "two launches given log-probs", "one launch, rejection, given log-probs")
+             if any(name in ratios[key] for key in keys)]
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    ax = fig.add_subplot(1, 1, 1)
+    width = 0.8 / max(len(names), 1)
+    for index, name in enumerate(names):
+        x, mid, low, high = [], [], [], []
+        for position, key in enumerate(keys):
+            values = ratios[key].get(name)
+            if values:
+                x.append(position - 0.4 + width * (index + 0.5))
+                mid.append(float(np.median(values)))
+                low.append(min(values))
+                high.append(max(values))
+        hollow = name.endswith("given log-probs")
+        ax.vlines(x, low, high, colors=f"C{index}", linewidth=1.5)
+        ax.plot(x, mid, "o", color=f"C{index}", mfc="none" if hollow else f"C{index}", ms=6,
+                label=name + (" (floor counts the draft's logits)" if hollow else ""))
+    ax.axhline(TARGETS_GRAPH_OVER_FLOOR, color="k", linestyle="--", linewidth=1,
+               label=f"bar: {TARGETS_GRAPH_OVER_FLOOR:g}x the floor")
+    ax.set_xticks(range(len(keys)), [f"B={b}\nV={v:,}" for b, v in keys], fontsize=8)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(FixedLocator([1, 1.5, 2, 3, 5, 10, 20]))
+    ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.set_ylabel("fastest exact replay / floor")
+    ax.set_title(f"the replay bar, every structure ({len(records)} run{'s' if len(records) != 1 else ''}: "
+                 "marker at the median, line across the runs)", fontsize=9, loc="left")
+    ax.grid(axis="y", alpha=0.3)
+    fig.legend(fontsize=7, loc="outside right upper")
+    return _finish(fig, footer, path)
+
+
+__all__ += ["plot_standings"]
+
+
 def plot_generation_trace(stats: Any, path: str | Path | None = None, window: int = 8) -> Figure:
     """Arm chosen and acceptance at every step of one speculative generation.
 

@@ -1103,6 +1103,46 @@ def test_newest_points_read_each_point_from_the_latest_run_that_timed_it() -> No
     assert newest_points([]) == {}
 
 
+def test_standings_take_each_structures_fastest_exact_replay_and_judge_the_bar_across_runs() -> None:
+    """Every structure's fastest variant that returned the reference's tokens (diagnostics and wrong tokens left out;
+    the one pass judged among rejection variants), the log-probs steps apart, and the bar per point across runs:
+    met in every run, within spread when the runs disagree, missed in all."""
+    from flashspec.bench import STRUCTURES, bar_reached, standings
+
+    def row(overrides: dict, replay: float | None, correct: bool = True) -> dict:
+        return {"overrides": overrides, "graph_warm_us": replay, "tokens_equal_reference": correct}
+
+    def point(batch: int, two: float, one_pass: float, log_probs: float | None = None) -> dict:
+        return {"batch": batch, "vocab": 32000, "floor_us": 4.0, "log_probs_graph_warm_us": log_probs,
+                "log_probs_tokens_equal_reference": True, "variants": {
+                    "two_launch": row({}, two),
+                    "lanes_tiles8": row({"lanes": 1, "sample_max_tiles": 8}, two + 1.0),
+                    "wrong": row({"lanes": 1}, 1.0, correct=False),
+                    "diagnostic_fast_math": row({"precise": 0}, 1.0),
+                    "pdl": row({"pdl": 1}, two + 2.0),
+                    "coop": row({"coop": 1}, None),
+                    "one_pass": row({"residual_rejection": 1}, one_pass),
+                    "diagnostic_one_pass_stream": row({"residual_rejection": 1, "one_pass_stop": 1}, 0.5),
+                }}
+
+    rows = standings(point(1, 9.0, 12.0, log_probs=6.0))
+    assert {name: (r["variant"], r["us"]) for name, r in rows.items()} == {
+        "two launches": ("two_launch", 9.0), "two launches, dependent launch": ("pdl", 11.0),
+        "one launch, rejection": ("one_pass", 12.0), "two launches given log-probs": ("default", 6.0)}
+    assert rows["two launches"]["over_floor"] == 9.0 / 4.0
+    assert set(rows) - {"two launches given log-probs"} <= set(STRUCTURES)
+    runs = [point(1, 7.0, 12.0, 6.0), point(1, 9.0, 12.0, 6.0),  # B=1: the runs disagree
+            point(8, 7.5, 9.0), point(8, 8.0, 7.0),  # B=8: within in both, once by the one pass
+            point(64, 9.0, 10.0), point(64, 10.0, 11.0)]  # B=64: missed in both
+    for p in runs[4:]:
+        p["batch"] = 64
+    judged = bar_reached(runs)
+    assert {key: value["verdict"] for key, value in judged.items()} == {
+        (1, 32000): "within spread", (8, 32000): "met", (64, 32000): "missed"}
+    assert judged[(8, 32000)]["best"] == [("two launches", 7.5 / 4.0), ("one launch, rejection", 7.0 / 4.0)]
+    assert bar_reached(runs, given_log_probs=True)[(1, 32000)]["verdict"] == "met"  # 6.0 / 4.0 in both
+
+
 def test_verdicts_judge_the_eager_bars_at_both_ends_of_the_spread() -> None:
     """A bar met by the medians but not by the pessimistic end of the timings' spreads is 'WITHIN SPREAD',
     one met at both ends 'PASS', one missed at both 'MISS'; records without spreads keep the median verdict."""

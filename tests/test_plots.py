@@ -82,6 +82,30 @@ def test_plot_one_pass_split(tmp_path):
                                      "two launches (race)", "bar: 2x the floor"])
 
 
+def test_plot_standings(tmp_path):
+    """One marker per (point, structure timed there), at the runs' median, a line across the runs' range, and the
+    bar at twice the floor; the log-probs steps hollow."""
+    from flashspec.plots import plot_standings
+
+    def record(two: float) -> dict:
+        points = [{"batch": batch, "vocab": 32000, "floor_us": 4.0, "log_probs_graph_warm_us": 6.0,
+                   "variants": {"two_launch": {"overrides": {}, "graph_warm_us": two * batch}}}
+                  for batch in (1, 8)]
+        return {"settings": {}, "results": {"points": points}}
+
+    path = tmp_path / "standings.png"
+    figure = plot_standings([record(8.0), record(10.0), record(9.0)], path)
+    assert path.stat().st_size > 0
+    ax = figure.axes[0]
+    markers = [line for line in ax.get_lines() if line.get_marker() == "o"]
+    assert [list(line.get_ydata()) for line in markers] == [[9.0 / 4.0, 72.0 / 4.0], [1.5, 1.5]]
+    assert markers[1].get_markerfacecolor() == "none"
+    ranges = ax.collections[0].get_segments()
+    assert [(seg[0][1], seg[1][1]) for seg in ranges] == [(2.0, 2.5), (16.0, 20.0)]
+    labels = [t.get_text() for t in figure.legends[0].get_texts()]
+    assert labels[0] == "two launches" and labels[-1] == "bar: 2x the floor"
+
+
 def test_plot_temperature_fit(tmp_path):
     """A line per calibrated draft over its τ grid and a circle at its fitted τ, from a real_pool-shaped record."""
     from flashspec.plots import plot_temperature_fit
