@@ -2233,6 +2233,103 @@ else:
 
 
 # %% [markdown]
+# ### The bar, across every structure
+#
+# Every structure this chapter built, timed side by side in the same runs at all six points (Triton 3.9): two
+# launches (the plain plan and its tuned variants), the same with the sampling launch a programmatic dependent
+# launch, one launch whose last program samples the whole row (`fused`), one cooperative launch, one launch per
+# row over a thread-block cluster, and the one pass. The floor is measured in each run and moves between runs, so
+# each cell is a structure's fastest exact replay over its own run's floor, one value per run. The steps given the
+# draft's log-probs instead of its logits stand apart: they read fewer bytes than the floor counts where the bytes
+# set it (B = 64, and B = 8 at V = 128256), so there their ratio flatters them.
+
+# %%
+standing_runs = [provenance.load_result(path.stem)
+                 for path in sorted(provenance.results_dir().glob("verify_h200_standings_*.json"))]
+if standing_runs:
+    for run in standing_runs:
+        print(provenance.caption(run))
+    standing_points: dict[tuple[int, int], list[dict]] = {}
+    for run in standing_runs:
+        for p in run["results"]["points"]:
+            standing_points.setdefault((p["batch"], p["vocab"]), []).append(p)
+    columns = {"two launches": "2 launches", "two launches, dependent launch": "PDL", "one launch, fused": "fused",
+               "one launch, cooperative": "coop", "one launch, cluster": "cluster",
+               "one launch, rejection": "one pass", "two launches given log-probs": "2 launches lp",
+               "one launch, rejection, given log-probs": "one pass lp"}
+    width = 6 * len(standing_runs) - 1
+
+    def per_run(values: list[float | None]) -> str:
+        """One value per run, '/'-separated ('-' where a run has none)."""
+        return "/".join("-" if v is None else f"{v:.2f}" for v in values)
+
+    print(f"{'B':>3} {'V':>7} {'floor µs':>{width}} {'chain':>{width}} "
+          + " ".join(f"{name:>{max(width, len(name))}}" for name in columns.values()))
+    for (batch, vocab), runs in sorted(standing_points.items(), key=lambda item: (item[0][1], item[0][0])):
+        rows = [bench.standings(p) for p in runs]
+        chains = [p["variants"].get("two_launch", {}).get("one_launch_chain_floor_us") for p in runs]
+        print(f"{batch:>3} {vocab:>7} {per_run([p['floor_us'] for p in runs]):>{width}} "
+              f"{per_run([c / p['floor_us'] if c else None for c, p in zip(chains, runs)]):>{width}} "
+              + " ".join(f"{per_run([r[name]['over_floor'] if name in r else None for r in rows]):>{max(width, len(short))}}"
+                         for name, short in columns.items()))
+    print("(each structure's fastest exact warm replay / its run's floor, one value per run; chain: the one-launch "
+          "chain probe at the plain plan's stats grid / the floor; lp: given the draft's log-probs)")
+    display(plots.plot_standings(standing_runs))
+    every_point = [p for runs in standing_points.values() for p in runs]
+    judged = bench.bar_reached(every_point)
+    judged_lp = bench.bar_reached(every_point, given_log_probs=True)
+
+    def named(keys) -> str:
+        return ", ".join(f"B={b} V={v}" for b, v in keys) or "none"
+
+    def best_text(key, table) -> str:
+        return "/".join(f"{ratio:.2f}× ({name})" for name, ratio in table[key]["best"])
+
+    verdict_keys = {label: [k for k, row in judged.items() if row["verdict"] == label]
+                    for label in ("met", "within spread", "missed")}
+    lp_met = [k for k, row in judged_lp.items() if row["verdict"] == "met"]
+    small = [k for k in standing_points if k[0] <= 8]
+    chain_share = [p["variants"]["two_launch"]["one_launch_chain_floor_us"] / (2 * p["floor_us"])
+                   for k in small for p in standing_points[k]
+                   if p["variants"].get("two_launch", {}).get("one_launch_chain_floor_us")]
+    widest = max(standing_points, key=lambda k: (k[0] <= 8, k[1], k[0]))  # B = 8 at the larger V
+    stats_alone, stream_alone, left_us, empty_us = [], [], [], []
+    for run in standing_runs:
+        p = next(q for q in run["results"]["points"] if (q["batch"], q["vocab"]) == widest)
+        two = bench.best_replay(p, bench.STRUCTURES["two launches"])
+        if two and p["variants"][two[0]].get("stats_kernel_warm_us"):
+            stats_alone.append(p["variants"][two[0]]["stats_kernel_warm_us"] / (2 * p["floor_us"]))
+            left_us.append(2 * p["floor_us"] - p["variants"][two[0]]["stats_kernel_warm_us"])
+            empty_us.append(run["results"]["floors"].get("empty_launch_graph_warm_us"))
+        stream = p["variants"].get("diagnostic_one_pass_stream", {}).get("graph_warm_us")
+        if stream:
+            stream_alone.append(stream / (2 * p["floor_us"]))
+    display(Markdown(
+        f"**The replay bar, with the draft's logits as the issue poses the step: met at "
+        f"{len(verdict_keys['met'])} of {len(judged)} points** ({named(verdict_keys['met'])}), within the runs' "
+        f"spread at {len(verdict_keys['within spread'])} ({named(verdict_keys['within spread'])}), missed in every "
+        f"run at {len(verdict_keys['missed'])} ("
+        + "; ".join(f"B={b} V={v}: best {best_text((b, v), judged)}" for b, v in verdict_keys["missed"])
+        + f"). Given the draft's log-probs, every run is within the bar at {len(lp_met)} of {len(judged_lp)} "
+        f"points ({named(lp_met)}). "
+        + (f"At B ≤ 8 the floor is one launch, and the chain of a single launch with no arithmetic (stream, "
+           f"ticket, partials, a sample's loads, the store) already takes {min(chain_share):.0%}–"
+           f"{max(chain_share):.0%} of the bar; the two log-sum-exps over every logit, the accept test and the "
+           "residual's draw must fit in what is left. " if chain_share else "")
+        + (f"At B = {widest[0]}, V = {widest[1]} the fastest two-launch plan's stats kernel alone takes "
+           f"{'/'.join(f'{r:.0%}' for r in stats_alone)} of the bar, leaving "
+           f"{'/'.join(f'{u:.2f}' for u in left_us)} µs for the sampling launch, whose structure (its launch, "
+           "the accept outcome, its row, the winners) is a chain of dependent round trips; an empty launch alone "
+           f"replays in {'/'.join('-' if u is None else f'{u:.2f}' for u in empty_us)} µs"
+           if stats_alone else "")
+        + (f"; the one pass's streaming part alone takes {'/'.join(f'{r:.0%}' for r in stream_alone)} of the bar"
+           if stream_alone else "")
+        + "."))
+else:
+    print(f"the structures side by side: {NOT_MEASURED} (no results/verify_h200_standings_*.json)")
+
+
+# %% [markdown]
 # ## What it changes end to end
 #
 # A faster verification step matters only as much as verification weighs in a whole engine step, which also runs
