@@ -515,6 +515,22 @@ else:
                              f"{len(op_points)} points: its last program's dependent round trips cost what the "
                              "launch saved (`results/verify_h200_one_pass_tail_7370da2.json`, chapter 2, \"One "
                              "launch, built\")")
+    standing_files = sorted(RESULTS.glob("verify_h200_standings_*.json"))
+    if standing_files:  # every structure side by side in the same runs
+        standing_points = [p for path in standing_files for p in committed(path.name)["results"]["points"]]
+        judged = bench.bar_reached(standing_points)
+        judged_lp = bench.bar_reached(standing_points, given_log_probs=True)
+        met = [key for key, row in judged.items() if row["verdict"] == "met"]
+        met_lp = [key for key, row in judged_lp.items() if row["verdict"] == "met"]
+        cluster_text += (f"; every structure side by side in {len(standing_files)} runs at all six points (two "
+                         "launches, a dependent launch, fused, cooperative, cluster, the one pass), each point's "
+                         f"fastest exact replay is within 2× its run's floor in every run at {len(met)} of "
+                         f"{len(judged)} points with the draft's logits ("
+                         + (", ".join(f"B = {b}, V = {v}" for b, v in met) or "none")
+                         + f") and {len(met_lp)} given its log-probs ("
+                         + (", ".join(f"B = {b}, V = {v}" for b, v in met_lp) or "none")
+                         + "; chapter 2, \"The bar, across every structure\"; "
+                         + ", ".join(f"`results/{path.name}`" for path in standing_files) + ")")
     add_claim(
         KERNEL_CLAIM,
         ("reproduced" if eager_met and floor_met else "half reproduced" if eager_met or floor_met
