@@ -485,7 +485,7 @@ def plot_standings(records: list[dict[str, Any]], path: str | Path | None = None
                label=f"bar: {TARGETS_GRAPH_OVER_FLOOR:g}x the floor")
     ax.set_xticks(range(len(keys)), [f"B={b}\nV={v:,}" for b, v in keys], fontsize=8)
     ax.set_yscale("log")
-    ax.yaxis.set_major_locator(FixedLocator([1, 1.5, 2, 3, 5, 10, 20]))
+    ax.yaxis.set_major_locator(FixedLocator([1, 1.5, 2, 3, 5, 10, 20, 40]))
     ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
     ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_ylabel("fastest exact replay / floor")

@@ -2241,7 +2241,9 @@ else:
 # row over a thread-block cluster, and the one pass. The floor is measured in each run and moves between runs, so
 # each cell is a structure's fastest exact replay over its own run's floor, one value per run. The steps given the
 # draft's log-probs instead of its logits stand apart: they read fewer bytes than the floor counts where the bytes
-# set it (B = 64, and B = 8 at V = 128256), so there their ratio flatters them.
+# set it (B = 64, and B = 8 at V = 128256), so there their ratio flatters them. The runs are
+# `results/verify_h200_standings_*.json`: the same commit and command three times, twice on one machine a minute
+# apart and once on a fresh one.
 
 # %%
 standing_runs = [provenance.load_result(path.stem)
@@ -2324,6 +2326,13 @@ if standing_runs:
            if stats_alone else "")
         + (f"; the one pass's streaming part alone takes {'/'.join(f'{r:.0%}' for r in stream_alone)} of the bar"
            if stream_alone else "")
+        + ". The eager bars in the same runs (the default plan, paired with the honest baseline): "
+        + "; ".join(f"{label} " + ", ".join(
+            f"{bar['verdict']} {bar['measured']:.1f}×" + (f" ({bar['range'][0]:.1f}–{bar['range'][1]:.1f}×)"
+                                                          if bar.get("range") else "")
+            for bar in (run["results"]["verdicts"][name]["as_run"] for run in standing_runs))
+                    for label, name in (("≥ 10× at B ≤ 8:", "honest_over_eager_min_for_batch_le_8"),
+                                        ("≥ 3× at B = 64:", "honest_over_eager_at_batch_64")))
         + "."))
 else:
     print(f"the structures side by side: {NOT_MEASURED} (no results/verify_h200_standings_*.json)")
