@@ -377,7 +377,13 @@ else:
 
 KERNEL_CLAIM = ("The Triton verify step beats the verify a user would write in PyTorch (≥ 10× eager at "
                 "B ≤ 8, ≥ 3× at B = 64) and replays from a CUDA graph within 2× its floor")
-verdicts = (verify_bench or {}).get("results", {}).get("verdicts")
+# the bars as the newest run of every structure side by side reads them, else the benchmark's first record
+standing_files = sorted(RESULTS.glob("verify_h200_standings_*.json"))
+standing_runs = {path.name: committed(path.name) for path in standing_files}
+kernel_file = (max(standing_runs, key=lambda name: str(standing_runs[name]["provenance"].get("date_utc") or ""))
+               if standing_runs else "verify_h200.json")
+kernel_bench = standing_runs.get(kernel_file, verify_bench)
+verdicts = (kernel_bench or {}).get("results", {}).get("verdicts")
 if not verdicts:
     add_claim(KERNEL_CLAIM, "pending: `flashspec bench verify` with the honest baseline on a GPU",
               "`results/verify_h200.json` (no verdicts in the committed record)")
@@ -398,10 +404,12 @@ else:
         shortest = bench.shortest_chain_floor(point)
         return point.get("best_chain_floor_us") if shortest is None else shortest
 
-    chains = [shortest_chain(p) / p["floor_us"] for p in verify_bench["results"]["points"]
+    chains = [shortest_chain(p) / p["floor_us"] for p in kernel_bench["results"]["points"]
               if p["batch"] <= 8 and shortest_chain(p) is not None]
-    coop_timed = any(row["overrides"].get("coop") for p in verify_bench["results"]["points"]
+    coop_timed = any(row["overrides"].get("coop") for p in kernel_bench["results"]["points"]
                      for row in p.get("variants", {}).values())
+    one_pass_timed = any(bench.is_rejection(row["overrides"]) and row.get("chain_floor_us") is not None
+                         for p in kernel_bench["results"]["points"] for row in p.get("variants", {}).values())
     cluster_files = sorted(RESULTS.glob("verify_cluster*_h200_triton39.json"))
     cluster_ratios = [ratio for path in cluster_files for point in committed(path.name)["results"]["points"]
                       if (ratio := bench.cluster_over_others(point)) is not None]
@@ -515,9 +523,8 @@ else:
                              f"{len(op_points)} points: its last program's dependent round trips cost what the "
                              "launch saved (`results/verify_h200_one_pass_tail_7370da2.json`, chapter 2, \"One "
                              "launch, built\")")
-    standing_files = sorted(RESULTS.glob("verify_h200_standings_*.json"))
-    if standing_files:  # every structure side by side in the same runs
-        standing_points = [p for path in standing_files for p in committed(path.name)["results"]["points"]]
+    if standing_runs:  # every structure side by side in the same runs
+        standing_points = [p for run in standing_runs.values() for p in run["results"]["points"]]
         judged = bench.bar_reached(standing_points)
         judged_lp = bench.bar_reached(standing_points, given_log_probs=True)
         met = [key for key, row in judged.items() if row["verdict"] == "met"]
@@ -541,11 +548,15 @@ else:
         "fastest launch plan"
         + (f"; at B ≤ 8 the shortest dependency chain of any timed structure (two launches"
            + (", with or without a dependent launch, or one cooperative launch" if coop_timed else "")
-           + f") is alone {min(chains):.1f}–{max(chains):.1f}× the floor, so that bar needs the V-chunks to meet "
-           "off global memory (chapter 2, \"Two attempts at a shorter chain\")" if chains else "")
+           + (", or the one pass's single launch" if one_pass_timed else "")
+           + f") is alone {min(chains):.1f}–{max(chains):.1f}× the floor"
+           + (", so that bar needs the V-chunks to meet off global memory" if min(chains) >= 2 else
+              f", which leaves the step's own work {2 - max(chains):.1f}–{2 - min(chains):.1f}× the floor")
+           + " (chapter 2, \"Two attempts at a shorter chain\")" if chains else "")
         + cluster_text,
-        "chapter 2, \"What it costs\"; `results/verify_h200.json` "
-        f"({provenance.caption(verify_bench)}); the floor is one launch or the bytes over the copy bandwidth")
+        "chapter 2, \"What it costs\" and \"The bar, across every structure\"; the verdicts from "
+        f"`results/{kernel_file}` ({provenance.caption(kernel_bench)}); the floor is one launch or the bytes over the "
+        "copy bandwidth")
 
 # %% [markdown]
 # ## Bandits
