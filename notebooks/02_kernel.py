@@ -2295,7 +2295,7 @@ if standing_runs:
                    for k in small for p in standing_points[k]
                    if p["variants"].get("two_launch", {}).get("one_launch_chain_floor_us")]
     widest = max(standing_points, key=lambda k: (k[0] <= 8, k[1], k[0]))  # B = 8 at the larger V
-    stats_alone, stream_alone, left_us, empty_us = [], [], [], []
+    stats_alone, stream_alone, left_us, empty_us, two_chain = [], [], [], [], []
     for run in standing_runs:
         p = next(q for q in run["results"]["points"] if (q["batch"], q["vocab"]) == widest)
         two = bench.best_replay(p, bench.STRUCTURES["two launches"])
@@ -2303,6 +2303,8 @@ if standing_runs:
             stats_alone.append(p["variants"][two[0]]["stats_kernel_warm_us"] / (2 * p["floor_us"]))
             left_us.append(2 * p["floor_us"] - p["variants"][two[0]]["stats_kernel_warm_us"])
             empty_us.append(run["results"]["floors"].get("empty_launch_graph_warm_us"))
+        if p["variants"].get("two_launch", {}).get("chain_floor_us"):
+            two_chain.append(p["variants"]["two_launch"]["chain_floor_us"] / (2 * p["floor_us"]))
         stream = p["variants"].get("diagnostic_one_pass_stream", {}).get("graph_warm_us")
         if stream:
             stream_alone.append(stream / (2 * p["floor_us"]))
@@ -2323,6 +2325,8 @@ if standing_runs:
            f"{'/'.join(f'{u:.2f}' for u in left_us)} µs for the sampling launch, whose structure (its launch, "
            "the accept outcome, its row, the winners) is a chain of dependent round trips; an empty launch alone "
            f"replays in {'/'.join('-' if u is None else f'{u:.2f}' for u in empty_us)} µs"
+           + (f", and the two launches' chain probe, with no arithmetic at all, already takes "
+              f"{'/'.join(f'{r:.0%}' for r in two_chain)} of the bar" if two_chain else "")
            if stats_alone else "")
         + (f"; the one pass's streaming part alone takes {'/'.join(f'{r:.0%}' for r in stream_alone)} of the bar"
            if stream_alone else "")
