@@ -24,6 +24,7 @@ from triton.language import core as tlcore  # noqa: F401  (the interpreter patch
 from flashspec.kernels.sample_pass import _sample_program
 from flashspec.kernels.shims import _online_lse, _scale, interpreting
 from flashspec.kernels.rng import device_function
+from flashspec.kernels.stats_pass import _store_partials
 
 
 def barrier_phases(meta: dict) -> list[dict]:
@@ -60,14 +61,8 @@ def _row_partials(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, row, split,
             y = tl.load(draft_ptr + draft_rows[:, None] + cols[None, :], mask=draft_ok[:, None] & col_ok,
                         other=float("-inf"))
             q_max, q_sum = _online_lse(q_max, q_sum, _scale(y.to(tl.float32), scale, SCALE_MODE))
-    width = 2 * gamma + 1
-    out_target = (row64 * width + positions) * num_splits + split
-    tl.store(part_max_ptr + out_target, p_max, mask=target_ok)
-    tl.store(part_sum_ptr + out_target, p_sum, mask=target_ok)
-    if HAS_DRAFT == 1:
-        out_draft = (row64 * width + gamma + 1 + positions) * num_splits + split
-        tl.store(part_max_ptr + out_draft, q_max, mask=draft_ok)
-        tl.store(part_sum_ptr + out_draft, q_sum, mask=draft_ok)
+    _store_partials(part_max_ptr, part_sum_ptr, row64, positions, split, gamma, num_splits,
+                    p_max, p_sum, q_max, q_sum, target_ok, draft_ok, HAS_DRAFT)
 
 
 @device_function

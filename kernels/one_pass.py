@@ -30,7 +30,7 @@ from flashspec.kernels.rng import device_function
 from flashspec.kernels.sample_pass import _accept, _race, _write_outputs
 from flashspec.kernels.shims import (_draft_scale, _exp, _log, _log1p, _max, _max_index, _min, _online_lse, _scale,
                                      _sum, _sum_exp_term)
-from flashspec.kernels.stats_pass import _chunk_stats
+from flashspec.kernels.stats_pass import _chunk_stats, _store_partials
 
 BLOCK_NOISE_INDEX = tl.constexpr(sampling.BLOCK_NOISE_INDEX)
 PROPOSAL_ACCEPT_INDEX = tl.constexpr(sampling.PROPOSAL_ACCEPT_INDEX)
@@ -79,14 +79,8 @@ def _chunk_block_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, block_
             y = tl.load(draft_ptr + draft_row[:, None] + cols[None, :], mask=mask & has_draft_row[:, None],
                         other=float("-inf"))
             q_max, q_sum = _online_lse(q_max, q_sum, _scale(y.to(tl.float32), scale, SCALE_MODE))
-    width = 2 * gamma + 1
-    out_target = (rows64 * width + position) * num_splits + split
-    tl.store(part_max_ptr + out_target, p_max, mask=row_ok)
-    tl.store(part_sum_ptr + out_target, p_sum, mask=row_ok)
-    if HAS_DRAFT == 1:
-        out_draft = (rows64 * width + gamma + 1 + position) * num_splits + split
-        tl.store(part_max_ptr + out_draft, q_max, mask=row_ok & has_draft_row)
-        tl.store(part_sum_ptr + out_draft, q_sum, mask=row_ok & has_draft_row)
+    _store_partials(part_max_ptr, part_sum_ptr, rows64, position, split, gamma, num_splits,
+                    p_max, p_sum, q_max, q_sum, row_ok, row_ok & has_draft_row, HAS_DRAFT)
 
 
 @device_function

@@ -13,6 +13,23 @@ from flashspec.kernels.sample_pass import _accept, _store_accept
 from flashspec.kernels.shims import _fold_first_max, _lanes_lse, _online_lse, _scale, gdc_launch_dependents
 
 
+# ----------------------------------------------------------------------------- the partials' layout
+@device_function
+def _store_partials(part_max_ptr, part_sum_ptr, rows64, positions, split, gamma, num_splits,
+                    p_max, p_sum, q_max, q_sum, target_ok, draft_ok, HAS_DRAFT: tl.constexpr):
+    """Store one V-chunk's log-sum-exp partials where every reader looks for them: [B, 2γ+1, S], the target's row
+    at `position` in slot `position` and the draft's (HAS_DRAFT 1: logits) in slot γ+1+`position`. `rows64` and
+    `positions` broadcast: [BLOCK_B] rows at one position, or one row at [BLOCK_P] positions."""
+    width = 2 * gamma + 1
+    out_target = (rows64 * width + positions) * num_splits + split
+    tl.store(part_max_ptr + out_target, p_max, mask=target_ok)
+    tl.store(part_sum_ptr + out_target, p_sum, mask=target_ok)
+    if HAS_DRAFT == 1:
+        out_draft = (rows64 * width + gamma + 1 + positions) * num_splits + split
+        tl.store(part_max_ptr + out_draft, q_max, mask=draft_ok)
+        tl.store(part_sum_ptr + out_draft, q_sum, mask=draft_ok)
+
+
 # ----------------------------------------------------------------------------- launch 1
 @device_function
 def _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr,
@@ -29,9 +46,8 @@ def _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr
     target_row = (rows64 * (gamma + 1) + position) * vocab
     lanes = tl.arange(0, BLOCK_V).to(tl.int64)
     first = split.to(tl.int64) * CHUNK
-    width = 2 * gamma + 1
-    out_target = (rows64 * width + position) * num_splits + split
-    if GREEDY:
+    if GREEDY:  # a (max, first argmax) partial in the log-sum-exp partials' slot
+        out_target = (rows64 * (2 * gamma + 1) + position) * num_splits + split
         best = tl.full([BLOCK_B], float("-inf"), tl.float32)
         best_idx = tl.zeros([BLOCK_B], tl.int32)
         for start in range(0, CHUNK, BLOCK_V):
@@ -80,12 +96,8 @@ def _chunk_stats(target_ptr, draft_ptr, part_max_ptr, part_sum_ptr, part_idx_ptr
         if LANE_ELEMS > 0:
             p_max, p_sum = _lanes_lse(p_max, p_sum)
             q_max, q_sum = _lanes_lse(q_max, q_sum)
-        tl.store(part_max_ptr + out_target, p_max, mask=row_ok)
-        tl.store(part_sum_ptr + out_target, p_sum, mask=row_ok)
-        if HAS_DRAFT == 1:
-            out_draft = (rows64 * width + gamma + 1 + position) * num_splits + split
-            tl.store(part_max_ptr + out_draft, q_max, mask=row_ok & has_draft_row)
-            tl.store(part_sum_ptr + out_draft, q_sum, mask=row_ok & has_draft_row)
+        _store_partials(part_max_ptr, part_sum_ptr, rows64, position, split, gamma, num_splits,
+                        p_max, p_sum, q_max, q_sum, row_ok, row_ok & has_draft_row, HAS_DRAFT)
 
 
 @triton.jit
