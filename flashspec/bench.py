@@ -936,6 +936,13 @@ STRUCTURES: dict[str, Callable[[dict], bool]] = {
 }
 
 
+# The default steps given the draft's log-probs instead of its logits, as `standings` names them: (name, the point's
+# replay key, the point's key saying its tokens equalled the reference's)
+GIVEN_LOG_PROBS = (("two launches given log-probs", "log_probs_graph_warm_us", "log_probs_tokens_equal_reference"),
+                   ("one launch, rejection, given log-probs", "rejection_log_probs_graph_warm_us",
+                    "rejection_log_probs_tokens_equal_reference"))
+
+
 def standings(point: dict) -> dict[str, dict]:
     """The fastest exact warm replay of each structure a point's variants timed (`STRUCTURES`; diagnostics and
     variants whose tokens differ from the reference left out): {structure: {"variant", "us", "over_floor"}}, and
@@ -948,10 +955,7 @@ def standings(point: dict) -> dict[str, dict]:
         best = _best(chosen, "graph_warm_us", rejection=name == "one launch, rejection")
         if best is not None:
             rows[name] = {"variant": best, "us": chosen[best]["graph_warm_us"]}
-    for name, key, correct in (("two launches given log-probs", "log_probs_graph_warm_us",
-                                "log_probs_tokens_equal_reference"),
-                               ("one launch, rejection, given log-probs", "rejection_log_probs_graph_warm_us",
-                                "rejection_log_probs_tokens_equal_reference")):
+    for name, key, correct in GIVEN_LOG_PROBS:
         if point.get(key) is not None and point.get(correct, True):
             rows[name] = {"variant": "default", "us": point[key]}
     for row in rows.values():
@@ -968,7 +972,7 @@ def bar_reached(points: list[dict], bar: float = TARGETS_GRAPH_OVER_FLOOR, given
     by_point: dict[tuple[int, int], list[tuple[str, float]]] = {}
     for point in points:
         rows = {name: row for name, row in standings(point).items()
-                if given_log_probs or not name.endswith("given log-probs")}
+                if given_log_probs or name not in {given[0] for given in GIVEN_LOG_PROBS}}
         if rows:
             name = min(rows, key=lambda n: rows[n]["over_floor"])
             by_point.setdefault((point["batch"], point["vocab"]), []).append((name, rows[name]["over_floor"]))

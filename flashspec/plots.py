@@ -451,7 +451,7 @@ def plot_standings(records: list[dict[str, Any]], path: str | Path | None = None
     """The replay bar across every structure of the verify step (`flashspec.bench.standings`), over one or more
     `flashspec bench verify` records of the same points: per (B, V) and structure, the fastest exact warm replay
     over the floor (a marker at the runs' median, a line across their range), and the bar at 2x the floor."""
-    from flashspec.bench import STRUCTURES, TARGETS_GRAPH_OVER_FLOOR, standings
+    from flashspec.bench import GIVEN_LOG_PROBS, STRUCTURES, TARGETS_GRAPH_OVER_FLOOR, standings
 
     footer = caption(records[0]) if records and "provenance" in records[0] else ""
     shas = sorted({str(r["provenance"].get("git_sha") or "")[:7] for r in records if "provenance" in r} - {""})
@@ -463,7 +463,8 @@ def plot_standings(records: list[dict[str, Any]], path: str | Path | None = None
             for name, row in standings(point).items():
                 ratios.setdefault((point["batch"], point["vocab"]), {}).setdefault(name, []).append(row["over_floor"])
     keys = sorted(ratios, key=lambda key: (key[1], key[0]))
-    names = [name for name in (*STRUCTURES, "two launches given log-probs", "one launch, rejection, given log-probs")
+    log_probs = [given[0] for given in GIVEN_LOG_PROBS]
+    names = [name for name in (*STRUCTURES, *log_probs)
              if any(name in ratios[key] for key in keys)]
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
@@ -477,7 +478,7 @@ def plot_standings(records: list[dict[str, Any]], path: str | Path | None = None
                 mid.append(float(np.median(values)))
                 low.append(min(values))
                 high.append(max(values))
-        hollow = name.endswith("given log-probs")
+        hollow = name in log_probs
         ax.vlines(x, low, high, colors=f"C{index}", linewidth=1.5)
         ax.plot(x, mid, "o", color=f"C{index}", mfc="none" if hollow else f"C{index}", ms=6,
                 label=name + (" (floor counts the draft's logits)" if hollow else ""))
