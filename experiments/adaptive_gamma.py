@@ -1,6 +1,6 @@
 """Adaptive γ on the CPU zoo: fixed γ against a bandit over (draft, γ) arms, per domain.
 
-Per domain of the CPU zoo (`flashspec.zoo.load_zoo("cpu")`), single requests (B = 1) of that domain's
+Per domain of the CPU zoo (`flashspec_lab.zoo.load_zoo("cpu")`), single requests (B = 1) of that domain's
 held-out prompts run through the eager engine with
 
 * ``fixed γ=g``: the domain's best draft at each γ in ``--gammas`` (policy "fixed");
@@ -35,9 +35,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashspec as fs  # noqa: E402
-from flashspec import provenance  # noqa: E402
+from flashspec_lab import provenance  # noqa: E402
 from flashspec.drafters import ModelDrafter  # noqa: E402
-from flashspec.zoo import load_zoo  # noqa: E402
+from flashspec_lab.zoo import load_zoo  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -1,6 +1,6 @@
 """``flashspec bandits``: the bandit experiments behind results/bandits_*.json and their figures.
 
-Four experiments on the regret simulator (`flashspec.simulate`): the paper's Bernoulli toy reproduced
+Four experiments on the regret simulator (`flashspec_lab.simulate`): the paper's Bernoulli toy reproduced
 (``reproduce``), domain switches every 200 / 2000 steps (``nonstationary``), the sensitivity of the windowed,
 discounted and re-prior parameters (``sensitivity``), and a cost-aware draft choice (``cost``).
 
@@ -19,8 +19,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from flashspec import provenance, rewards
-from flashspec.simulate import (
+from flashspec import rewards
+from flashspec_lab import provenance
+from flashspec_lab.simulate import (
     Environment,
     SimulationResult,
     auer_ucb1_bound,
@@ -233,7 +234,7 @@ EXPERIMENTS: dict[str, Callable[[int, int], dict[str, Any]]] = {
 
 
 def _save_figure(name: str, data: dict[str, Any], path: Path) -> None:
-    from flashspec import plots
+    from flashspec_lab import plots
 
     if name == "reproduce":
         plots.plot_reproduced_regret(data, path)

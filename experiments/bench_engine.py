@@ -4,7 +4,7 @@ one run, into results/bench_engine_<device>.json.
     flashspec bench engine                       # the H200 run: B in {1, 8}, γ = 4, 128 new tokens
     flashspec bench engine --tiny --device cpu   # smoke test in seconds (tiny models)
 
-The measurements (models, cells, the median-run rule, the comparisons) are `flashspec.bench_engine`'s.
+The measurements (models, cells, the median-run rule, the comparisons) are `flashspec_lab.bench_engine`'s.
 """
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
-from flashspec import models, provenance
-from flashspec.bench_engine import (
+from flashspec import models
+from flashspec_lab import provenance
+from flashspec_lab.bench_engine import (
     METHODS,
     build_models,
     comparisons,

@@ -43,7 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_runner import copy_bandwidth, floor_bytes, time_calls  # noqa: E402
 
 import flashspec as fs  # noqa: E402
-from flashspec import models, provenance  # noqa: E402
+from flashspec import models  # noqa: E402
+from flashspec_lab import provenance
 from flashspec.drafters import PromptLookupDrafter  # noqa: E402
 from flashspec.engine import SpeculativeDecoder  # noqa: E402
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
@@ -103,7 +104,7 @@ def build(args: argparse.Namespace, device: torch.device) -> tuple[torch.nn.Modu
     """(target, model drafts, zoo or None): the first draft is the one HF assisted generation uses."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     if args.pair == "zoo-gpu":
-        from flashspec import zoo as zoo_module
+        from flashspec_lab import zoo as zoo_module
 
         zoo = zoo_module.load_zoo("cpu" if args.smoke else "gpu", device=str(device), dtype=dtype, progress=False)
         names = sorted(zoo.drafts, key=lambda name: name != "draft-general")  # generalist first
@@ -489,7 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     vocab = target.lm_head.out_features
     for batch in args.batches:
         if zoo is not None:  # held-out Python prompts of the zoo, cycled to fill the batch
-            from flashspec import zoo as zoo_module
+            from flashspec_lab import zoo as zoo_module
 
             pool = zoo_module.prompt_batch(zoo, "python")
             prompt = pool[torch.arange(batch) % pool.shape[0]].to(device)

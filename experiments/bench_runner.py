@@ -33,7 +33,8 @@ from typing import Any
 
 import torch
 
-from flashspec import models, provenance
+from flashspec import models
+from flashspec_lab import provenance
 from flashspec.runner import HAS_ENABLE_GQA, LlamaRunner, attend, bucket_for, capture, fold_mask
 
 CONFIGS: dict[str, Callable[[], Any]] = {

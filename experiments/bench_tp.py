@@ -35,7 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from bench_runner import copy_bandwidth, time_calls  # noqa: E402
 
 import flashspec as fs  # noqa: E402
-from flashspec import models, provenance  # noqa: E402
+from flashspec import models  # noqa: E402
+from flashspec_lab import provenance
 from flashspec.drafters import PromptLookupDrafter  # noqa: E402
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
 from flashspec.runner import capture  # noqa: E402

@@ -4,7 +4,7 @@ bit-exact reference vs a host loop) on a GPU and write results/verify_h200.json.
     flashspec bench verify --out results/verify_h200.json [--batch 1 8 64] [--vocab 32000 128256]
     flashspec bench verify --smoke --out /tmp/verify_smoke.json     # CPU, TRITON_INTERPRET=1, tiny shapes
 
-The measurements are `flashspec.bench`'s; this driver runs them over the grid of batch sizes and
+The measurements are `flashspec_lab.bench`'s; this driver runs them over the grid of batch sizes and
 vocabularies, prints the table, the PASS / MISS verdicts of the targets and the `SHAPE_PLANS` entries to
 paste into flashspec/kernels/plan.py, and writes the file after every point, so a crash keeps what ran.
 The optional tile sweep is skipped when the run is past --budget-s seconds.
@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from flashspec import bench, provenance
+from flashspec_lab import bench, provenance
 from flashspec.kernels.shims import interpreting
 
 TARGETS = bench.TARGETS
@@ -30,7 +30,7 @@ NOTES = ("floor_us = max(empty_launch_us, logit_bytes / bandwidth): one empty Tr
          "Times are medians; the Triton step is verify_triton (a warm step launched straight from its binding) "
          "with the default plan "
          "(kernels.plan.SHAPE_PLANS at the measured commit), triton_api_us is fs.verify(backend='triton') with its "
-         "argument checks. honest_torch_us is flashspec.baseline.verify_pytorch (softmax, gather, rand, "
+         "argument checks. honest_torch_us is flashspec_lab.baseline.verify_pytorch (softmax, gather, rand, "
          "multinomial), timed the same way (do_bench of one call); honest_race_* is the same with an exponential "
          "race (capturable); torch_us is the bit-exact reference, the correctness oracle. *_latency_us (and a "
          "variant's latency_us): one call from an idle GPU to its last kernel's end, the host's launch included (L2 "
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--budget-s", type=float, default=170.0,
                         help="the optional tile sweep starts only before this many seconds of the run")
     parser.add_argument("--variants", nargs="+", default=None, metavar="NAME",
-                        help="time only these launch-plan variants (default: all of flashspec.bench.PLAN_VARIANTS)")
+                        help="time only these launch-plan variants (default: all of flashspec_lab.bench.PLAN_VARIANTS)")
     parser.add_argument("--smoke", action="store_true",
                         help="tiny shapes, host-clock times, no graphs: tests the driver without a GPU")
     parser.add_argument("--git-sha", default=None, help="commit measured (default: $FLASHSPEC_GIT_SHA or git rev-parse)")

@@ -27,10 +27,10 @@ CLUSTER_WORDS = ("mapa", "barrier.cluster", "shared::cluster")
 
 
 def _provenance():
-    """`flashspec.provenance`; loaded from its file when the package is not importable (the probe needs only
+    """`flashspec_lab.provenance`; loaded from its file when the package is not importable (the probe needs only
     Triton, so it runs in a bare environment of any Triton version)."""
     try:
-        from flashspec import provenance
+        from flashspec_lab import provenance
     except ImportError:
         path = Path(__file__).resolve().parents[1] / "flashspec" / "provenance.py"
         spec = importlib.util.spec_from_file_location("_flashspec_provenance", path)

@@ -2,7 +2,7 @@
 which writes the suite's statistics to results/exactness_cpu.json.
 
 Each configuration samples the first L = 3 emitted tokens of speculative decoding on the toy models of
-`flashspec.exactness` and tests their joint law against exact enumeration; tests/test_exactness.py runs the same
+`flashspec_lab.exactness` and tests their joint law against exact enumeration; tests/test_exactness.py runs the same
 grid.  Every test of the family uses the Bonferroni-corrected level ALPHA_EACH.
 
     python -m experiments.exactness --out results/exactness_cpu.json --backends torch triton
@@ -14,8 +14,9 @@ import sys
 import zlib
 from dataclasses import dataclass, replace
 
-from flashspec import provenance, rng
-from flashspec.exactness import (
+from flashspec import rng
+from flashspec_lab import provenance
+from flashspec_lab.exactness import (
     NEGATIVE_CONTROLS,
     FitResult,
     Selector,

@@ -27,10 +27,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flashspec import corpora, provenance, runner, zoo  # noqa: E402
+from flashspec import runner  # noqa: E402
+from flashspec_lab import corpora, provenance, zoo
 from flashspec.features import REGIMES, FeatureDraft, target_states, unroll  # noqa: E402
 from flashspec.sampling import SamplingParams, warp_logits  # noqa: E402
-from flashspec.zoo import distill, measure, training  # noqa: E402
+from flashspec_lab.zoo import distill, measure, training  # noqa: E402
 
 
 def train(draft: FeatureDraft, teacher: torch.nn.Module, streams: list[torch.Tensor], budget_s: float,

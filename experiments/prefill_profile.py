@@ -15,9 +15,9 @@ import time
 
 import torch
 
-from flashspec import provenance
+from flashspec_lab import provenance
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder
-from flashspec.zoo import distill
+from flashspec import models
 
 
 def _sync() -> None:
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("needs a CUDA GPU: it times the fast path's prefill there (--device cpu checks the driver)")
     device = torch.device(args.device)
     target, _ = distill.load_teacher("smollm2-shape", device)
-    draft = distill.draft_from_teacher(target, (0, target.config.num_hidden_layers - 1)).to(device).eval()
+    draft = models.draft_from_teacher(target, (0, target.config.num_hidden_layers - 1)).to(device).eval()
     generator = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, target.config.vocab_size, (1, args.width), generator=generator).to(device)
     mask = torch.ones_like(prompt)

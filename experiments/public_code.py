@@ -10,7 +10,7 @@ cannot see our code.  The child answers requests over a pipe:
 * ``paper_tests``: the paper's own pytest tests, taken from the sdist, on the public code;
 * ``thompson_engine``: the public ``SpeculativeEngine.generate`` with its ``ThompsonSelector`` and toy models.
 
-This process drives the first through the χ² harness of `flashspec.exactness` (same loop, same toy models,
+This process drives the first through the χ² harness of `flashspec_lab.exactness` (same loop, same toy models,
 same exact enumeration, same test) and runs `flashspec.verify` through it as the positive control.
 
 `python -m experiments.public_code` writes results/public_code_<version>.json.
@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from experiments import exactness as grid
-from flashspec import exactness, provenance
+from flashspec_lab import exactness, provenance
 from flashspec.sampling import SamplingParams
 from flashspec.verify import VerifyOutput
 
@@ -262,7 +262,7 @@ def describe(error):
 def info(meta, arrays):
     import importlib.util
     return {"file": relative(flashspec.__file__), "module_version": flashspec.__version__,
-            "sys_path": sys.path, "finds_our_exactness": importlib.util.find_spec("flashspec.exactness") is not None,
+            "sys_path": sys.path, "finds_our_exactness": importlib.util.find_spec("flashspec_lab.exactness") is not None,
             "python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__}, {}
 
 

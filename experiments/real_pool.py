@@ -39,8 +39,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashspec as fs  # noqa: E402
-from flashspec import provenance, switching, zoo  # noqa: E402
-from flashspec.zoo import distill  # noqa: E402
+from flashspec_lab import provenance, switching, zoo  # noqa: E402
+from flashspec_lab.zoo import distill  # noqa: E402
 from flashspec.bandits import make_policy  # noqa: E402
 from flashspec.drafters import PromptLookupDrafter  # noqa: E402
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402

@@ -24,9 +24,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flashspec import corpora, provenance, real, rewards  # noqa: E402
-from flashspec.zoo import training  # noqa: E402
-from flashspec.zoo.config import SIZES  # noqa: E402
+from flashspec import real, rewards  # noqa: E402
+from flashspec_lab import corpora, provenance
+from flashspec_lab.zoo import training  # noqa: E402
+from flashspec_lab.zoo.config import SIZES  # noqa: E402
 
 TOP_K = (1, 2, 3, 4, 6, 8, 16)
 

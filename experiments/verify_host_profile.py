@@ -15,9 +15,10 @@ import pstats
 
 import torch
 
-from flashspec import provenance, rng
-from flashspec.bench import _wall_us
-from flashspec.bench import make_inputs
+from flashspec import rng
+from flashspec_lab import provenance
+from flashspec_lab.bench import _wall_us
+from flashspec_lab.bench import make_inputs
 from flashspec.kernels import prepare_verify, verify_triton
 from flashspec.sampling import SamplingParams
 

@@ -18,9 +18,10 @@ from typing import Callable
 import numpy as np
 import torch
 
-from flashspec import provenance, rng
-from flashspec.baseline import verify_pytorch
-from flashspec.bench import _idle_call_clock, _median_spread, make_inputs
+from flashspec import rng
+from flashspec_lab import provenance
+from flashspec_lab.baseline import verify_pytorch
+from flashspec_lab.bench import _idle_call_clock, _median_spread, make_inputs
 from flashspec.kernels import verify_triton
 from flashspec.sampling import SamplingParams
 

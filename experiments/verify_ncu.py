@@ -21,9 +21,11 @@ from typing import Callable
 
 import torch
 
-from flashspec import provenance, rng
-from flashspec.bench import PLAN_VARIANTS, make_inputs, variant_prepare, variant_step
-from flashspec.kernels import prepare_verify, sass, verify_triton
+from flashspec import rng
+from flashspec_lab import provenance
+from flashspec_lab.bench import PLAN_VARIANTS, make_inputs, variant_prepare, variant_step
+from flashspec.kernels import prepare_verify, verify_triton
+from flashspec_lab.kernels import sass
 from flashspec.sampling import SamplingParams
 
 NVTX_RANGE = "ncu"

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import argparse
 
-from flashspec import provenance
-from flashspec.bench import PLAN_VARIANTS
-from flashspec.kernels import sass
+from flashspec_lab import provenance
+from flashspec_lab.bench import PLAN_VARIANTS
+from flashspec_lab.kernels import sass
 from flashspec.sampling import SamplingParams
 
 POINTS = ((1, 32000), (8, 32000), (64, 32000), (1, 128256), (8, 128256), (64, 128256))

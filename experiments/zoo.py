@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flashspec import corpora, provenance, switching, zoo
-from flashspec.zoo.cache import say
+from flashspec_lab import corpora, provenance, switching, zoo
+from flashspec_lab.zoo.cache import say
 
 
 @dataclass(frozen=True)
@@ -95,7 +95,7 @@ def measure_acceptance(loaded: zoo.Zoo, budget: MeasurementBudget, progress: boo
 
 def measure_switching(loaded: zoo.Zoo, budget: MeasurementBudget, oracle: dict[str, int], progress: bool = True,
                       backend: str = "auto") -> dict[str, Any]:
-    """The domain-switching experiment (`flashspec.switching`) on the zoo's held-out prompts."""
+    """The domain-switching experiment (`flashspec_lab.switching`) on the zoo's held-out prompts."""
     return switching.run_switching_experiment(
         loaded.target, loaded.drafts, loaded.prompts, oracle, budget.switching_requests, budget.switching_block,
         budget.switching_new_tokens, budget.gamma, budget.bandits, progress=progress, backend=backend)
@@ -118,7 +118,7 @@ def report(size: str, out_dir: str | Path, fresh: bool = False, device: str | No
     Files: zoo_<size>_build.json, zoo_<size>_perplexity.json, zoo_<size>_acceptance.json/.png,
     zoo_<size>_switching.json, zoo_<size>_switching_trace.png (6 files).
     """
-    from flashspec import plots
+    from flashspec_lab import plots
 
     config = zoo.get_config(size)
     budget = budget or BUDGETS[config.size]

@@ -2,7 +2,7 @@
 
 A run takes one zoo variant -- a tokenizer and target trained with the size's config plus ``--overrides``,
 built once under ``--work-dir`` -- and trains several draft recipes on it with the zoo's own training plan
-(`flashspec.zoo.training_plan`), scoring each by the exact teacher-forced acceptance Σ min(p, q) (T = 1) and
+(`flashspec_lab.zoo.training_plan`), scoring each by the exact teacher-forced acceptance Σ min(p, q) (T = 1) and
 the held-out perplexity on every domain.  ``margins``: a specialist's acceptance on its own domain minus the
 best other draft's there (the zoo asks for 0.10 on every domain).
 
@@ -29,8 +29,9 @@ from typing import Any
 
 import torch
 
-from flashspec import corpora, models, provenance, zoo
-from flashspec.zoo import GENERALIST, ModelSpec, ZooConfig
+from flashspec import models
+from flashspec_lab import corpora, provenance, zoo
+from flashspec_lab.zoo import GENERALIST, ModelSpec, ZooConfig
 
 MODES = ("from-scratch", "fine-tuned")
 

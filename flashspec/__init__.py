@@ -20,7 +20,3 @@ from flashspec.models import load_model  # noqa: E402
 
 __all__ += ["drafters", "engine", "models", "stats", "SpeculativeDecoder", "generate", "ModelDrafter",
             "PromptLookupDrafter", "load_model", "FastSpeculativeDecoder", "FastPlainDecoder"]
-
-from flashspec import corpora, switching, zoo  # noqa: E402  (offline model zoo: corpora, models, switching workload)
-
-__all__ += ["corpora", "switching", "zoo"]

@@ -602,11 +602,11 @@ class TextStreamer:
 
 
 def zoo_models(size: str, device: str | None) -> tuple[Any, list[Any], Any]:
-    """The offline model zoo's target, drafts and tokenizer (flashspec.zoo builds and caches them)."""
+    """The offline model zoo's target, drafts and tokenizer (flashspec_lab.zoo builds and caches them)."""
     try:
-        from flashspec import zoo
+        from flashspec_lab import zoo
     except ImportError as error:
-        raise ValueError(f"--zoo needs flashspec.zoo, which failed to import ({error})") from error
+        raise ValueError(f"--zoo needs flashspec_lab.zoo, which failed to import ({error})") from error
     loaded = zoo.load_zoo(size, device=device)
     return loaded.target, list(loaded.drafts.values()), loaded.tokenizer
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from flashspec import runner
+from flashspec import models, runner
 
 FEATURES_FILE = "feature_draft.json"
 WEIGHTS_FILE = "feature_draft.safetensors"
@@ -51,10 +51,8 @@ class FeatureDraft(torch.nn.Module):
     def from_target(cls, target: torch.nn.Module, layers: tuple[int, ...],
                     feature_layers: tuple[int, ...]) -> "FeatureDraft":
         """A feature draft whose decoder layers start as copies of the target's `layers` (its embedding, norm
-        and head copied, the embedding frozen: `flashspec.zoo.distill.draft_from_teacher`), in float32 on the CPU."""
-        from flashspec.zoo.distill import draft_from_teacher
-
-        return cls(draft_from_teacher(target, layers), feature_layers).to(torch.float32)
+        and head copied, the embedding frozen: `flashspec.models.draft_from_teacher`), in float32 on the CPU."""
+        return cls(models.draft_from_teacher(target, layers), feature_layers).to(torch.float32)
 
     @property
     def config(self) -> Any:

@@ -7,6 +7,7 @@ code so tests, the CLI default and benchmarks need no download.
 """
 from __future__ import annotations
 
+import copy
 import importlib
 import string
 from typing import Any
@@ -305,6 +306,30 @@ def char_tokenizer() -> Any:
     return PreTrainedTokenizerFast(
         tokenizer_object=backend, unk_token="<unk>", bos_token="<s>", eos_token="</s>", pad_token="</s>"
     )
+
+
+def draft_from_teacher(teacher: torch.nn.Module, layers: tuple[int, ...]) -> torch.nn.Module:
+    """A float32 CPU copy of `teacher` keeping only the decoder layers `layers` (in that order), with its
+    embedding, final norm and head; the embedding and head are frozen."""
+    from transformers import AutoModelForCausalLM
+
+    config = copy.deepcopy(teacher.config)
+    config.num_hidden_layers = len(layers)
+    if getattr(config, "layer_types", None) is not None:
+        config.layer_types = [config.layer_types[i] for i in layers]
+    draft = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    source = teacher.model
+    with torch.no_grad():
+        draft.model.embed_tokens.load_state_dict(source.embed_tokens.state_dict())
+        draft.model.norm.load_state_dict(source.norm.state_dict())
+        for index, layer in enumerate(layers):
+            draft.model.layers[index].load_state_dict(source.layers[layer].state_dict())
+        if not config.tie_word_embeddings:
+            draft.lm_head.load_state_dict(teacher.lm_head.state_dict())
+    draft.tie_weights()
+    for parameter in (draft.model.embed_tokens.weight, draft.lm_head.weight):
+        parameter.requires_grad_(False)
+    return draft.to("cpu", torch.float32).eval()
 
 
 def vocab_size_of(model: torch.nn.Module) -> int:

@@ -167,7 +167,7 @@ print(f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
 # %% [markdown]
 # ## Checking it by exact enumeration
 #
-# The toy models come from `flashspec.exactness`, the harness the test suite uses: autoregressive "models" over
+# The toy models come from `flashspec_lab.exactness`, the harness the test suite uses: autoregressive "models" over
 # $V=4$ tokens whose logits depend on the previous two tokens and the position, so every sequence probability can
 # be enumerated. The target and two drafts are independent random tables, deliberately unlike each other. Both
 # models are warped by `fs.warp_logits`, the function `verify` itself uses.
@@ -184,7 +184,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from flashspec import exactness
+from flashspec_lab import exactness
 
 VOCAB, LENGTH = 4, 3
 target = exactness.make_toy(VOCAB, seed=1)

@@ -197,7 +197,7 @@ print(f"log space:         log p(x) - log q(x) = {log_ratio.item():.3f}"
 # passes it.
 
 # %%
-from flashspec import exactness
+from flashspec_lab import exactness
 
 logits_row = 3.0 * torch.randn(VOCAB, generator=torch.Generator().manual_seed(3))
 half = fs.SamplingParams(temperature=0.5)
@@ -569,14 +569,14 @@ for label, (t_logits, d_logits, d_tokens, params) in checks.items():
 # %% [markdown]
 # ## What it costs
 #
-# On a CUDA GPU the next cell measures the step live with the library's benchmark functions (`flashspec.bench`,
+# On a CUDA GPU the next cell measures the step live with the library's benchmark functions (`flashspec_lab.bench`,
 # medians of `triton.testing.do_bench`); everywhere it shows the committed NVIDIA H200 run of
 # `flashspec bench verify`. The columns that matter, side by side:
 #
 # - the **floor**: the larger of one empty Triton launch (timed like the step) and the bytes the step must read
 #   divided by the measured copy bandwidth. At small $B$ the launch term sets it: the floor includes a
 #   launch latency, it is not a pure bandwidth bound;
-# - the **honest baseline**: the verify a user would write in PyTorch (`flashspec.baseline.verify_pytorch`:
+# - the **honest baseline**: the verify a user would write in PyTorch (`flashspec_lab.baseline.verify_pytorch`:
 #   softmax over $V$, gather $p$ and $q$ at the drafted tokens, accept, residual by `torch.multinomial`, vectorised
 #   over $B$), timed the same way as the Triton step. It is exact but draws from torch's generator. The bit-exact
 #   PyTorch reference `fs.verify(backend="torch")` hashes $V$ uniforms per row in int64 torch ops: it is the
@@ -595,7 +595,7 @@ import textwrap
 from IPython.display import Markdown, display
 from matplotlib.figure import Figure
 
-from flashspec import bench, plots, provenance
+from flashspec_lab import bench, plots, provenance
 
 
 def print_wide_table(lines: list[str], keys: int = 2, width: int = 84) -> None:
@@ -722,7 +722,7 @@ display(Markdown(
 
 # %% [markdown]
 # Every column the benchmark printed, the bit-exact reference and the per-token host loop of step 1 included
-# (and a figure of them, `flashspec.plots.plot_verify_benchmark`):
+# (and a figure of them, `flashspec_lab.plots.plot_verify_benchmark`):
 
 # %%
 print_wide_table(verify["table"])
@@ -1118,7 +1118,7 @@ if "two_launch" in timed and len(timed) > 1:
 # cannot sample before every chunk's statistics are in, nor write a token before every chunk's winner is in, so it
 # is a chain of dependent global-memory round trips and two launches whatever its math. The benchmark replays that
 # chain alone at each plan's grids, every program doing the least its place asks (one tile load, one store, a
-# ticket; `flashspec.kernels.chain_probe`): the **chain floor**, a latency floor of the design, not of the problem.
+# ticket; `flashspec_lab.kernels.chain_probe`): the **chain floor**, a latency floor of the design, not of the problem.
 
 # %%
 chained = [p for p in points if p.get("chain_floor_us") is not None]
@@ -1823,7 +1823,7 @@ else:
 # tables at the top of this section read, `results/verify_h200.json`, the element race) and after it
 # (`results/verify_h200_blocks_*.json`: a first run cut by its time limit before its sixth point, that point timed
 # alone, then all six points in one run with ten plan variants, the run the launch-plan table for Triton 3.9 now
-# comes from). Each point is read from the newest run that timed it (`flashspec.bench.newest_points`). Per point:
+# comes from). Each point is read from the newest run that timed it (`flashspec_lab.bench.newest_points`). Per point:
 # the warm replay of the default plan and of the fastest variant, and each kernel's own warm time in the default
 # plan.
 

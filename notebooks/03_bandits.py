@@ -25,7 +25,7 @@
 # This chapter derives the two classic policies briefly, reproduces the paper's regret numbers honestly, and then
 # asks the question the paper motivates but does not test: what happens when the best draft *changes*?
 #
-# Everything here calls `flashspec.bandits`, `flashspec.rewards`, `flashspec.simulate` and `flashspec.plots`; the
+# Everything here calls `flashspec.bandits`, `flashspec.rewards`, `flashspec_lab.simulate` and `flashspec_lab.plots`; the
 # large runs are read from `results/bandits_*.json` (regenerate them with `flashspec bandits`).
 
 # %% tags=["hide-input"]
@@ -40,8 +40,9 @@ import numpy as np
 from IPython.display import Markdown, display
 
 import flashspec as fs
-from flashspec import bandits, plots, provenance, rewards
-from flashspec import simulate as sim
+from flashspec import bandits, rewards
+from flashspec_lab import plots, provenance
+from flashspec_lab import simulate as sim
 
 print(f"flashspec {fs.__version__}")
 

@@ -42,7 +42,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import flashspec as fs
-from flashspec import provenance
+from flashspec_lab import provenance
 
 RESULTS = provenance.results_dir()
 device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
@@ -235,7 +235,7 @@ else:
 # requests, comparable with the batched rows — and each of its steps advances one row.
 
 # %%
-from flashspec import bench_engine, plots
+from flashspec_lab import bench_engine, plots
 
 engine_files = sorted(path for path in RESULTS.glob("*engine*h200*.json")
                       if "tiny" not in path.name)
@@ -949,7 +949,7 @@ from datetime import datetime, timezone
 # its warning about that (raised while the models load) says nothing about this run
 warnings.filterwarnings("ignore", message="IProgress not found")
 
-from flashspec import plots, zoo
+from flashspec_lab import plots, zoo
 from flashspec.drafters import ModelDrafter, PromptLookupDrafter
 
 zoo_config = zoo.get_config("cpu")

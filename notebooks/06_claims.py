@@ -52,7 +52,8 @@ if not torch.cuda.is_available():
 from IPython.display import Markdown, display
 
 import flashspec as fs
-from flashspec import bandits, bench, bench_engine, exactness, provenance, stats
+from flashspec import bandits, stats
+from flashspec_lab import bench, bench_engine, exactness, provenance
 
 RESULTS = provenance.results_dir()
 ROOT = RESULTS.parent
@@ -69,7 +70,7 @@ def add_claim(claim: str, verdict: str, evidence: str) -> None:
 
 
 def committed(name: str) -> dict | None:
-    """A committed results file (`flashspec.provenance.load_result`), or None
+    """A committed results file (`flashspec_lab.provenance.load_result`), or None
     when it is not there yet."""
     try:
         return provenance.load_result(name)

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 import flashspec
+import flashspec_lab
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.py")) + sorted((ROOT / "notebooks").glob("*.md"))
@@ -73,9 +74,10 @@ def test_notebook_imports_flashspec(path: Path) -> None:
 
 
 def library_names() -> set[str]:
-    """Module-level public functions and classes defined in flashspec and its subpackages (zoo, kernels)."""
+    """Module-level public functions and classes defined in flashspec and the lab (their subpackages too)."""
     names: set[str] = set()
-    modules = [info.name for info in pkgutil.walk_packages(flashspec.__path__, flashspec.__name__ + ".")]
+    modules = [info.name for package in (flashspec, flashspec_lab)
+               for info in pkgutil.walk_packages(package.__path__, package.__name__ + ".")]
     for module_name in modules:
         try:
             module = importlib.import_module(module_name)

@@ -126,10 +126,10 @@ def test_generate_with_the_model_zoo(monkeypatch, capsys):
         tokenizer=tokenizer, target=models.tiny_llama(hidden_size=32, num_heads=2, seed=0, **common),
         drafts={"code": models.tiny_llama(hidden_size=16, num_heads=2, seed=1, **common)},
     )
-    fake = types.ModuleType("flashspec.zoo")
+    fake = types.ModuleType("flashspec_lab.zoo")
     fake.load_zoo = lambda size, device=None: loaded
-    monkeypatch.setitem(sys.modules, "flashspec.zoo", fake)
-    monkeypatch.setattr("flashspec.zoo", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "flashspec_lab.zoo", fake)
+    monkeypatch.setattr("flashspec_lab.zoo", fake, raising=False)
     code = cli.main(["generate", "--zoo", "cpu", "--prompt", "ab", "--max-new-tokens", "5", "--no-progress"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
@@ -223,10 +223,10 @@ def test_library_value_errors_are_one_line_errors(monkeypatch, capsys):
     def broken_zoo(size, device=None):
         raise ZooCacheError("zoo cache at /x is corrupt; delete it")
 
-    fake = types.ModuleType("flashspec.zoo")
+    fake = types.ModuleType("flashspec_lab.zoo")
     fake.load_zoo = broken_zoo
-    monkeypatch.setitem(sys.modules, "flashspec.zoo", fake)
-    monkeypatch.setattr("flashspec.zoo", fake, raising=False)
+    monkeypatch.setitem(sys.modules, "flashspec_lab.zoo", fake)
+    monkeypatch.setattr("flashspec_lab.zoo", fake, raising=False)
     err = run_failing(capsys, [*BASE, "--zoo", "cpu"])
     assert "flashspec generate: error: zoo cache at /x is corrupt; delete it" in err
 

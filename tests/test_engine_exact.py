@@ -22,7 +22,7 @@ from flashspec import bandits
 from flashspec.drafters import PromptLookupDrafter
 from flashspec import models
 from flashspec.engine import SpeculativeDecoder, draft_context
-from flashspec.exactness import chi_square_test
+from flashspec_lab.exactness import chi_square_test
 from flashspec.models import tiny_llama
 from flashspec.sampling import warp_logits
 

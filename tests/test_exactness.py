@@ -26,7 +26,7 @@ from experiments.exactness import (
     gate_target,
     run_config,
 )
-from flashspec import exactness as ex
+from flashspec_lab import exactness as ex
 
 BACKENDS = ("torch", "triton")
 TRITON_DEVICE = "cuda" if torch.cuda.is_available() else None  # compiled on a GPU, else the interpreter

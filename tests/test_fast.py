@@ -13,7 +13,7 @@ import flashspec as fs
 from flashspec import models, runner
 from flashspec.drafters import PromptLookupDrafter
 from flashspec.fast import FastSpeculativeDecoder, capture_fill, catch_up_length, make_decoder, session_capacity
-from policies import Blocks
+from flashspec_lab.simulate import Blocks
 
 from test_engine_exact import (LENGTH, PROMPT, ROWS_PER_CALL, SETTINGS, VOCAB, exact_continuations, fit_p_values,
                                passes)

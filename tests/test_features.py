@@ -161,7 +161,7 @@ def test_greedy_with_a_feature_draft_equals_the_targets_greedy_generate(target, 
 def test_a_folded_temperature_divides_every_depths_logits_and_nothing_else(target, feature_draft, regime):
     """`distill.fold_temperature` on a feature draft: at every depth (each fed the one before's output, which
     the fold rescales) the logits are the unfolded draft's divided by τ, so its distributions are q_τ."""
-    from flashspec.zoo import distill
+    from flashspec_lab.zoo import distill
 
     tokens = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(4))
     states, _ = target_states(target, tokens, STATES)
@@ -203,8 +203,8 @@ def test_a_zoo_with_a_feature_draft_builds_loads_measures_and_decodes(tmp_path, 
     """micro-distill-features: the pool plus a feature draft trained two depths deep on the tiny teacher; it loads
     as a FeatureDraft beside the token drafts, its acceptance and perplexity are measured on the target's states,
     and the fast path serves the whole pool exactly (greedy)."""
-    from flashspec import zoo
-    from flashspec.zoo import distill
+    from flashspec_lab import zoo
+    from flashspec_lab.zoo import distill
 
     monkeypatch.setenv("FLASHSPEC_CACHE", str(tmp_path / "cache"))
     loaded = zoo.load_zoo("micro-distill-features", device="cpu", progress=False)

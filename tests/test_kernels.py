@@ -565,7 +565,7 @@ def gpu_planner(monkeypatch):
 def test_gpu_plans_of_every_benchmark_variant_are_valid(gpu_planner, batch: int, vocab: int) -> None:
     """Every launch-plan variant the benchmark times gives a plan within the kernels' limits, on both
     plans, and a SHAPE_PLANS entry changes the default of its bucket only."""
-    from flashspec.bench import PLAN_VARIANTS, _variant_options, is_rejection
+    from flashspec_lab.bench import PLAN_VARIANTS, _variant_options, is_rejection
 
     device = torch.device("cuda", 0)
     for overrides in PLAN_VARIANTS.values():
@@ -650,7 +650,7 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
     import json
 
     from experiments import bench_verify
-    from flashspec.bench import PLAN_VARIANTS, TARGETS, is_diagnostic, is_rejection
+    from flashspec_lab.bench import PLAN_VARIANTS, TARGETS, is_diagnostic, is_rejection
 
     out = tmp_path / "verify.json"
     assert bench_verify.main(["--smoke", "--batch", "1", "3", "--out", str(out)]) == 0
@@ -727,7 +727,7 @@ def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
 def test_plan_choice_skips_diagnostic_and_wrong_variants() -> None:
     """The fastest variant becomes a default only if it returned the reference's tokens and rounds as the
     reference does."""
-    from flashspec.bench import plan_choice, point_ratios
+    from flashspec_lab.bench import plan_choice, point_ratios
 
     point = {"batch": 8, "vocab": 32000, "floor_us": 4.0, "triton_us": 40.0, "honest_torch_us": 400.0,
              "torch_us": 4000.0, "floor_bytes_us": 4.0, "triton_graph_warm_us": 12.0,
@@ -754,8 +754,8 @@ def test_shape_plans_follow_the_installed_triton() -> None:
     under that version; a Triton reads the newest table not newer than it (older than all: the oldest)."""
     import triton
 
-    from flashspec import provenance
-    from flashspec.bench import PLAN_VARIANTS, plan_choice
+    from flashspec_lab import provenance
+    from flashspec_lab.bench import PLAN_VARIANTS, plan_choice
     from flashspec.kernels import plan
 
     assert plan.triton_version("3.9.0") == (3, 9) and plan.triton_version("3.6.0+git1a2b3c") == (3, 6)
@@ -778,7 +778,7 @@ def test_shape_plans_follow_the_installed_triton() -> None:
 def test_cluster_over_others_compares_the_fastest_correct_plans() -> None:
     """The book's cluster ratio: the fastest cluster variant's replay over the fastest other variant's, each among
     variants that returned the reference's tokens and are not diagnostics; None when one side was not timed."""
-    from flashspec.bench import best_replay, cluster_over_others
+    from flashspec_lab.bench import best_replay, cluster_over_others
 
     def row(overrides: dict, replay: float | None, correct: bool = True) -> dict:
         return {"overrides": overrides, "graph_warm_us": replay, "tokens_equal_reference": correct}
@@ -1035,11 +1035,11 @@ def test_raw_launch_fires_what_tritons_launcher_passes_its_c_entry(monkeypatch: 
                                                               (1, 70, 1, True, False), (3, 100, 3, False, True)])
 def test_chain_probe_finds_the_largest_logit_it_loaded(batch: int, vocab: int, splits: int, greedy: bool,
                                                        coop: bool) -> None:
-    """The benchmark's dependency-chain probe (`flashspec.kernels.chain_probe`) must run its whole chain: each
+    """The benchmark's dependency-chain probe (`flashspec_lab.kernels.chain_probe`) must run its whole chain: each
     row's token is the first column of the largest last-position logit among the tiles launch 2 (or the
     cooperative launch, past its barrier) loaded (one tile at the start of each chunk), twice in a row (the
     tickets and barriers reset themselves)."""
-    from flashspec.kernels.chain_probe import chain_step
+    from flashspec_lab.kernels.chain_probe import chain_step
 
     gamma = 4
     logits = torch.randn(batch, gamma + 1, vocab, generator=torch.Generator().manual_seed(vocab)).to(DEVICE)
@@ -1067,7 +1067,7 @@ def test_one_launch_chain_probe_finds_the_largest_logit_of_its_tiles(batch: int,
     row's token is the first column of the largest last-position logit among the ONE_LAUNCH_TILES sampling-block
     tiles spread over V that the row's last program loaded, twice in a row (its ticket resets itself); it refuses a
     cooperative plan, whose chain is one launch already."""
-    from flashspec.kernels.chain_probe import ONE_LAUNCH_TILES, chain_step
+    from flashspec_lab.kernels.chain_probe import ONE_LAUNCH_TILES, chain_step
 
     gamma = 4
     logits = torch.randn(batch, gamma + 1, vocab, generator=torch.Generator().manual_seed(vocab)).to(DEVICE)
@@ -1089,7 +1089,7 @@ def test_one_launch_chain_probe_finds_the_largest_logit_of_its_tiles(batch: int,
 
 
 def test_newest_points_read_each_point_from_the_latest_run_that_timed_it() -> None:
-    from flashspec.bench import newest_points
+    from flashspec_lab.bench import newest_points
 
     def record(date: str | None, *shapes: tuple[int, int]) -> dict:
         return {"provenance": {"date_utc": date},
@@ -1107,7 +1107,7 @@ def test_standings_take_each_structures_fastest_exact_replay_and_judge_the_bar_a
     """Every structure's fastest variant that returned the reference's tokens (diagnostics and wrong tokens left out;
     the one pass judged among rejection variants), the log-probs steps apart, and the bar per point across runs:
     met in every run, within spread when the runs disagree, missed in all."""
-    from flashspec.bench import STRUCTURES, bar_reached, standings
+    from flashspec_lab.bench import STRUCTURES, bar_reached, standings
 
     def row(overrides: dict, replay: float | None, correct: bool = True) -> dict:
         return {"overrides": overrides, "graph_warm_us": replay, "tokens_equal_reference": correct}
@@ -1146,7 +1146,7 @@ def test_standings_take_each_structures_fastest_exact_replay_and_judge_the_bar_a
 def test_verdicts_judge_the_eager_bars_at_both_ends_of_the_spread() -> None:
     """A bar met by the medians but not by the pessimistic end of the timings' spreads is 'WITHIN SPREAD',
     one met at both ends 'PASS', one missed at both 'MISS'; records without spreads keep the median verdict."""
-    from flashspec import bench
+    from flashspec_lab import bench
 
     def point(batch: int, honest: list[float], eager: list[float]) -> dict:
         row = {"batch": batch, "vocab": 32000, "floor_us": 3.0, "triton_us": sum(eager) / 2,
@@ -1172,7 +1172,7 @@ def test_verdicts_judge_the_eager_bars_at_both_ends_of_the_spread() -> None:
 def test_eager_bars_use_the_launch_included_latency_where_recorded() -> None:
     """A record with each call's latency from an idle GPU judges the eager bars on it (do_bench's times overlap
     the host's launch with its L2 flush); one without it keeps do_bench's times."""
-    from flashspec import bench
+    from flashspec_lab import bench
 
     row = {"batch": 8, "vocab": 32000, "floor_us": 3.0, "triton_us": 20.0, "honest_torch_us": 500.0,
            "torch_us": 1.0, "floor_bytes_us": 1.0, "honest_torch_us_spread": [480.0, 520.0],
@@ -1205,7 +1205,7 @@ def test_paired_ratio_alternates_and_cancels_a_drifting_host(monkeypatch) -> Non
     """`_paired_ratio` times the two calls alternately, each pair at one moment of the host: a host whose speed
     drifts during the measurement (here 1x to 3x, on both calls alike) leaves the pairs' ratio where it is, while
     two medians taken one after the other would move with the drift."""
-    from flashspec import bench
+    from flashspec_lab import bench
 
     clock = {"t": 0.0, "calls": 0}
     order = []
@@ -1233,7 +1233,7 @@ def test_paired_ratio_gives_both_calls_the_same_host_state(monkeypatch) -> None:
     """With host="warm" each timed call comes right after an untimed call of itself, with "cold" right after a
     sweep of the host's caches; left as None, a call finds whatever the other left. A timer that makes the small
     call slow right after the large one (the asymmetry measured on the H200) biases None, not "warm"."""
-    from flashspec import bench
+    from flashspec_lab import bench
 
     last = {"fn": None}
 
@@ -1267,7 +1267,7 @@ def test_paired_ratio_gives_both_calls_the_same_host_state(monkeypatch) -> None:
 def test_issue_bound_step_overlaps_the_stats_pass_with_its_bytes_only() -> None:
     """`bench.issue_bound_step_us`: the stats pass costs the larger of its issue floor and the bytes floor, the
     sampling pass its issue floor after it; a record without issue floors gives None."""
-    from flashspec.bench import issue_bound_step_us
+    from flashspec_lab.bench import issue_bound_step_us
 
     def record(stats: float | None, sample: float | None) -> dict:
         return {"results": [{"batch": 64, "vocab": 128256, "variant": "default", "launched": [
@@ -1301,7 +1301,8 @@ def test_the_sampling_tile_rule_leaves_rows_per_program_alone() -> None:
     table's tile below one block is raised to one block; planned for an SM90 GPU on any machine."""
     import torch as _torch
 
-    from flashspec.kernels import plan as plan_module, sass
+    from flashspec.kernels import plan as plan_module
+    from flashspec_lab.kernels import sass
 
     with sass.sm90_planner():
         wide = plan_module.make_plan(8, 4, 128256, _torch.device("cuda", 0), False,

@@ -25,7 +25,8 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
 from triton._C.libtriton import ir
-from flashspec.kernels import chain_probe, cluster_pass, coop_pass, fused_pass, one_pass, sample_pass, stats_pass
+from flashspec.kernels import one_pass, sample_pass, stats_pass
+from flashspec_lab.kernels import chain_probe, cluster_pass, coop_pass, fused_pass
 
 kernels = {name: getattr(module, name) for module in (chain_probe, cluster_pass, coop_pass, fused_pass, one_pass,
                                                      sample_pass, stats_pass)
@@ -63,10 +64,10 @@ def _structure(launch: dict) -> str:
 
 @pytest.mark.skipif(sys.platform == "win32", reason="Triton's compiler front end needs Linux")
 def test_every_gpu_launch_passes_the_compiler_front_end(monkeypatch) -> None:
-    from flashspec.bench import PLAN_VARIANTS, _variant_options
+    from flashspec_lab.bench import PLAN_VARIANTS, _variant_options
     from flashspec.kernels import plan as plan_module
-    from flashspec.kernels.chain_probe import chain_step
-    from flashspec.kernels import sass
+    from flashspec_lab.kernels.chain_probe import chain_step
+    from flashspec_lab.kernels import sass
 
     # make_plan's GPU branch (132 SMs, compiled Triton), as tests/test_kernels.py's gpu_planner fixture does
     monkeypatch.setattr(plan_module, "interpreting", lambda: False)
@@ -127,7 +128,7 @@ def test_cluster_reduce_probe_writes_what_this_triton_does(tmp_path) -> None:
     record = json.loads(out.read_text())
     import triton
 
-    from flashspec import provenance
+    from flashspec_lab import provenance
 
     assert list(record) == list(provenance.RESULT_KEYS) and record["provenance"]["versions"]["triton"] == triton.__version__
     assert record["results"]["triton"] == triton.__version__
@@ -142,7 +143,7 @@ def test_cluster_reduce_probe_writes_what_this_triton_does(tmp_path) -> None:
 
 SASS_STATS = r"""
 import json
-from flashspec.kernels import sass
+from flashspec_lab.kernels import sass
 from flashspec.sampling import SamplingParams
 
 rows = []
@@ -177,7 +178,7 @@ def test_stats_pass_loop_stays_inside_threads() -> None:
 
 SASS_SAMPLE = r"""
 import json
-from flashspec.kernels import sass
+from flashspec_lab.kernels import sass
 from flashspec.sampling import SamplingParams
 
 plan, launches = sass.bound_launches(64, 4, 128256, SamplingParams(1.0))

@@ -14,7 +14,7 @@ from packaging.requirements import Requirement
 tomllib = pytest.importorskip("tomllib", reason="tomllib is in the standard library from Python 3.11")
 
 ROOT = Path(__file__).resolve().parent.parent
-INSTALL = 'pip install -c constraints.txt -e ".[dev]"'
+INSTALL = 'pip install -c constraints.txt -e ".[dev]" -e lab'
 
 
 def locked() -> dict[str, str]:

@@ -113,7 +113,7 @@ def test_per_request_tokens_per_step() -> None:
 
 
 def test_bench_cell_reports_every_number_from_its_median_run() -> None:
-    from flashspec.bench_engine import cell_from_runs
+    from flashspec_lab.bench_engine import cell_from_runs
 
     runs = [{"time_s": t, "tokens_per_s": 128 / t, "steps": s, "tokens_per_step": 128 / s, "acceptance_rate": r,
              "token_acceptance": 0.5, "p50_step_latency_ms": 1000 * t / s}
@@ -128,7 +128,7 @@ def test_bench_cell_reports_every_number_from_its_median_run() -> None:
 
 def test_bench_comparisons_use_the_identical_work_control() -> None:
     """The committed H200 file's B = 8 block, reduced to what `comparisons` reads."""
-    from flashspec.bench_engine import CONTROL, comparisons, same_work
+    from flashspec_lab.bench_engine import CONTROL, comparisons, same_work
 
     idle = {"draft0": {"selections": 62}, "prompt-lookup": {"selections": 0}}
     cells = {

@@ -71,7 +71,7 @@ def split_environment(environment: dict[str, Any]) -> tuple[dict[str, Any], dict
 
 
 def provenance_of(old: dict[str, Any]) -> dict[str, Any]:
-    """The provenance fields of an old record, in the order `flashspec.provenance.record` writes them."""
+    """The provenance fields of an old record, in the order `flashspec_lab.provenance.record` writes them."""
     found = {key: old.pop(key) for key in PROVENANCE_KEYS if key in old}
     return {key: found[key] for key in PROVENANCE_KEYS if key in found}
 

@@ -1,0 +1,9 @@
+"""Triton kernels of `flashspec.verify(..., backend="triton")` (book/design.md §4).
+
+`verify_triton` is the backend; `flashspec.kernels.rng` is the uint32 Triton twin of `flashspec.rng`'s hash;
+`flashspec.kernels.structures` is the registry of launch structures a plan may name (the two launches and the
+one pass here; other structures register themselves from the lab).
+"""
+from flashspec.kernels.verify import LaunchPlan, PreparedVerify, make_plan, prepare_verify, verify_triton
+
+__all__ = ["LaunchPlan", "PreparedVerify", "make_plan", "prepare_verify", "verify_triton"]
