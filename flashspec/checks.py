@@ -1,5 +1,5 @@
-"""Input checks shared by both engines (`engine.SpeculativeDecoder`, `fast.FastSpeculativeDecoder`): prompts,
-budgets, token ids, model positions, padding, and the on-device non-finite flag. Each raises a ValueError
+"""Input checks of the request front both engines share (`flashspec.front`): prompts, budgets, token ids,
+padding, and the on-device non-finite flag. Each raises a ValueError
 (FloatingPointError for bad logits) that names the argument and the fix."""
 from __future__ import annotations
 
@@ -44,18 +44,6 @@ def check_token_ids(name: str, value: Any, vocab_size: int) -> set[int]:
     return ids
 
 
-def check_draft_positions(drafter: Any, index: int, needed: int) -> None:
-    """A model draft must hold every position the run can reach (prompt + max_new_tokens: a step's
-    γ is clamped so that no model sees a position past the budget)."""
-    model = getattr(drafter, "model", None)
-    limit = models.max_positions_of(model) if model is not None else None
-    if limit is not None and needed > limit:
-        raise ValueError(
-            f"drafts[{index}] ({drafter.name}) holds {limit} positions but this run can reach {needed} "
-            "(prompt + max_new_tokens); lower max_new_tokens or pick a draft with more positions"
-        )
-
-
 def check_prompt(
     input_ids: Any, attention_mask: Any, vocab_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,16 +80,21 @@ def check_prompt(
 
 
 def check_budgets(max_new_tokens: Any, batch: int) -> list[int]:
-    """max_new_tokens as one int >= 0 per row."""
-    values = [max_new_tokens] * batch if not isinstance(max_new_tokens, (list, tuple, torch.Tensor)) else list(
-        max_new_tokens.tolist() if isinstance(max_new_tokens, torch.Tensor) else max_new_tokens
-    )
+    """max_new_tokens (an int, a 0-d integer tensor, or one per row) as one int >= 0 per row."""
+    many = isinstance(max_new_tokens, (list, tuple)) or (
+        isinstance(max_new_tokens, torch.Tensor) and max_new_tokens.dim() > 0)
+    values = list(max_new_tokens.tolist() if isinstance(max_new_tokens, torch.Tensor) else max_new_tokens) if many \
+        else [max_new_tokens] * batch
     if len(values) != batch:
         raise ValueError(f"max_new_tokens has {len(values)} entries but there are {batch} rows")
+    budgets = []
     for value in values:
+        if isinstance(value, torch.Tensor) and value.dim() == 0 and not value.dtype.is_floating_point:
+            value = int(value)
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise ValueError(f"max_new_tokens must be an int >= 0 (or one per row), got {max_new_tokens!r}")
-    return values
+        budgets.append(value)
+    return budgets
 
 
 def resolve_pad(pad_token_id: int | None, target: torch.nn.Module, stop_ids: set[int]) -> int:

@@ -27,12 +27,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -180,26 +178,29 @@ def generate_command(argv: list[str]) -> int:
 
     decoder = run.decoder
     lead = tp is None or tp.rank == 0
-    streamer = TextStreamer(run.tokenizer, total=run.max_new_tokens, progress=not args.no_progress) if lead else None
-    write = sys.stdout.write if lead else (lambda text: None)
-    write(args.prompt + ("\n" if run.chat else ""))  # a chat answer starts on its own line
-    sys.stdout.flush()
+    # the prompt is echoed with the first accepted tokens: a request the decoder refuses prints nothing else
+    opening = args.prompt + ("\n" if run.chat else "")  # a chat answer starts on its own line
+    streamer = TextStreamer(run.tokenizer, total=run.max_new_tokens, progress=not args.no_progress,
+                            opening=opening) if lead else None
     try:
         with torch.no_grad():
             result = decoder.generate(
                 run.input_ids, max_new_tokens=run.max_new_tokens, sampling=run.sampling, seed=args.seed,
                 on_step=streamer,
             )
-    except ValueError as error:
-        write("\n")
+    except (ValueError, FloatingPointError) as error:
+        if streamer is not None:
+            streamer.end_line()
         return finish(tp, report_error(error), decoder)
     except RuntimeError as error:
         if tp is None:  # outside tensor parallelism a RuntimeError is a bug: keep its traceback
             raise
-        write("\n")  # the ranks disagreed on the request or diverged (flashspec.tp's guard)
+        if streamer is not None:
+            streamer.end_line()  # the ranks disagreed on the request or diverged (flashspec.tp's guard)
         return finish(tp, report_error(f"--tp: {error}"), decoder)
     except KeyboardInterrupt:
-        write("\n")
+        if streamer is not None:
+            streamer.end_line()
         print("flashspec generate: interrupted", file=sys.stderr)
         return finish(tp, 130, decoder)
     finally:
@@ -207,6 +208,7 @@ def generate_command(argv: list[str]) -> int:
             streamer.close()
     if not lead:
         return finish(tp, 0, decoder)
+    streamer.flush_opening()  # a request that generated nothing still shows its prompt
     sys.stdout.write("\n")
     print(result.stats.format_table(), file=sys.stderr)
     if args.json:
@@ -253,22 +255,26 @@ def finish(tp: Any, code: int, *decoders: Any) -> int:
 
 
 def report_error(error: BaseException | str) -> int:
-    """Print `error` the way argparse prints its own (one line on stderr) and return exit code 2."""
-    print(f"flashspec generate: error: {error}", file=sys.stderr)
+    """Print `error` the way argparse prints its own (one line on stderr; under torchrun, rank 0 alone speaks for
+    every rank) and return exit code 2."""
+    if os.environ.get("RANK", "0") == "0":
+        from flashspec.cli_models import one_line
+
+        print(f"flashspec generate: error: {one_line(error) if isinstance(error, BaseException) else error}",
+              file=sys.stderr)
     return 2
 
 
 # --- Option checks: each raises ValueError naming the option and the fix, before anything loads. ---
 
-from flashspec.engine import MAX_GAMMA  # noqa: E402  (the engine's bound on drafted tokens per step)
-
-MAX_SEED = 2**64 - 1  # the engine keys its draws on 64 bits, so larger seeds would repeat smaller ones
-
-
 def check_options(args: argparse.Namespace) -> None:
     """Every check that needs no model: numbers, device, dtype, model names, the --json path."""
     check_numbers(args)
     check_dtype(args.dtype)
+    if args.target is None and args.real is None and (args.dtype != "auto" or args.quantization is not None):
+        models_used = "--zoo's models" if args.zoo is not None else "the default tiny models"
+        raise ValueError(f"--dtype/--quantization apply to --target/--draft checkpoints (--dtype also to --real); "
+                         f"{models_used} run in float32: drop them")
     check_device(args.device)
     if args.target is not None:
         check_model_name("--target", args.target)
@@ -287,26 +293,23 @@ def parse_gammas(text: str) -> tuple[int, ...]:
 
 
 def check_numbers(args: argparse.Namespace) -> None:
-    """Range checks on the numeric options (argparse has already checked their types)."""
+    """The numeric options, each through the library's own check (the message then names the option)."""
+    from flashspec import rng
+    from flashspec.front import check_gamma, check_gammas
+    from flashspec.sampling import SamplingParams
+
     if args.max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens must be an int >= 0, got {args.max_new_tokens}")
-    if not 1 <= args.gamma <= MAX_GAMMA:
-        raise ValueError(f"--gamma must be an int in [1, {MAX_GAMMA}] (drafted tokens per step), got {args.gamma}")
-    if args.gammas is not None:
-        from flashspec.engine import check_gammas
-
+    checks = [("--gamma", lambda: check_gamma(args.gamma)),
+              ("--gammas", lambda: check_gammas(None if args.gammas is None else list(args.gammas))),
+              ("--seed", lambda: rng.check_seed(args.seed)),
+              ("--temperature/--top-k/--top-p",
+               lambda: SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p))]
+    for option, check in checks:
         try:
-            check_gammas(list(args.gammas))
+            check()
         except ValueError as error:
-            raise ValueError(f"--{error}") from None
-    if not math.isfinite(args.temperature) or args.temperature < 0:
-        raise ValueError(f"--temperature must be finite and >= 0 (0 = greedy), got {args.temperature}")
-    if args.top_k < 0:
-        raise ValueError(f"--top-k must be an int >= 0 (0 = off), got {args.top_k}")
-    if not 0 < args.top_p <= 1:  # also rejects nan
-        raise ValueError(f"--top-p must be in (0, 1] (1 = off), got {args.top_p}")
-    if not 0 <= args.seed <= MAX_SEED:
-        raise ValueError(f"--seed must be an int >= 0 (and below 2**64), got {args.seed}")
+            raise ValueError(f"{option}: {error}") from None
 
 
 def check_dtype(dtype: str) -> None:
@@ -398,14 +401,12 @@ class Run:
 def prepare_run(args: argparse.Namespace, tp: Any = None) -> Run:
     """Load the models and tokenizer, build the decoder and encode the prompt (ValueError on bad input).
     With `tp` (a flashspec.tp.TensorParallel) the target's layers are sharded over its ranks."""
-    from flashspec import models
+    from flashspec.cli_models import checkpoint_models, default_models, real_models, zoo_models
     from flashspec.drafters import PromptLookupDrafter
+    from flashspec.front import position_limit
     from flashspec.sampling import SamplingParams
 
-    try:
-        sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)
-    except ValueError as error:
-        raise ValueError(f"--temperature/--top-k/--top-p: {error}") from error
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)  # checked already
     if args.real is not None:
         if args.target or args.zoo:
             raise ValueError("--real brings its own target; drop --target/--zoo (--draft folders may stay)")
@@ -424,7 +425,7 @@ def prepare_run(args: argparse.Namespace, tp: Any = None) -> Run:
         drafts = [*drafts, PromptLookupDrafter()]
     if args.policy is None:
         args.policy = "gamma-ts" if args.gammas else "thompson"
-    check_policy(args.policy, len(drafts) * (len(args.gammas) if args.gammas else 1), args.seed)
+    check_policy(args.policy, len(drafts) * (len(args.gammas) if args.gammas else 1))
     if tp is not None:
         from flashspec.tp import shard_target
 
@@ -432,22 +433,22 @@ def prepare_run(args: argparse.Namespace, tp: Any = None) -> Run:
             shard_target(target, tp)
         except ValueError as error:
             raise ValueError(f"--tp: {error}") from error
-    # The seed goes to the policy here and to every draw in `generate`, so one --seed fixes the run.
     decoder = build_decoder(args, target, drafts, tp)
     chat = args.real is not None if args.chat is None else args.chat
     input_ids = encode_prompt(tokenizer, args.prompt, chat)
     if input_ids.shape[1] == 0:
         raise ValueError("--prompt encodes to no tokens; give some text")
     max_new_tokens = args.max_new_tokens
-    positions = models.max_positions_of(target)
+    positions, holder = position_limit(target, drafts)
     if positions is not None and input_ids.shape[1] > positions:
         raise ValueError(
-            f"--prompt is {input_ids.shape[1]} tokens but the target has only {positions} positions; shorten it"
+            f"--prompt is {input_ids.shape[1]} tokens but the {holder} holds only {positions} positions; shorten it"
         )
     if positions is not None and input_ids.shape[1] + max_new_tokens > positions:
         max_new_tokens = positions - input_ids.shape[1]
-        print(f"flashspec: max-new-tokens lowered to {max_new_tokens} (the target has {positions} positions)",
-              file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"flashspec: max-new-tokens lowered to {max_new_tokens} (the {holder} holds {positions} positions)",
+                  file=sys.stderr)
     return Run(decoder, tokenizer, input_ids, sampling, max_new_tokens, chat)
 
 
@@ -464,129 +465,66 @@ def encode_prompt(tokenizer: Any, prompt: str, chat: bool) -> Any:
 
 
 def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any], tp: Any = None) -> Any:
-    """The decoder --engine asks for: the fast path (static caches, CUDA graphs on a GPU) or the eager
-    engine; `auto` takes the fast path on CUDA when every model is Llama-family, or anywhere when a draft
-    reads the target's states (a feature draft), else the eager one.
-    A sharded target (`tp`) always takes the fast path, on CPU too."""
-    from flashspec.engine import SpeculativeDecoder
-    from flashspec.fast import FastSpeculativeDecoder, fast_supported
+    """The decoder --engine asks for, through the one function the API uses too (`flashspec.fast.make_decoder`:
+    auto = the fast path on a CUDA device when it can run the models, or wherever a feature draft or --tp needs it;
+    else the eager engine). Its refusals name the engine's option; here they name the command's."""
+    from flashspec.fast import make_decoder
 
-    kwargs = dict(policy=args.policy, gamma=args.gamma, gammas=args.gammas, policy_kwargs={"seed": args.seed})
-    reason = fast_supported(target, drafts)
-    on_cuda = next(target.parameters()).device.type == "cuda"
-    if args.engine == "fast" and reason is not None:
-        raise ValueError(f"--engine fast: the fast path cannot run these models ({reason}); use --engine eager")
-    if tp is not None and reason is not None:
-        raise ValueError(f"--tp: the fast path cannot run these models ({reason}); run without --tp")
-    from flashspec.features import FeatureDraft
-
-    reads_states = any(isinstance(draft, FeatureDraft) for draft in drafts)  # only the fast path feeds them
-    if args.engine == "eager" and reads_states:
-        raise ValueError("--engine eager cannot run a feature draft (it reads the target's hidden states, which only "
-                         "the fast path hands over); use --engine fast or auto")
-    fast = args.engine == "fast" or tp is not None or (args.engine == "auto" and (on_cuda or reads_states)
-                                                       and reason is None)
-    if not fast and args.compile is not None:
-        raise ValueError("--compile applies to the fast path only (--engine fast, or auto on a CUDA device)")
-    if fast:
-        return FastSpeculativeDecoder(target, drafts, draft_sync=args.draft_sync,
-                                      compile=args.compile or False, tp=tp, **kwargs)
-    return SpeculativeDecoder(target, drafts, **kwargs)
+    options: dict[str, Any] = dict(policy=args.policy, gamma=args.gamma, gammas=args.gammas)
+    if args.compile is not None:
+        options["compile"] = args.compile
+    if args.draft_sync != "lazy":
+        options["draft_sync"] = args.draft_sync
+    if tp is not None:
+        options["tp"] = tp
+    try:
+        return make_decoder(target, drafts, engine=args.engine, **options)
+    except ValueError as error:
+        text = str(error).replace("engine='fast'", "--engine fast").replace("engine='auto'", "--engine auto")
+        text = text.replace("compile apply", "--compile applies").replace("draft_sync apply", "--draft-sync applies")
+        raise ValueError(f"--engine {args.engine}: {text}") from None
 
 
-def check_policy(name: str, n_arms: int, seed: int) -> None:
+def check_policy(name: str, n_arms: int) -> None:
     """Build the policy once, as the decoder will, so a bad --policy is reported under its option name."""
-    from flashspec.engine import resolve_policy
+    from flashspec.front import resolve_policy
 
     try:
-        resolve_policy(name, n_arms, seed=seed)
+        resolve_policy(name, n_arms)
     except ValueError as error:
         raise ValueError(f"--policy {name}: {error}") from error
 
 
-def checkpoint_models(args: argparse.Namespace) -> tuple[Any, list[Any], Any]:
-    """The --target and --draft checkpoints and the target's tokenizer, checked to share one vocabulary."""
-    from flashspec import models
-
-    trust = args.trust_remote_code
-    model = partial(models.load_model, dtype=args.dtype, quantization=args.quantization, device=args.device,
-                    trust_remote_code=trust)
-    tokenizer_of = partial(models.load_tokenizer, trust_remote_code=trust)
-    target = load_checkpoint("--target", args.target, partial(model, args.target))
-    drafts = [load_checkpoint("--draft", path, partial(model, path)) for path in args.draft]
-    tokenizer = load_checkpoint("--target", args.target, partial(tokenizer_of, args.target))
-    for draft, path in zip(drafts, args.draft):
-        draft_tokenizer = load_checkpoint("--draft", path, partial(tokenizer_of, path))
-        models.check_compatible(target, draft, tokenizer, draft_tokenizer, draft_name=f"--draft {path}")
-    return target, drafts, tokenizer
-
-
-def real_models(args: argparse.Namespace) -> tuple[Any, list[Any], Any]:
-    """--real NAME's target and tokenizer (flashspec.real, offline), and any --draft checkpoints checked
-    to share its tokenizer."""
-    from flashspec import models, real
-
-    if args.quantization is not None:
-        raise ValueError(f"--real {args.real} loads dequantised float weights; drop --quantization")
-    try:
-        target, tokenizer = real.load_real(args.real, device=args.device,
-                                           dtype=None if args.dtype == "auto" else args.dtype)
-    except ValueError as error:
-        raise ValueError(f"--real {args.real}: {one_line(error, limit=600)}") from error
-    except Exception as error:  # noqa: BLE001 -- e.g. a damaged cached conversion
-        raise ValueError(
-            f"--real {args.real}: could not load it ({type(error).__name__}: {one_line(error)}); delete the "
-            f"cached conversion under {real.cache_root()} to convert it again"
-        ) from error
-    drafts = []
-    for path in args.draft:
-        load = partial(models.load_model, path, dtype=args.dtype, device=args.device,
-                       trust_remote_code=args.trust_remote_code)
-        draft = load_checkpoint("--draft", path, load)
-        draft_tokenizer = load_checkpoint(
-            "--draft", path, partial(models.load_tokenizer, path, trust_remote_code=args.trust_remote_code))
-        models.check_compatible(target, draft, tokenizer, draft_tokenizer, draft_name=f"--draft {path}")
-        drafts.append(draft)
-    return target, drafts, tokenizer
-
-
-def load_checkpoint(option: str, name: str, load: Callable[[], Any]) -> Any:
-    """Run `load` and turn any failure into a ValueError naming the option and the checkpoint.
-
-    Whatever goes wrong inside a load (a truncated safetensors file, a malformed config, a missing
-    tokenizer, a failed download) comes from the checkpoint the user named, so every exception
-    type is caught here; the message keeps the exception's type and text so a real bug stays visible.
-    """
-    try:
-        return load()
-    except ValueError as error:
-        raise ValueError(f"{option} {name}: {one_line(error)}") from error
-    except Exception as error:  # noqa: BLE001 -- any failure reading the checkpoint is bad input
-        raise ValueError(
-            f"{option} {name}: could not load it ({type(error).__name__}: {one_line(error)}); pass a folder "
-            "holding a complete, uncorrupted checkpoint (config.json, weights, tokenizer) or a hub id"
-        ) from error
-
-
-def one_line(error: BaseException, limit: int = 400) -> str:
-    """An exception's message on one line (library messages often span several), cut to `limit` characters."""
-    text = " ".join(line.strip() for line in str(error).splitlines() if line.strip()) or type(error).__name__
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
 class TextStreamer:
-    """`on_step` callback: decode row 0's accepted tokens incrementally and write the new text."""
+    """`on_step` callback: write `opening` (the prompt) with the first accepted tokens, then decode row 0's
+    accepted tokens incrementally and write the new text."""
 
-    def __init__(self, tokenizer: Any, total: int, progress: bool = True) -> None:
+    def __init__(self, tokenizer: Any, total: int, progress: bool = True, opening: str = "") -> None:
         from tqdm import tqdm
 
         self.tokenizer = tokenizer
         self.tokens: list[int] = []
         self.text = ""
+        self.opening = opening
+        self.written = False  # anything on stdout yet
         self.stop_ids = set(getattr(tokenizer, "all_special_ids", []) or [])
         self.bar = tqdm(total=total, unit="tok", file=sys.stderr, disable=not progress, leave=False)
 
+    def flush_opening(self) -> None:
+        """Write the opening if nothing was written yet."""
+        if not self.written:
+            sys.stdout.write(self.opening)
+            sys.stdout.flush()
+            self.written = True
+
+    def end_line(self) -> None:
+        """End a line of streamed text before a message (nothing when nothing was written)."""
+        if self.written:
+            sys.stdout.write("\n")
+            sys.stdout.flush()
+
     def __call__(self, event: Any) -> None:
+        self.flush_opening()
         count = event.num_generated[0] - len(self.tokens)
         self.tokens.extend(event.new_tokens[0][: max(count, 0)])
         text = self.tokenizer.decode([t for t in self.tokens if t not in self.stop_ids])
@@ -599,39 +537,6 @@ class TextStreamer:
 
     def close(self) -> None:
         self.bar.close()
-
-
-def zoo_models(size: str, device: str | None) -> tuple[Any, list[Any], Any]:
-    """The offline model zoo's target, drafts and tokenizer (flashspec_lab.zoo builds and caches them)."""
-    try:
-        from flashspec_lab import zoo
-    except ImportError as error:
-        raise ValueError(f"--zoo needs flashspec_lab.zoo, which failed to import ({error})") from error
-    loaded = zoo.load_zoo(size, device=device)
-    return loaded.target, list(loaded.drafts.values()), loaded.tokenizer
-
-
-def default_models(device: str | None) -> tuple[Any, list[Any], Any]:
-    """No-download default: a character tokenizer and tiny random Llama models built on the fly.
-    Their weights are random, so the text is noise; pass --target for a real model."""
-    from flashspec import models
-
-    tokenizer = models.char_tokenizer()
-    vocab = len(tokenizer)
-    where = models.default_device() if device is None else device
-    common = dict(vocab_size=vocab, max_positions=1024, device=where, bos_token_id=1, eos_token_id=2, pad_token_id=2)
-    target = models.tiny_llama(hidden_size=64, num_layers=2, num_heads=4, seed=0, **common)
-    drafts = [
-        models.tiny_llama(hidden_size=32, num_layers=1, num_heads=2, seed=1, **common),
-        models.tiny_llama(hidden_size=32, num_layers=1, num_heads=2, seed=2, **common),
-    ]
-    if os.environ.get("RANK", "0") == "0":  # under torchrun, rank 0 speaks for all
-        print(
-            "flashspec: no --target given: tiny random models built on the fly (the text is noise; "
-            "pass --target PATH for a real model)",
-            file=sys.stderr,
-        )
-    return target, drafts, tokenizer
 
 
 if __name__ == "__main__":

@@ -29,7 +29,8 @@ class DraftContext:
     next_position: LongTensor [B], the position of the first token to draft.
     gamma:         how many tokens to propose per row.
     sampling:      the SamplingParams shared with the target.
-    key:           this step's counter-based key for this arm; drafters sample on rng.STREAM_DRAFT only.
+    key:           this step's counter-based key (the verifier's too: never draw from its streams).
+    stream:        the stream this drafter samples on (`rng.draft_stream` of its index in the pool).
     """
 
     tokens: torch.Tensor
@@ -40,6 +41,7 @@ class DraftContext:
     gamma: int
     sampling: SamplingParams
     key: rng.Key
+    stream: int = rng.STREAM_DRAFT
 
 
 @dataclass(frozen=True)
@@ -58,7 +60,7 @@ class Drafter(Protocol):
     """The protocol a user's own drafter implements.
 
     `reset(batch_size)` starts a new generation; `propose(context)` returns a Proposal of
-    `context.gamma` tokens per row, drawn only from the past and the step key (never from the
+    `context.gamma` tokens per row, drawn only from the past and the step key on `context.stream` (never from the
     verifier's streams); `rollback(num_valid)` says, per row, that only the first `num_valid[r]`
     tokens of row r's sequence are known to match what the drafter has cached.
     """
@@ -81,11 +83,15 @@ class ModelDrafter:
     in the drafter's attention mask, and columns that are holes in every row are cropped.
     """
 
-    def __init__(self, model: torch.nn.Module, name: str | None = None) -> None:
+    def __init__(self, model: torch.nn.Module, name: str | None = None, vocab_size: int | None = None) -> None:
         if not hasattr(model, "config") or not callable(model):
             raise ValueError(f"ModelDrafter needs a Hugging Face causal LM, got {type(model).__name__}")
+        if name is not None and not isinstance(name, str):
+            raise ValueError(f"name must be a string or None, got {type(name).__name__}")
         self.model = model
         self.name = name or getattr(model.config, "_name_or_path", None) or type(model).__name__
+        # the target's vocabulary: a draft whose embedding is padded to another size proposes only ids below it
+        self.vocab_size = vocab_size
         self.cache: Any = None
         self.mask: torch.Tensor | None = None
         self.seen: list[int] = []
@@ -115,30 +121,35 @@ class ModelDrafter:
         first_new = chunk - torch.tensor(unseen, dtype=torch.long, device=device).view(-1, 1)
         fresh = torch.arange(chunk, device=device).view(1, -1) >= first_new
         self.mask = torch.cat([self.mask, (context.valid[:, width - chunk :] & fresh).long()], dim=1)
-        logits = models.forward_logits(
-            self.model, context.tokens[:, width - chunk :], self.cache, attention_mask=self.mask,
-            position_ids=context.position_ids[:, width - chunk :], logits_to_keep=1,
-        )[:, -1]
+        logits = self._logits(context.tokens[:, width - chunk :], context.position_ids[:, width - chunk :])
         ones = torch.ones((batch, 1), dtype=torch.long, device=device)
         drafted, drafted_logits, drafted_log_probs = [], [], []
         for index in range(context.gamma):
             token, log_probs = sample_from_logits(logits, context.sampling, context.key, position=index,
-                                                  stream=rng.STREAM_DRAFT)
+                                                  stream=context.stream)
             drafted.append(token)
             drafted_logits.append(logits)
             drafted_log_probs.append(log_probs)
             if index == context.gamma - 1:
                 break
             self.mask = torch.cat([self.mask, ones], dim=1)
-            logits = models.forward_logits(
-                self.model, token.unsqueeze(1), self.cache, attention_mask=self.mask,
-                position_ids=(context.next_position + index).view(-1, 1), logits_to_keep=1,
-            )[:, -1]
+            logits = self._logits(token.unsqueeze(1), (context.next_position + index).view(-1, 1))
         self.draft_start = self.mask.shape[1] - (context.gamma - 1)
         self.proposal_lengths = list(context.lengths)
         self.seen = [length + context.gamma - 1 for length in context.lengths]
         return Proposal(tokens=torch.stack(drafted, dim=1), logits=torch.stack(drafted_logits, dim=1),
                         log_probs=torch.stack(drafted_log_probs, dim=1))
+
+    def _logits(self, tokens: torch.Tensor, position_ids: torch.Tensor) -> torch.Tensor:
+        """The last position's logits [B, V] after `tokens`, over the target's vocabulary (`models.fit_vocab`); an
+        id past the draft's embedding rows (a target with a larger padded embedding emitted it) reads as its last
+        row: the draft only proposes, and the target's verdict keeps the output exact."""
+        embedding = self.model.get_input_embeddings()
+        if embedding is not None:
+            tokens = tokens.clamp(max=embedding.num_embeddings - 1)
+        logits = models.forward_logits(self.model, tokens, self.cache, attention_mask=self.mask,
+                                       position_ids=position_ids, logits_to_keep=1)[:, -1]
+        return logits if self.vocab_size is None else models.fit_vocab(logits, self.vocab_size)
 
     def rollback(self, num_valid: list[int]) -> None:
         if self.proposal_lengths is None:  # not the drafter of this step: its cache is a prefix already
@@ -168,8 +179,13 @@ class PromptLookupDrafter:
     """
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1, name: str = "prompt-lookup") -> None:
+        for option, value in (("max_ngram", max_ngram), ("min_ngram", min_ngram)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise ValueError(f"{option} must be an int >= 1 (n-gram length), got {value!r}")
         if min_ngram < 1 or max_ngram < min_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name must be a non-empty string, got {name!r}")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
         self.name = name
@@ -215,9 +231,14 @@ def lookup_ngram(tokens: torch.Tensor, valid: torch.Tensor, ngram: int) -> torch
     return torch.where(last > 0, last - 1 + ngram, torch.full_like(last, -1))
 
 
-def as_drafter(draft: Any, index: int) -> Any:
-    """Wrap a bare HF model in a ModelDrafter; pass drafters through; reject anything else."""
-    if isinstance(draft, (ModelDrafter, PromptLookupDrafter)):
+def as_drafter(draft: Any, index: int, vocab_size: int | None = None) -> Any:
+    """Wrap a bare HF model in a ModelDrafter (proposing over the target's `vocab_size` ids); pass drafters
+    through; reject anything else."""
+    if isinstance(draft, ModelDrafter):
+        if vocab_size is not None and draft.vocab_size is None:
+            draft.vocab_size = vocab_size
+        return draft
+    if isinstance(draft, PromptLookupDrafter):
         return draft
     if getattr(draft, "feature_layers", None) is not None:  # flashspec.features.FeatureDraft
         raise ValueError(f"drafts[{index}] is a FeatureDraft: it reads the target's hidden states, which only the "
@@ -225,7 +246,8 @@ def as_drafter(draft: Any, index: int) -> Any:
                          "target)")
     if isinstance(draft, torch.nn.Module) and hasattr(draft, "config"):
         path = str(getattr(draft.config, "_name_or_path", "") or "").rstrip("/")
-        return ModelDrafter(draft, name=f"draft{index}:{path.rsplit('/', 1)[-1]}" if path else f"draft{index}")
+        return ModelDrafter(draft, name=f"draft{index}:{path.rsplit('/', 1)[-1]}" if path else f"draft{index}",
+                            vocab_size=vocab_size)
     if all(callable(getattr(draft, method, None)) for method in ("reset", "propose", "rollback")):
         if not hasattr(draft, "name"):
             raise ValueError(f"drafts[{index}] implements the Drafter protocol but has no `name` attribute")

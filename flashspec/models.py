@@ -368,14 +368,11 @@ def check_compatible(
     draft_tokenizer: Any = None,
     draft_name: str = "draft",
 ) -> None:
-    """Raise ValueError unless `draft` can propose tokens for `target`: the same vocabulary size,
-    the same special-token ids where both define them, and (when given) identical tokenizers."""
-    target_vocab, draft_vocab = vocab_size_of(target), vocab_size_of(draft)
-    if target_vocab != draft_vocab:
-        raise ValueError(
-            f"{draft_name} has a vocabulary of {draft_vocab} tokens but the target has {target_vocab}: "
-            "a draft must share the target's tokenizer (pick a draft from the same model family)"
-        )
+    """Raise ValueError unless `draft` can propose tokens for `target`: one tokenizer. When given, the two
+    tokenizers must be identical; the special-token ids must agree where both define them. The embeddings may
+    have different row counts (a family pads them to different sizes, e.g. Qwen2.5-0.5B's 151936 and 7B's 152064
+    over one 151665-token tokenizer) when the tokenizers are given and fit in both, or when both models name the
+    same bos and eos ids: the draft's logits are then cut or padded to the target's vocabulary (`fit_vocab`)."""
     target_special, draft_special = special_token_ids(target), special_token_ids(draft)
     for field in ("bos_token_id", "eos_token_id"):
         mine, theirs = as_id_set(target_special[field]), as_id_set(draft_special[field])
@@ -384,11 +381,40 @@ def check_compatible(
                 f"{draft_name} has {field}={draft_special[field]} but the target has {target_special[field]}: "
                 "draft and target must share one tokenizer and its special tokens"
             )
-    if target_tokenizer is not None and draft_tokenizer is not None:
+    tokenizers = target_tokenizer is not None and draft_tokenizer is not None
+    if tokenizers:
         if target_tokenizer.get_vocab() != draft_tokenizer.get_vocab():
             raise ValueError(f"{draft_name}'s tokenizer vocabulary differs from the target's tokenizer")
         if target_tokenizer.all_special_ids != draft_tokenizer.all_special_ids:
             raise ValueError(f"{draft_name}'s tokenizer special tokens differ from the target's tokenizer")
+    target_vocab, draft_vocab = vocab_size_of(target), vocab_size_of(draft)
+    if target_vocab == draft_vocab:
+        return
+    if tokenizers:
+        tokens = len(target_tokenizer)
+        if tokens > min(target_vocab, draft_vocab):
+            raise ValueError(f"{draft_name}'s embedding has {draft_vocab} rows and the target's {target_vocab}, but "
+                             f"their tokenizer has {tokens} tokens: both embeddings must cover it")
+        return
+    named = all(as_id_set(target_special[field]) and as_id_set(draft_special[field])
+                for field in ("bos_token_id", "eos_token_id"))
+    if not named:
+        raise ValueError(
+            f"{draft_name}'s embedding has {draft_vocab} rows but the target's {target_vocab}, and the models name no "
+            "common bos/eos ids: a draft must share the target's tokenizer (pick a draft from the same model "
+            "family; padded embeddings of one tokenizer are fine when the configs name their special tokens)"
+        )
+
+
+def fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """`logits` [..., V'] over `vocab` ids: cut to the first `vocab`, or padded with -inf (ids the draft cannot
+    propose), so a draft whose embedding is padded to another size proposes only ids the target has."""
+    width = logits.shape[-1]
+    if width == vocab:
+        return logits
+    if width > vocab:
+        return logits[..., :vocab]
+    return torch.nn.functional.pad(logits, (0, vocab - width), value=float("-inf"))
 
 
 def as_id_set(value: Any) -> set[int]:

@@ -32,6 +32,22 @@ UNIFORM_SCALE = 2.0**-23
 STREAM_ACCEPT = 1
 STREAM_SAMPLE = 2
 STREAM_DRAFT = 3
+DRAFT_STREAM_BASE = STREAM_DRAFT + 16  # the engines' draft d samples on stream DRAFT_STREAM_BASE + 16·d
+MAX_SEED = 2**64 - 1  # keys hold 64 bits: a larger seed would repeat a smaller one's draws
+
+
+def check_seed(seed: object, name: str = "seed") -> int:
+    """`seed` as validated: an int in [0, 2**64) (a key holds 64 bits, so a larger seed would give a smaller
+    seed's draws)."""
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= MAX_SEED:
+        raise ValueError(f"{name} must be an int in [0, 2**64) (it is the run's 64-bit key), got {seed!r}")
+    return seed
+
+
+def draft_stream(draft: int) -> int:
+    """The stream draft `draft` (its index in the decoder's pool) samples its proposals on: apart from the
+    verifier's accept and sample streams and from every other draft's, under the step's one key."""
+    return DRAFT_STREAM_BASE + 16 * draft
 
 
 @dataclass(frozen=True)
@@ -59,9 +75,7 @@ def key_from_generator(generator: torch.Generator | int | None) -> Key:
     if isinstance(generator, bool):
         raise ValueError("generator must be a torch.Generator, an int seed or None, not a bool")
     if isinstance(generator, int):
-        if generator < 0:
-            raise ValueError(f"generator seed must be >= 0, got {generator}")
-        return Key.from_seed(generator)
+        return Key.from_seed(check_seed(generator, "generator"))
     if isinstance(generator, torch.Generator):
         if generator.device.type == "cpu":
             return Key.from_seed(int(torch.randint(0, 2**62, (1,), generator=generator).item()))
@@ -153,7 +167,8 @@ def step_key(seed_key: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
 
 
 def step_key_host(seed: Key, step: int) -> Key:
-    """`step_key` on a host Key and int step (tests and eager paths use it)."""
+    """`step_key` on a host Key and int step: the key of step `step` of a run keyed `seed` (the eager engine's
+    schedule, equal to the fast engine's on the device)."""
     as_tensor = torch.tensor([seed.lo, seed.hi], dtype=torch.int64)
     lo, hi = step_key(as_tensor, torch.tensor([step], dtype=torch.int64)).tolist()
     return Key(lo=lo, hi=hi)

@@ -383,8 +383,10 @@ class LlamaRunner:
 
     def inputs(self, tokens: torch.Tensor, positions: torch.Tensor, compiled: bool = False) -> torch.Tensor:
         """The first layer's input for `tokens` at `positions`: their embeddings (`compiled`: whether this
-        forward runs the compiled regions, for subclasses with regions of their own)."""
-        return self.embed_tokens(tokens)
+        forward runs the compiled regions, for subclasses with regions of their own). A draft whose embedding has
+        fewer rows than the target's vocabulary reads an id past its rows as its last row (what it proposes is
+        only a proposal: the target's verdict keeps the output exact)."""
+        return self.embed_tokens(tokens.clamp(max=self.embed_tokens.num_embeddings - 1))
 
     def output(self, head: Any, x: torch.Tensor, compiled: bool = False) -> torch.Tensor:
         """Logits of the last layer's output `x` through `head` (`project_logits`, compiled or not)."""

@@ -86,7 +86,22 @@ def verify(
         validate = target_logits.device.type == "cpu"
     if validate:
         check_values(target_logits, draft_logits, draft_tokens, params, draft_is_log_probs)
-    key = rng.key_from_generator(generator)
+    return verify_with_key(target_logits, draft_logits, draft_tokens, params, rng.key_from_generator(generator),
+                           backend, draft_is_log_probs, residual)
+
+
+def verify_with_key(
+    target_logits: torch.Tensor,
+    draft_logits: torch.Tensor | None,
+    draft_tokens: torch.Tensor,
+    params: SamplingParams,
+    key: rng.Key | torch.Tensor,
+    backend: str = "auto",
+    draft_is_log_probs: bool = False,
+    residual: str = "race",
+) -> VerifyOutput:
+    """`verify` drawing from `key` (a host `rng.Key` or a device key [2]) with no checks: for the engines, whose
+    step key comes from their run's seed (`rng.step_key`) and whose inputs they built themselves."""
     if backend == "auto":
         backend = "triton" if target_logits.is_cuda and _triton_available() else "torch"
     if backend == "triton":

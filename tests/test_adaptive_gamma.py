@@ -23,8 +23,10 @@ import torch
 import flashspec as fs
 from flashspec import bandits
 from flashspec.drafters import PromptLookupDrafter
-from flashspec.engine import SpeculativeDecoder, cost_signature
-from flashspec.fast import FastSpeculativeDecoder, catch_up_tokens
+from flashspec.engine import SpeculativeDecoder
+from flashspec.front import cost_signature
+from flashspec.fast import FastSpeculativeDecoder
+from flashspec.fast_session import catch_up_tokens
 from flashspec.rewards import StepCosts
 
 import test_engine_exact

@@ -70,7 +70,7 @@ def test_generate_reports_bad_input(capsys):
     assert cli.main(["generate", "--gamma", "0", "--no-progress", "--device", "cpu"]) == 2
     assert "gamma" in capsys.readouterr().err
     assert cli.main(["generate", "--policy", "nope", "--no-progress", "--device", "cpu"]) == 2
-    assert "unknown or invalid policy" in capsys.readouterr().err
+    assert "--policy nope: unknown policy 'nope'" in capsys.readouterr().err
     assert cli.main(["generate", "--draft", "x", "--no-progress"]) == 2
     assert "--draft needs --target" in capsys.readouterr().err
 
@@ -201,7 +201,7 @@ def test_unwritable_json_path_fails_before_generating(tmp_path, capsys):
 
 def test_negative_seed_is_a_seed_error(capsys):
     err = run_failing(capsys, [*BASE, "--seed", "-1"])
-    assert "--seed must be an int >= 0" in err and "policy" not in err
+    assert "--seed: seed must be an int in [0, 2**64)" in err and "policy" not in err
 
 
 @pytest.mark.parametrize("option, value", [
@@ -232,6 +232,8 @@ def test_library_value_errors_are_one_line_errors(monkeypatch, capsys):
 
 
 def test_seed_reaches_the_policy_and_the_draws(monkeypatch, capsys):
+    """--seed goes to `generate` alone, which seeds the draws and restarts the policy's generator from it (a
+    seed given to the policy at construction would be overwritten by the request's)."""
     from flashspec import engine
 
     seen = {}
@@ -251,7 +253,7 @@ def test_seed_reaches_the_policy_and_the_draws(monkeypatch, capsys):
     for _ in range(2):
         assert cli.main([*BASE, "--seed", "7", "--temperature", "1", "--max-new-tokens", "10"]) == 0
         outputs.append(capsys.readouterr().out)
-    assert seen == {"policy_kwargs": {"seed": 7}, "seed": 7}
+    assert seen == {"policy_kwargs": None, "seed": 7}
     assert outputs[0] == outputs[1]
 
 
@@ -277,3 +279,67 @@ def test_bench_fast_smoke_runs_through_the_cli(tmp_path, capsys):
     record = json.loads(out.read_text())
     methods = record["results"]["cells"][0]["methods"]
     assert {"fast_plain", "fast_speculative", "fast_speculative_sync_all"} <= set(methods)
+
+
+# --- One seed, one text: the engine is a speed choice, not a different sampler. ---
+
+
+@pytest.mark.parametrize("temperature", ["0", "1"])
+def test_eager_and_fast_engines_print_the_same_text_for_one_seed(capsys, temperature):
+    """With one draft, `--engine eager` and `--engine fast` (no graphs on a CPU) print the same tokens."""
+    texts = []
+    for engine in ("eager", "fast"):
+        code = cli.main([*BASE[:-1], "24", "--prompt", "abcabcab", "--engine", engine, "--seed", "5",
+                         "--temperature", temperature, "--gamma", "3", "--prompt-lookup", "--policy", "fixed"])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        texts.append(captured.out)
+    assert texts[0] == texts[1] and len(texts[0]) > len("abcabcab")
+
+
+# --- What the fast path and the models can go wrong with, each one error line. ---
+
+
+@pytest.mark.parametrize("engine", ["eager", "fast"])
+def test_non_finite_weights_end_in_one_error_line_and_nothing_printed(tmp_path, capsys, engine):
+    import torch
+
+    save_tiny_checkpoint(tmp_path / "target")
+    broken = models.load_model(str(tmp_path / "target"), dtype="fp32")
+    broken.model.norm.weight.data.fill_(float("nan"))
+    broken.save_pretrained(tmp_path / "target")
+    assert torch.isnan(models.load_model(str(tmp_path / "target"), dtype="fp32").model.norm.weight).all()
+    err = run_failing(capsys, [*BASE, "--target", str(tmp_path / "target"), "--prompt-lookup", "--engine", engine])
+    assert "non-finite logits" in err and "FloatingPointError" not in err
+
+
+def test_max_new_tokens_is_fitted_to_the_shortest_model(tmp_path, capsys):
+    """A draft with fewer positions than the target bounds --max-new-tokens too: lowered with a note, no error."""
+    tokenizer = models.char_tokenizer()
+    common = dict(vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    for name, positions in (("target", 128), ("draft", 24)):
+        models.tiny_llama(hidden_size=16, num_heads=2, max_positions=positions, **common).save_pretrained(
+            tmp_path / name)
+        tokenizer.save_pretrained(tmp_path / name)
+    code = cli.main([*BASE[:-1], "100", "--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"),
+                     "--prompt", "hello", "--temperature", "0"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "max-new-tokens lowered to 19 (the drafts[0] holds 24 positions)" in captured.err
+    assert captured.out.startswith("hello")
+
+
+@pytest.mark.parametrize("options", [["--dtype", "fp16"], ["--quantization", "nf4"]])
+def test_dtype_options_the_default_models_cannot_honour_are_errors(capsys, options):
+    err = run_failing(capsys, [*BASE, *options])
+    assert "apply to --target/--draft checkpoints" in err
+
+
+def test_only_rank_zero_reports_an_error(monkeypatch, capsys):
+    """Under torchrun every rank fails the same way; the message is printed once."""
+    monkeypatch.setenv("RANK", "1")
+    assert cli.report_error("bad --tp") == 2
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("RANK", "0")
+    assert cli.report_error("bad --tp") == 2
+    assert capsys.readouterr().err == "flashspec generate: error: bad --tp\n"

@@ -142,13 +142,13 @@ def test_model_drafter_hands_the_verifier_its_log_probs(target, draft, monkeypat
     from flashspec import engine as engine_module
 
     calls = []
-    real = engine_module.verify
+    real = engine_module.verify_with_key
 
-    def spy(target_logits, draft_logits, draft_tokens, params, **kwargs):
-        out = real(target_logits, draft_logits, draft_tokens, params, **kwargs)
+    def spy(target_logits, draft_logits, draft_tokens, params, key, **kwargs):
+        out = real(target_logits, draft_logits, draft_tokens, params, key, **kwargs)
         if kwargs.get("draft_is_log_probs"):  # the same step from the logits the log-probs were warped from
             logits = spy.proposal_logits
-            again = real(target_logits, logits, draft_tokens, params, **{**kwargs, "draft_is_log_probs": False})
+            again = real(target_logits, logits, draft_tokens, params, key, **{**kwargs, "draft_is_log_probs": False})
             calls.append(torch.equal(out.tokens, again.tokens) and torch.equal(out.num_accepted, again.num_accepted))
         return out
 
@@ -160,7 +160,7 @@ def test_model_drafter_hands_the_verifier_its_log_probs(target, draft, monkeypat
         spy.proposal_logits = proposal.logits
         return proposal
 
-    monkeypatch.setattr(engine_module, "verify", spy)
+    monkeypatch.setattr(engine_module, "verify_with_key", spy)
     monkeypatch.setattr(fs.drafters.ModelDrafter, "propose", keep_logits)
     decoder = SpeculativeDecoder(target, [draft], policy="fixed", gamma=3)
     decoder.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=12, sampling=fs.SamplingParams(0.8, top_k=5),
@@ -220,7 +220,7 @@ def test_bad_inputs_raise_clear_errors(target, draft):
         decoder.generate(torch.tensor([[1, 2], [3, 4]]), attention_mask=torch.tensor([[1, 1], [0, 0]]))
     with pytest.raises(ValueError, match="max_new_tokens"):
         decoder.generate(prompt, max_new_tokens=-1)
-    with pytest.raises(ValueError, match="exceeds the target's 64 positions"):
+    with pytest.raises(ValueError, match="the target holds only 64 positions; shorten the prompt"):
         decoder.generate(torch.ones((1, 65), dtype=torch.long))
     with pytest.raises(ValueError, match="lower max_new_tokens"):
         decoder.generate(prompt, max_new_tokens=62)
@@ -230,7 +230,7 @@ def test_bad_inputs_raise_clear_errors(target, draft):
         decoder.generate(torch.tensor([[1, 99]]))
     with pytest.raises(ValueError, match="gamma"):
         SpeculativeDecoder(target, [draft], gamma=0)
-    with pytest.raises(ValueError, match="unknown or invalid policy"):
+    with pytest.raises(ValueError, match="unknown policy"):
         SpeculativeDecoder(target, [draft], policy="no-such-policy")
     with pytest.raises(ValueError, match="simulation only"):
         SpeculativeDecoder(target, [draft], policy="oracle")
@@ -240,10 +240,28 @@ def test_bad_inputs_raise_clear_errors(target, draft):
         SpeculativeDecoder(target, [object()])
 
 
-def test_vocabulary_mismatch_is_rejected(target):
+def test_vocabulary_mismatch_is_rejected_without_a_common_tokenizer(target):
     other = models.tiny_llama(vocab_size=VOCAB + 1, hidden_size=8, seed=3)
-    with pytest.raises(ValueError, match="vocabulary of 17 tokens but the target has 16"):
+    other.config.bos_token_id = other.generation_config.bos_token_id = None
+    with pytest.raises(ValueError, match="embedding has 17 rows but the target's 16"):
         SpeculativeDecoder(target, [other])
+
+
+@pytest.mark.parametrize("rows", [VOCAB + 16, VOCAB - 4])
+def test_a_padded_draft_embedding_proposes_only_the_targets_ids(target, rows):
+    """A draft of the target's tokenizer whose embedding has other rows (Qwen2.5-0.5B drafting for 7B): its
+    logits are cut or padded with -inf to the target's vocabulary, both engines, and the output is valid."""
+    from flashspec.fast import FastSpeculativeDecoder
+
+    other = models.tiny_llama(vocab_size=rows, hidden_size=8, seed=3, initializer_range=0.3)
+    sampling = fs.SamplingParams(temperature=1.0)
+    prompt = torch.tensor([[1, 2, 3, 1, 2]])
+    results = [decoder(target, [other], gamma=3).generate(prompt, max_new_tokens=12, sampling=sampling, seed=4,
+                                                           ignore_eos=True)
+               for decoder in (SpeculativeDecoder, FastSpeculativeDecoder)]
+    for result in results:
+        assert int(result.sequences.max()) < VOCAB and result.num_generated.tolist() == [12]
+    assert torch.equal(results[0].sequences, results[1].sequences)  # one seed, one text
 
 
 def test_special_token_mismatch_is_rejected(target):
@@ -298,7 +316,7 @@ def test_nan_logits_raise_instead_of_emitting_garbage(target, draft):
 
 def test_minus_inf_logits_are_allowed_when_a_row_keeps_support(target, draft):
     """Models may mask tokens with -inf; only a position with no finite logit is an error."""
-    from flashspec.engine import nonfinite_rows
+    from flashspec.checks import nonfinite_rows
 
     logits = torch.zeros(2, 3, 5)
     logits[0, :, 1] = float("-inf")
@@ -342,7 +360,7 @@ def test_token_id_arguments_are_range_checked(target, draft):
 
 def test_draft_with_too_few_positions_is_rejected(target):
     short = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, seed=2, max_positions=16)
-    with pytest.raises(ValueError, match=r"drafts\[0\].*holds 16 positions but this run can reach 23"):
+    with pytest.raises(ValueError, match=r"exceeds the drafts\[0\]'s 16 positions; lower max_new_tokens to at most 13"):
         SpeculativeDecoder(target, [short]).generate(torch.tensor([[1, 2, 3]]), max_new_tokens=20)
 
 

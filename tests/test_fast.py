@@ -12,7 +12,8 @@ import torch
 import flashspec as fs
 from flashspec import models, runner
 from flashspec.drafters import PromptLookupDrafter
-from flashspec.fast import FastSpeculativeDecoder, capture_fill, catch_up_length, make_decoder, session_capacity
+from flashspec.fast import FastSpeculativeDecoder, make_decoder
+from flashspec.fast_session import capture_fill, catch_up_length, session_capacity
 from flashspec_lab.simulate import Blocks
 
 from test_engine_exact import (LENGTH, PROMPT, ROWS_PER_CALL, SETTINGS, VOCAB, exact_continuations, fit_p_values,
@@ -88,17 +89,17 @@ def test_same_seed_same_output_on_fresh_and_reused_decoders(pool):
 def test_model_drafts_are_verified_with_the_log_probs_they_sampled_from(pool, monkeypatch):
     """A model draft's step hands the verifier the warped log-probs it sampled from (`draft_is_log_probs`: rows that
     sum to one, no pass over the draft's vocabulary to normalise it); prompt lookup hands no draft distribution."""
-    from flashspec import fast
+    from flashspec import fast_session
 
     target, near, _ = pool
     calls = []
-    reference = fast.verify_reference
+    reference = fast_session.verify_reference
 
     def recording(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs=False):
         calls.append((draft_logits, draft_is_log_probs))
         return reference(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs)
 
-    monkeypatch.setattr(fast, "verify_reference", recording)
+    monkeypatch.setattr(fast_session, "verify_reference", recording)
     params = fs.SamplingParams(0.8, top_k=3)
     FastSpeculativeDecoder(target, [near], gamma=3, backend="torch").generate(
         PROMPT.expand(2, -1), max_new_tokens=6, sampling=params, seed=1, ignore_eos=True)
@@ -128,7 +129,7 @@ def test_requests_of_similar_lengths_share_a_session_and_a_seed_still_fixes_the_
 
 
 def test_session_capacity_rounds_onto_the_bucket_grid():
-    from flashspec.fast import session_capacity
+    from flashspec.fast_session import session_capacity
 
     assert session_capacity(10, 5) == 16 and session_capacity(12, 5) == 32 and session_capacity(176, 5) == 256
     assert session_capacity(300, 5) == 512 and session_capacity(1000, 9) == 1024
@@ -164,11 +165,17 @@ def test_bad_inputs_and_fallback(pool):
 
         def rollback(self, num_valid): ...
 
-    with pytest.warns(UserWarning, match="fast path unavailable"):
-        decoder = make_decoder(target, [Custom()], fast="auto")
+    decoder = make_decoder(target, [Custom()], fast="auto")  # on a CPU "auto" is the eager engine anyway
     assert type(decoder).__name__ == "SpeculativeDecoder"
+    assert type(make_decoder(target, [near], engine="auto")).__name__ == "SpeculativeDecoder"
+    assert type(make_decoder(target, [near], engine="fast")).__name__ == "FastSpeculativeDecoder"
     with pytest.raises(ValueError, match="cannot run these models"):
         make_decoder(target, [Custom()], fast=True)
+    with pytest.raises(ValueError, match="tp .* needs the fast path"):  # no TypeError from the eager fallback
+        make_decoder(target, [Custom()], fast="auto", tp=object())
+    assert type(make_decoder(target, [Custom()], fast="auto", tp=None)).__name__ == "SpeculativeDecoder"
+    with pytest.raises(ValueError, match="compile apply to the fast path only"):
+        make_decoder(target, [Custom()], engine="auto", compile="default")
 
 
 def test_catch_up_length():

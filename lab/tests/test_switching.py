@@ -52,16 +52,16 @@ def test_switch_rate_and_cost_fit() -> None:
 def fake_graphs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Fast-path sessions "capture" on a CPU: every session uses graphs, and a capture keeps the work to run
     again on each replay (the eager step), so captures happen where they would on a GPU."""
-    from flashspec import fast
+    from flashspec import fast_session
 
-    original = fast._Session.__init__
+    original = fast_session.Session.__init__
 
     def init(self, *args, **kwargs) -> None:
         original(self, *args, **kwargs)
         self.use_graphs = True
 
-    monkeypatch.setattr(fast._Session, "__init__", init)
-    monkeypatch.setattr(fast._Session, "_capture", lambda self, run: SimpleNamespace(replay=run))
+    monkeypatch.setattr(fast_session.Session, "__init__", init)
+    monkeypatch.setattr(fast_session.Session, "_capture", lambda self, run: SimpleNamespace(replay=run))
 
 
 @pytest.fixture()
@@ -127,9 +127,9 @@ class Wander:
 def frozen_captures(monkeypatch: pytest.MonkeyPatch) -> None:
     """As `fake_graphs`, but a capture first runs its work twice frozen, as the GPU capture's warm-up does, so
     a capture made between requests at another fill must leave no trace in the tokens."""
-    from flashspec import fast
+    from flashspec import fast_session
 
-    original = fast._Session.__init__
+    original = fast_session.Session.__init__
 
     def init(self, *args, **kwargs) -> None:
         original(self, *args, **kwargs)
@@ -144,8 +144,8 @@ def frozen_captures(monkeypatch: pytest.MonkeyPatch) -> None:
             self.buffers.frozen.fill_(False)
         return SimpleNamespace(replay=run)
 
-    monkeypatch.setattr(fast._Session, "__init__", init)
-    monkeypatch.setattr(fast._Session, "_capture", capture)
+    monkeypatch.setattr(fast_session.Session, "__init__", init)
+    monkeypatch.setattr(fast_session.Session, "_capture", capture)
 
 
 def test_capturing_every_graph_ahead_leaves_none_to_capture_and_changes_no_token(frozen_captures, target,

@@ -1,0 +1,486 @@
+"""The fast engine's session: static caches, device buffers, the step as pure device work, its CUDA graphs, and
+the host loop that reads each step's outcome `lag` steps late (`flashspec.fast` explains the design).
+
+A session serves every request of one (batch, cache capacity, sampling, stop ids, graphs) shape: its buffers keep
+fixed addresses, so the graphs it captured replay for each request of that shape.
+"""
+from __future__ import annotations
+
+import collections
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from flashspec import models, rng, runner
+from flashspec.checks import check_finite, nonfinite_rows
+from flashspec.drafters import PromptLookupDrafter
+from flashspec.features import FeatureDraft, FeatureRunner
+from flashspec.front import StepEvent, update_policy
+from flashspec.sampling import SamplingParams, sample_from_logits
+from flashspec.stats import GenerationStats, StepRecord
+from flashspec.verify import verify_reference
+
+
+def catch_up_tokens(appended_bound: int, gamma: int, bucket: int) -> int:
+    """Tokens a draft must read before the step's γ+1 window, when at most `appended_bound` tokens
+    were appended since its cache was last complete (the sum of γ+1 over the steps from its last run
+    on): what the window does not cover, rounded up to a power of two (few graphs), capped at the bucket."""
+    missed = appended_bound - (gamma + 1)
+    if missed <= 0:
+        return 0
+    return min(1 << (missed - 1).bit_length(), bucket)
+
+
+def catch_up_choices(bucket: int) -> list[int]:
+    """Every length `catch_up_tokens` can return at `bucket` (its powers of two, capped at the bucket)."""
+    return sorted({min(1 << k, bucket) for k in range(bucket.bit_length() + 1)})
+
+
+def capture_fill(bucket: int, capacity: int, gamma: int, max_gamma: int) -> int:
+    """Tokens per row while a step of γ = `gamma` at attention `bucket` is captured ahead: a fill the step
+    loop can reach there, so the step's γ+1 positions stay inside the bucket (fill + γ <= bucket) and the
+    commit's fixed Γ+1 columns (Γ = `max_gamma`) inside the cache (fill + Γ < capacity), as in a real run,
+    where a row never holds more than capacity - Γ - 1 tokens."""
+    return max(1, min(bucket, capacity - max_gamma - 1) - gamma)
+
+
+def session_capacity(tokens: int, slack: int, max_positions: int | None = None) -> int:
+    """Cache slots of the session that serves a request of `tokens` (prompt + max_new_tokens), `slack`
+    (γ+1) more for the last step's drafts: rounded up onto the attention buckets' grid
+    (`runner.bucket_for`), so requests of similar lengths share one session with its buffers and captured
+    graphs; a function of the request alone, so the buckets and the run a seed gives do not depend on what
+    ran before. Capped at the models' positions plus the slack."""
+    rounded = runner.bucket_for(tokens + slack, sys.maxsize)
+    if max_positions is not None:
+        rounded = min(rounded, max_positions + slack)
+    return max(tokens + slack, rounded)
+
+
+def catch_up_length(steps_away: int, gamma: int, bucket: int) -> int:
+    """`catch_up_tokens` when every step drafts γ and the draft runs `steps_away` >= 1 steps after it
+    last ran: none when it ran the step before, else the at most (steps_away-1)·(γ+1) older tokens."""
+    if steps_away <= 1:
+        return 0
+    return catch_up_tokens(steps_away * (gamma + 1), gamma, bucket)
+
+
+@dataclass
+class Buffers:
+    """Device state of one generation; every step reads and writes these in place (fixed addresses,
+    so captured graphs stay valid across requests of the same shape)."""
+
+    seq: torch.Tensor        # [B, capacity] long: each row's tokens, position t in column t
+    lengths: torch.Tensor    # [B] long: tokens per row (the last one is pending: not yet in the target cache)
+    remaining: torch.Tensor  # [B] long: tokens each row may still append
+    done: torch.Tensor       # [B] bool: row finished (budget or EOS)
+    step: torch.Tensor       # [1] long: steps taken, the RNG counter
+    seed_key: torch.Tensor   # [2] long: the request's key (lo, hi)
+    frozen: torch.Tensor     # [1] bool: warm-up runs (graph capture) commit nothing and keep the counter
+    stop_ids: torch.Tensor   # [S] long: EOS ids (S may be 0)
+    outcome: torch.Tensor    # [B, Γ+4] long out: this step's verified tokens (Γ = largest γ; -1 past the
+    #                          step's own γ+1), accepted drafts, appended count, non-finite logits flag
+
+
+def commit(b: Buffers, out_tokens: torch.Tensor, num_accepted: torch.Tensor, offsets: torch.Tensor,
+           flags: torch.Tensor) -> None:
+    """Append each row's accepted tokens and its emitted token, cut by its budget and its first EOS,
+    in place on the buffers (warm-up runs, `b.frozen`, append nothing and keep the counter). `flags` [B]:
+    `checks.nonfinite_rows` of the step's logits, copied out with the outcome (the host raises on it)."""
+    width = offsets.shape[0]
+    emitted = offsets[None] <= num_accepted[:, None]                     # [B, γ+1]
+    is_stop = (out_tokens[..., None] == b.stop_ids).any(-1) & emitted
+    first_stop = torch.where(is_stop.any(1), is_stop.long().argmax(1), torch.full_like(num_accepted, width))
+    budget_cut = torch.minimum(num_accepted + 1, b.remaining)
+    hit_stop = first_stop < budget_cut
+    kept = torch.where(hit_stop, first_stop + 1, budget_cut)
+    kept = torch.where(b.done | b.frozen, torch.zeros_like(kept), kept)
+    index = b.lengths[:, None] + offsets[None]                           # < capacity by construction
+    b.seq.scatter_(1, index, torch.where(offsets[None] < kept[:, None], out_tokens.clamp(min=0),
+                                         b.seq.gather(1, index)))
+    b.lengths.add_(kept)
+    b.remaining.sub_(kept)
+    b.done.logical_or_(hit_stop & ~b.frozen).logical_or_(b.remaining == 0)
+    b.step.add_((~b.frozen).long())
+    b.outcome.copy_(torch.cat([out_tokens, num_accepted[:, None], kept[:, None], flags[:, None]], 1))
+
+
+def step_prologue(seed_key: torch.Tensor, step: torch.Tensor, prefixes_of: Callable[[torch.Tensor], torch.Tensor]
+                  | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """This step's device key (`rng.step_key`) and, for the Triton verify, its stream prefixes
+    (`prefixes_of` = `flashspec.kernels.verify.device_prefixes`)."""
+    key = rng.step_key(seed_key, step)
+    return key, None if prefixes_of is None else prefixes_of(key)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A launched step as the host remembers it until it reads the outcome."""
+
+    step: int
+    arm: int
+    gamma: int
+    launched: float   # host perf_counter at launch
+    host_s: float     # host time of the launch call (the whole step on a CPU, where it is synchronous)
+    captured: bool    # a graph was captured: the step's time is not its cost
+    switched: bool | None  # its draft differs from the previous step's (None: the request's first step)
+
+
+class Session:
+    """Runners, buffers and captured step graphs for one (batch, capacity, sampling, EOS, graphs) shape."""
+
+    def __init__(self, decoder: Any, key: tuple, batch: int, capacity: int,
+                 sampling: SamplingParams, stop_ids: set[int], use_graphs: bool) -> None:
+        self.key = key
+        self.gamma = decoder.gamma  # the single-γ mode's γ (benchmarks time the step's pieces at it)
+        self.arms = decoder.arms
+        self.max_gamma = decoder.max_gamma
+        self.sampling = sampling
+        self.use_graphs = use_graphs
+        self.capacity = capacity
+        device = decoder.device
+        self.device = device
+        # compiled query lengths (when asked): decode, every arm's verify/window γ+1, and each γ's
+        # commonest catch-up
+        gammas = sorted({arm_gamma for _, arm_gamma in self.arms})
+        verify_lengths = (1, *(g + 1 for g in gammas))
+        catch_ups = tuple(dict.fromkeys(catch_up_length(2, g, capacity) for g in gammas))
+        options = {"logits_dtype": torch.float32, "compile": decoder.compile}
+        self.target = runner.LlamaRunner(decoder.target, batch, capacity, compile_lengths=verify_lengths,
+                                         state_layers=decoder.state_layers, **options)
+
+        def make(draft: Any) -> runner.LlamaRunner | PromptLookupDrafter:
+            if isinstance(draft, PromptLookupDrafter):
+                return draft
+            if isinstance(draft, FeatureDraft):
+                return FeatureRunner(draft, self.target, batch, capacity, compile_lengths=verify_lengths + catch_ups,
+                                     **options)
+            return runner.LlamaRunner(draft, batch, capacity, compile_lengths=verify_lengths + catch_ups, **options)
+
+        self.drafts: list[runner.LlamaRunner | PromptLookupDrafter] = [make(d) for d in decoder.drafts]
+        self.sync_all = decoder.draft_sync == "all"
+        # the step's small device-side pieces: dozens of tiny kernels each unless compiled
+        self.sample, self.prologue, self.commit = sample_from_logits, step_prologue, commit
+        if decoder.compile is not False:
+            self.sample, self.prologue, self.commit = (torch.compile(fn, fullgraph=True) for fn in (
+                sample_from_logits, step_prologue, commit))
+        use_triton = decoder.backend == "triton" or (decoder.backend == "auto" and device.type == "cuda")
+        self.verify_triton = use_triton
+        self.prefixes_of = None
+        if use_triton:
+            from flashspec.kernels.verify import device_prefixes
+
+            self.prefixes_of = device_prefixes
+        zeros = lambda dtype, *shape: torch.zeros(shape, dtype=dtype, device=device)  # noqa: E731
+        self.buffers = Buffers(
+            seq=zeros(torch.long, batch, capacity), lengths=zeros(torch.long, batch),
+            remaining=zeros(torch.long, batch), done=zeros(torch.bool, batch), step=zeros(torch.long, 1),
+            seed_key=zeros(torch.long, 2), frozen=zeros(torch.bool, 1),
+            stop_ids=torch.tensor(sorted(stop_ids), dtype=torch.long, device=device),
+            outcome=zeros(torch.long, batch, self.max_gamma + 4))
+        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}  # ("step", arm, bucket) or ("catch_up", arm, bucket, n)
+        self.catch_ups: collections.Counter[int] = collections.Counter()  # catch-up length -> times
+        self.batch = batch
+        self.vocab = models.vocab_size_of(decoder.target)  # a draft with a padded embedding proposes ids below it
+        self.prefill_captures = 0  # prefill graphs the last prefill captured
+
+    # ------------------------------------------------------------------------------- request set-up
+    def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, budgets: list[int], seed: int,
+                pad_id: int) -> list[int]:
+        """Fill every cache with the prompts and the buffers with the request (one host read of the
+        prompt lengths, before the first step). With graphs, each runner's prefill replays a graph per
+        (batch, width bucket); `prefill_captures` says how many this call captured."""
+        buffers = self.buffers
+        before = self.prefill_graphs
+        _, lengths = self.target.prefill(input_ids, mask, graphed=self.use_graphs)
+        for draft in self.runners()[1:]:
+            draft.prefill(input_ids, mask, graphed=self.use_graphs)
+        self.prefill_captures = self.prefill_graphs - before
+        width = input_ids.shape[1]
+        columns = torch.arange(width, device=self.device)
+        source = (columns + (width - lengths)[:, None]) % width  # real tokens first (slot == position)
+        buffers.seq.fill_(pad_id)
+        buffers.seq[:, :width] = torch.where(columns < lengths[:, None], input_ids.gather(1, source), pad_id)
+        buffers.lengths.copy_(lengths)
+        budget = torch.tensor(budgets, dtype=torch.long, device=self.device)
+        buffers.remaining.copy_(budget)
+        buffers.done.copy_(budget == 0)
+        buffers.step.zero_()
+        buffers.frozen.zero_()
+        key = rng.Key.from_seed(seed)
+        buffers.seed_key.copy_(torch.tensor([key.lo, key.hi], dtype=torch.long))
+        return lengths.tolist()
+
+    def output(self, input_ids: torch.Tensor, mask: torch.Tensor, generated: int, pad_id: int) -> torch.Tensor:
+        """[B, width + generated]: each prompt as given (left-padded), then the row's tokens, then pads."""
+        width = input_ids.shape[1]
+        lengths = self.buffers.lengths.cpu()
+        seq = self.buffers.seq.cpu()
+        pads = (~mask.cpu()).sum(1)
+        columns = torch.arange(width, width + generated)
+        source = columns[None] - pads[:, None]                              # compact index of each column
+        tail = seq.gather(1, source.clamp(max=self.capacity - 1))
+        tail = torch.where(source < lengths[:, None], tail, torch.full_like(tail, pad_id))
+        return torch.cat([input_ids.cpu(), tail], 1)
+
+    # ------------------------------------------------------------------------------- the step
+    def catch_up(self, arm: int, bucket: int, length: int) -> None:
+        """The draft of `arm` reads the `length` tokens before the step's window (positions
+        last-γ-length .. last-γ-1, clamped at 0, γ the arm's) into its cache: what it missed while
+        other arms ran."""
+        index, gamma = self.arms[arm]
+        b, draft = self.buffers, self.drafts[index]
+        end = b.lengths - 1 - gamma                                             # [B] the window's first position
+        span = (end[:, None] - length + torch.arange(length, device=self.device)).clamp(min=0)
+        last = torch.full((self.batch, 1), length - 1, dtype=torch.long, device=self.device)
+        draft.forward(b.seq.gather(1, span), span, bucket, last)
+
+    def step(self, arm: int, bucket: int) -> None:
+        """One speculative step for `arm` with attention over `bucket` slots: device work only."""
+        (index, gamma), b, params = self.arms[arm], self.buffers, self.sampling
+        offsets = torch.arange(gamma + 1, device=self.device)
+        out_offsets = torch.arange(self.max_gamma + 1, device=self.device)     # the commit's fixed width
+        key, prefixes = self.prologue(b.seed_key, b.step, self.prefixes_of)
+        last = b.lengths - 1                                                   # [B] the pending token
+        if not self.drafts:  # plain decoding: one token per step from the target
+            logits = self.target.forward(b.seq.gather(1, last[:, None]), last[:, None], bucket)[:, 0]
+            token, _ = self.sample(logits, params, key, position=0, stream=rng.STREAM_SAMPLE)
+            padded = torch.cat([token[:, None], torch.full_like(token[:, None], -1)], 1)  # the [B, γ+1] layout, γ = 1
+            self.commit(b, padded, torch.zeros_like(token), offsets, nonfinite_rows(logits[:, None], None))
+            return
+        chosen = self.drafts[index]
+        logits = None
+        # the window: the last γ+1 tokens; with "all", the last Γ+1 (Γ the largest γ), so that no
+        # step appends more than a draft re-reads and none ever needs a catch-up
+        span = self.max_gamma if self.sync_all else gamma
+        window = (last[:, None] - span + torch.arange(span + 1, device=self.device)).clamp(min=0)  # [B, span+1]
+        window_tokens = b.seq.gather(1, window)
+        at_end = torch.full((self.batch, 1), span, dtype=torch.long, device=self.device)
+        for draft in self.drafts:  # "all": every model draft re-reads the window; "lazy": the chosen one
+            if isinstance(draft, runner.LlamaRunner) and (draft is chosen or self.sync_all):
+                out = draft.forward(window_tokens, window, bucket, at_end)
+                if draft is chosen:
+                    logits = models.fit_vocab(out[:, 0], self.vocab)           # [B, V]
+        if isinstance(chosen, PromptLookupDrafter):
+            drafted, draft_logits = self._lookup(chosen, bucket, gamma), None
+        else:
+            tokens, all_log_probs = [], []
+            for position in range(gamma):  # the draft's own stream (index: the draft, not the arm)
+                token, log_probs = self.sample(logits, params, key, position=position, stream=rng.draft_stream(index))
+                tokens.append(token)
+                all_log_probs.append(log_probs)  # exactly the q it sampled from: the verifier reads it as given
+                if position < gamma - 1:
+                    logits = models.fit_vocab(
+                        chosen.next_draft(token[:, None], (b.lengths + position)[:, None], bucket)[:, 0], self.vocab)
+            drafted, draft_logits = torch.stack(tokens, 1), torch.stack(all_log_probs, 1)
+        given = draft_logits is not None  # the draft's warped log-probs (`draft_is_log_probs`), or no draft
+        target_tokens = torch.cat([b.seq.gather(1, last[:, None]), drafted], 1)
+        target_logits = self.target.forward(target_tokens, last[:, None] + offsets, bucket)
+        if self.verify_triton:
+            from flashspec.kernels import verify_triton
+
+            out_tokens, num_accepted = verify_triton(target_logits, draft_logits, drafted, params, key,
+                                                     prefixes=prefixes, draft_is_log_probs=given)
+        else:
+            result = verify_reference(target_logits, draft_logits, drafted, params, key, given)
+            out_tokens, num_accepted = result.tokens, result.num_accepted
+        if gamma < self.max_gamma:  # -1 past the γ+1 verified tokens: never emitted (offset > num_accepted)
+            out_tokens = torch.nn.functional.pad(out_tokens, (0, self.max_gamma - gamma), value=-1)
+        self.commit(b, out_tokens, num_accepted, out_offsets, nonfinite_rows(target_logits, draft_logits))
+
+    def _lookup(self, drafter: PromptLookupDrafter, width: int, gamma: int) -> torch.Tensor:
+        """Prompt lookup over each row's last `width` tokens, right-aligned as the drafter reads them."""
+        b = self.buffers
+        index = torch.arange(width, device=self.device)[None] - (width - b.lengths)[:, None]
+        valid = index >= 0
+        tokens = b.seq.gather(1, index.clamp(min=0, max=self.capacity - 1))
+        return drafter.propose_tokens(tokens, valid, gamma)
+
+    def launch(self, arm: int, bucket: int, catch_up: int = 0) -> int:
+        """Run one step (after the catch-up of `arm`'s draft over `catch_up` tokens, when > 0):
+        replay their graphs (each captured on first use) or run them eagerly. Returns how many graphs
+        were captured (0, 1 or 2; when any, the step's time is mostly capture)."""
+        work = [(("step", arm, bucket), lambda: self.step(arm, bucket))]
+        if catch_up:
+            work.insert(0, (("catch_up", arm, bucket, catch_up), lambda: self.catch_up(arm, bucket, catch_up)))
+        captured = 0
+        for key, run in work:
+            if not self.use_graphs:
+                run()
+                continue
+            graph = self.graphs.get(key)
+            if graph is None:
+                graph = self.graphs[key] = self._capture(run)
+                captured += 1
+            graph.replay()
+        return captured
+
+    def runners(self) -> list[runner.LlamaRunner]:
+        """The target's runner, then each model draft's (prompt-lookup drafts have none)."""
+        return [self.target, *(d for d in self.drafts if isinstance(d, runner.LlamaRunner))]
+
+    @property
+    def prefill_graphs(self) -> int:
+        """Prefill graphs this session's runners hold, one per runner and width bucket (the fast path
+        builds no other `GraphedStep`)."""
+        return sum(model.captures for model in self.runners())
+
+    def catches_up(self, draft: int) -> bool:
+        """Whether draft `draft` (an index; -1 for plain decoding) reads what it missed before its window:
+        a model draft under lazy sync."""
+        return bool(self.drafts) and isinstance(self.drafts[draft], runner.LlamaRunner) and not self.sync_all
+
+    def capture_all(self, lengths: Sequence[int]) -> int:
+        """`FastSpeculativeDecoder.capture_graphs` for this session: returns how many graphs it captured."""
+        if not self.use_graphs:
+            return 0
+        b = self.buffers
+        saved = b.lengths.clone()
+        captured = -self.prefill_graphs  # plus the prefill graphs held at the end
+        try:
+            for bucket in sorted({runner.bucket_for(min(n, self.capacity), self.capacity) for n in lengths}):
+                for arm, (draft, gamma) in enumerate(self.arms):
+                    if bucket < gamma + 1:  # the step loop never attends over fewer slots than γ+1
+                        continue
+                    b.lengths.fill_(capture_fill(bucket, self.capacity, gamma, self.max_gamma))
+                    work = {("step", arm, bucket): lambda arm=arm, bucket=bucket: self.step(arm, bucket)}
+                    for n in (catch_up_choices(bucket) if self.catches_up(draft) else ()):
+                        work[("catch_up", arm, bucket, n)] = (
+                            lambda arm=arm, bucket=bucket, n=n: self.catch_up(arm, bucket, n))
+                    for key, run in work.items():
+                        if key not in self.graphs:
+                            self.graphs[key] = self._capture(run)
+                            captured += 1
+                for model in self.runners():  # a prompt whose width has this bucket: its prefill's graph
+                    model.prefill_graph(self.batch, bucket)  # its warm-ups write the scratch slot only
+        finally:
+            b.lengths.copy_(saved)
+        return captured + self.prefill_graphs
+
+    def _capture(self, run: Callable[[], None]) -> torch.cuda.CUDAGraph:
+        """Capture `run` (a step or a catch-up). Warm-up runs are frozen: they rewrite cache slots
+        the next real step writes again, and commit nothing."""
+        b = self.buffers
+        b.frozen.fill_(True)
+        try:
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                for _ in range(2):
+                    run()
+            torch.cuda.current_stream().wait_stream(stream)
+            graph = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(graph):
+                    run()
+            except RuntimeError as error:  # e.g. a kernel (a quantized matmul) that synchronises with the host
+                raise RuntimeError(f"capturing a fast step in a CUDA graph failed: {error}. Pass graphs=False to "
+                                   "run the steps without graphs") from error
+        finally:
+            b.frozen.fill_(False)
+        return graph
+
+    # ------------------------------------------------------------------------------- the host loop
+    def run(self, decoder: Any, budgets: list[int], lengths: list[int],
+            stats: GenerationStats, on_step: Callable[[StepEvent], None] | None) -> list[int]:
+        """Launch steps until every row is done; read each step's outcome `lag` steps later."""
+        b, lag = self.buffers, decoder.lag
+        cuda = self.device.type == "cuda"
+        width = max(lengths)
+        slots = lag + 1
+        pinned = torch.zeros((slots, self.batch, self.max_gamma + 4), dtype=torch.long, pin_memory=cuda)
+        done_host = torch.zeros((slots, self.batch), dtype=torch.bool, pin_memory=cuda)
+        events = [torch.cuda.Event(enable_timing=True) if cuda else None for _ in range(slots)]
+        last_end = torch.cuda.Event(enable_timing=True) if cuda else None
+        if cuda:
+            last_end.record()
+        issued: list[Launch] = []
+        num_generated = [0] * self.batch
+        active = [budget > 0 for budget in budgets]
+        known_max = width  # the longest row as of the last step read
+        # Per draft model (arms sharing a draft share its cache): at most how many tokens were appended
+        # since its cache was last complete: the γ+1 of each step from its last run on; the prefill
+        # counts as a step of the largest γ (with one γ: the draft is (steps away)·(γ+1) behind).
+        behind = [self.max_gamma + 1] * len(self.drafts)
+        read = 0
+
+        def consume() -> bool:
+            """Read the oldest unread step's outcome; True when every row is done."""
+            nonlocal read, known_max, last_end
+            launch = issued[read]
+            step, arm, gamma = launch.step, launch.arm, launch.gamma
+            slot = step % slots
+            if cuda:
+                events[slot].synchronize()
+                latency = last_end.elapsed_time(events[slot]) / 1e3
+                last_end = events[slot]
+            else:
+                latency = time.perf_counter() - launch.launched
+            if decoder.step_costs is not None and not launch.captured:
+                # the step's cost: device time between step ends on CUDA, its synchronous launch on a CPU
+                decoder.step_costs.observe(arm, latency if cuda else launch.host_s, launch.switched)
+            outcome = pinned[slot].tolist()
+            accepted, kept = [row[-3] for row in outcome], [row[-2] for row in outcome]
+            rows = [row for row in range(self.batch) if active[row]]
+            # the step's logits held NaN or +inf in a row still generating: its tokens are arbitrary (no extra sync:
+            # the flag rides the outcome copy read here)
+            check_finite([row[-1] for row in outcome], rows, step, decoder.arm_names[arm])
+            update_policy(decoder.policy, arm, [accepted[row] for row in rows], gamma, decoder.step_costs)
+            if rows:
+                stats.record(StepRecord(step=step, arm=arm, gamma=gamma,
+                                        num_accepted=[accepted[row] for row in rows],
+                                        kept=[kept[row] for row in rows], latency_s=latency))
+            for row in range(self.batch):
+                num_generated[row] += kept[row]
+                active[row] = not bool(done_host[slot, row])
+            known_max = max(length + count for length, count in zip(lengths, num_generated))
+            if decoder.tp is not None:  # tensor parallel: compare emitted tokens across ranks every K steps
+                decoder.tp.guard_step(step, arm, [outcome[row][: kept[row]] for row in range(self.batch)])
+            if on_step is not None and rows:
+                on_step(StepEvent(step=step, arm=arm, new_tokens=[outcome[row][: kept[row]] for row in range(self.batch)],
+                                  num_generated=list(num_generated), gamma=gamma))
+            read += 1
+            return not any(active)
+
+        finished = not any(active)
+        step = 0
+        previous_draft: int | None = None
+        while not finished:
+            if step - read >= lag:
+                finished = consume()
+                if finished:
+                    break
+            arm = decoder.choose_arm()
+            draft, gamma = self.arms[arm]
+            # the longest row is at most the last read length plus γ+1 per unread step
+            bound = min(known_max + sum(launch.gamma + 1 for launch in issued[read:]), self.capacity - gamma - 1)
+            bucket = runner.bucket_for(bound + gamma, self.capacity)
+            catch_up = 0
+            if self.catches_up(draft):
+                catch_up = catch_up_tokens(behind[draft], gamma, bucket)
+                behind[draft] = 0
+                self.catch_ups[catch_up] += 1
+            behind = [count + gamma + 1 for count in behind]
+            launched = time.perf_counter()
+            captured = self.launch(arm, bucket, catch_up)
+            host_s = time.perf_counter() - launched
+            decoder.graphs_captured += captured
+            slot = step % slots
+            pinned[slot].copy_(b.outcome, non_blocking=True)
+            done_host[slot].copy_(b.done, non_blocking=True)
+            if cuda:
+                events[slot].record()
+            issued.append(Launch(step, arm, gamma, launched, host_s, captured > 0,
+                                  None if previous_draft is None else draft != previous_draft))
+            previous_draft = draft
+            step += 1
+        while read < len(issued):  # drain: steps launched after the last row finished append nothing
+            consume()
+        if decoder.tp is not None:
+            decoder.tp.guard_check(read - 1)
+        return num_generated
+
+
