@@ -11,6 +11,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from flashspec.rewards import check_step_gamma
+
 TINY_COUNT = 1e-12  # a count below this is treated as "never observed" (infinite UCB bonus)
 
 
@@ -112,8 +114,7 @@ class Policy(abc.ABC):
         return values
 
     def _check_step(self, num_accepted: Any, gamma: Any, shape: tuple[int, ...]) -> tuple[np.ndarray, int]:
-        if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 1:
-            raise ValueError(f"gamma must be an int >= 1, the number of drafted tokens (got {gamma!r})")
+        gamma = check_step_gamma(gamma)
         counts = np.asarray(num_accepted)
         if self.batch_size is None:
             counts = counts.reshape(-1)

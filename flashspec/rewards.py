@@ -37,7 +37,8 @@ __all__ = [
 ]
 
 
-def _check_gamma(gamma: Any) -> int:
+def check_step_gamma(gamma: Any) -> int:
+    """A step's drafted tokens as the reward arithmetic and the policies' step updates take them: an int >= 1."""
     if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 1:
         raise ValueError(f"gamma must be an int >= 1, the number of drafted tokens per step (got {gamma!r})")
     return int(gamma)
@@ -73,13 +74,13 @@ def _scalar_or_array(values: np.ndarray) -> float | np.ndarray:
 
 def acceptance_fraction(num_accepted: Any, gamma: int) -> float | np.ndarray:
     """n / γ: the fraction of drafted tokens the target accepted."""
-    gamma = _check_gamma(gamma)
+    gamma = check_step_gamma(gamma)
     return _scalar_or_array(_check_num_accepted(num_accepted, gamma) / gamma)
 
 
 def tokens_per_step(num_accepted: Any, gamma: int) -> float | np.ndarray:
     """(n + 1) / (γ + 1): tokens emitted by the step, normalised by the maximum γ + 1."""
-    gamma = _check_gamma(gamma)
+    gamma = check_step_gamma(gamma)
     return _scalar_or_array((_check_num_accepted(num_accepted, gamma) + 1.0) / (gamma + 1.0))
 
 
@@ -91,7 +92,7 @@ def throughput(num_accepted: Any, gamma: int, draft_cost: Any, target_cost: Any 
     rate of a free draft (cost 0) that is always accepted, so the reward is
     (n + 1) · target_cost / ((γ + 1) · (γ · draft_cost + target_cost)).
     """
-    gamma = _check_gamma(gamma)
+    gamma = check_step_gamma(gamma)
     counts = _check_num_accepted(num_accepted, gamma)
     draft = _check_cost(draft_cost, "draft_cost", allow_zero=True)
     target = _check_cost(target_cost, "target_cost", allow_zero=False)
@@ -103,7 +104,7 @@ def expected_tokens_per_step(alpha: Any, gamma: int) -> float | np.ndarray:
 
     Not γα + 1: the first rejection ends the step, so n is truncated-geometric, not binomial.
     """
-    gamma = _check_gamma(gamma)
+    gamma = check_step_gamma(gamma)
     try:
         rates = np.asarray(alpha, dtype=np.float64)
     except (TypeError, ValueError) as error:
@@ -117,7 +118,7 @@ def expected_tokens_per_step(alpha: Any, gamma: int) -> float | np.ndarray:
 
 def expected_throughput(alpha: Any, gamma: int, draft_cost: Any, target_cost: Any = 1.0) -> float | np.ndarray:
     """E[throughput reward] for per-token acceptance α: the normalised tokens per unit cost."""
-    gamma = _check_gamma(gamma)
+    gamma = check_step_gamma(gamma)
     draft = _check_cost(draft_cost, "draft_cost", allow_zero=True)
     target = _check_cost(target_cost, "target_cost", allow_zero=False)
     tokens = np.asarray(expected_tokens_per_step(alpha, gamma))
@@ -274,7 +275,7 @@ class StepCosts:
         cost = self.costs[arm]
         if cost is None or not len(num_accepted):
             return None
-        tokens = float(np.mean(_check_num_accepted(list(num_accepted), _check_gamma(gamma)))) + 1.0
+        tokens = float(np.mean(_check_num_accepted(list(num_accepted), check_step_gamma(gamma)))) + 1.0
         self.tokens[arm] = self._average(self.tokens[arm], tokens)
         best = max(rate for rate in self.rates() if rate is not None)
         return min(1.0, tokens / cost / (2.0 * best))

@@ -170,3 +170,34 @@ def test_check_gamma_is_the_one_range():
     for bad in (0, front.MAX_GAMMA + 1, 2.0, True):
         with pytest.raises(ValueError, match="gamma must be an int in"):
             front.check_gamma(bad)
+
+
+# ------------------------------------------------------------------------------ on a GPU: graphs and Triton
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: graphs exist only there")
+
+
+@needs_cuda
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_one_seed_gives_one_text_on_the_gpu_with_graphs(temperature):
+    """fp32 on CUDA: the eager engine (HF forwards, Triton verify) and the fast one (CUDA graphs, Triton verify)
+    agree token for token for one draft and one seed."""
+    target, near = tiny(0).cuda(), tiny(1, num_layers=1).cuda()
+    sampling = fs.SamplingParams(temperature=temperature)
+    prompts = PROMPT.expand(2, -1).cuda()
+    eager = fs.SpeculativeDecoder(target, [near], gamma=3)
+    fast = FastSpeculativeDecoder(target, [near], gamma=3, graphs=True)
+    outputs = [decoder.generate(prompts, max_new_tokens=24, sampling=sampling, seed=9, ignore_eos=True)
+               for decoder in (eager, fast)]
+    assert fast.graphs_captured > 0
+    assert torch.equal(outputs[0].sequences.cpu(), outputs[1].sequences.cpu())
+
+
+@needs_cuda
+@pytest.mark.parametrize("plain", [True, False])
+def test_non_finite_logits_raise_from_captured_graphs(plain):
+    target = nan_norm(tiny()).cuda()
+    decoder = (FastPlainDecoder(target, graphs=True) if plain
+               else FastSpeculativeDecoder(target, [fs.PromptLookupDrafter()], graphs=True))
+    with pytest.raises(FloatingPointError, match=r"non-finite logits .* at step 0, rows \[0, 1\]"):
+        decoder.generate(PROMPT.expand(2, -1).cuda(), max_new_tokens=8, ignore_eos=True)
+    assert decoder.graphs_captured > 0
