@@ -266,7 +266,7 @@ def test_the_cli_serves_a_pool_with_a_feature_draft_on_the_fast_path(tmp_path, m
     assert cli.main(base) == 0
     assert "draft4:draft-features" in capsys.readouterr().err
     assert cli.main([*base, "--engine", "eager"]) == 2
-    assert "--engine eager cannot run a feature draft" in capsys.readouterr().err
+    assert "the eager engine cannot run a feature draft" in capsys.readouterr().err
 
 
 @pytest.mark.gpu
