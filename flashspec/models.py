@@ -35,11 +35,22 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype | str | None:
     raise ValueError(f"dtype must be one of {sorted(DTYPE_NAMES)}, 'auto', a torch.dtype or None, got {dtype!r}")
 
 
-def nf4_compute_dtype() -> torch.dtype:
-    """bf16 where the GPU supports it, else fp16 (e.g. a T4): the dtype NF4 matmuls run in."""
-    if torch.cuda.is_available() and torch.cuda.is_bf16_supported():
+def half_dtype(device: str | torch.device | None = None) -> torch.dtype:
+    """The 16-bit float a model should run in on `device` (default: the current CUDA device, else the CPU): bf16
+    where the hardware computes it (CUDA compute capability >= 8.0, and CPUs), fp16 where bf16 would only be
+    emulated (a T4 is 7.5). `torch.cuda.is_bf16_supported()` counts emulation and says True on a T4, so the
+    capability is asked instead."""
+    device = torch.device(device) if device is not None else (
+        torch.device("cuda") if torch.cuda.is_available() else torch.device("cpu"))
+    if device.type != "cuda":
         return torch.bfloat16
-    return torch.float16
+    major, _ = torch.cuda.get_device_capability(device)
+    return torch.bfloat16 if major >= 8 else torch.float16
+
+
+def nf4_compute_dtype() -> torch.dtype:
+    """The dtype NF4 matmuls run in: `half_dtype()` of the GPU (bf16 from Ampere on, fp16 on a T4)."""
+    return half_dtype()
 
 
 def load_model(

@@ -63,11 +63,15 @@ def test_load_model_errors(tmp_path):
             models.load_model(str(tmp_path), quantization="nf4")
 
 
-def test_nf4_compute_dtype_is_bf16_only_where_the_gpu_has_it(monkeypatch):
+@pytest.mark.parametrize("capability, expected", [((7, 5), torch.float16), ((7, 0), torch.float16),
+                                                  ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)])
+def test_half_precision_is_fp16_where_bf16_would_be_emulated(monkeypatch, capability, expected):
+    """A T4 (compute capability 7.5) emulates bf16, and `torch.cuda.is_bf16_supported()` says True there (it
+    counts emulation): the capability decides, for the NF4 compute dtype too."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)
-    assert models.nf4_compute_dtype() == torch.bfloat16
-    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)  # e.g. a T4
-    assert models.nf4_compute_dtype() == torch.float16
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert models.nf4_compute_dtype() == torch.float16
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: True)  # what a T4 answers
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    assert models.half_dtype() == expected
+    assert models.half_dtype("cuda:0") == expected
+    assert models.nf4_compute_dtype() == expected
+    assert models.half_dtype("cpu") == torch.bfloat16
