@@ -69,11 +69,11 @@ committed_result = result_file
 def list_records(names: list[str]) -> None:
     """Each results file of this page, newest first: date, path, where it was measured."""
     found = [(result_file(name), name) for name in names]
-    dated = sorted(((record["provenance"].get("date_utc", "")[:10], name, record)
+    dated = sorted(((record["provenance"].get("date_utc", ""), name, record)
                     for record, name in found if record), reverse=True)
     for date, name, record in dated:
         gpu = record["provenance"].get("hardware", {}).get("gpu") or "CPU"
-        print(f"{date}  results/{name}  ({gpu})")
+        print(f"{date[:16].replace('T', ' ')}  results/{name}  ({gpu})")
     for record, name in found:
         if record is None:
             print(f"not committed: results/{name}")
