@@ -382,8 +382,8 @@ for number, line in enumerate(lines, first):
     if any(key in line for key in shown):
         text = line.rstrip()[4:]
         print(f"{number:4d} {text if len(text) <= 80 else text[:79] + '…'}")
-print("\nattention buckets (cache of 1024 slots):",
-      {fill: runner.bucket_for(fill, 1024) for fill in (40, 100, 300, 700, 1000)})
+print("\nattention bucket by filled slots (a cache of 1024 slots):")
+print({fill: runner.bucket_for(fill, 1024) for fill in (40, 100, 300, 700, 1000)})
 
 # %% [markdown]
 # Read bottom-up: each iteration selects an arm, launches its graph, queues the outcome copy and records an event;

@@ -118,14 +118,37 @@ for name, model in build["results"]["models"].items():
           f"{model.get('initialised_from', 'random')}")
 
 # %% tags=["remove-input", "hide-output"]
+# what varies between the sweeps: results/zoo_design/README.md
+SWEEPS = ["results/zoo_design/cpu_from_scratch_steps.json",
+          "results/zoo_design/cpu_stronger_target_from_scratch.json",
+          "results/zoo_design/cpu_no_docstrings_from_scratch.json",
+          "results/zoo_design/cpu_no_docstrings_finetuned.json",
+          "results/zoo_design/cpu_finetuned_steps.json",
+          "results/zoo_design/h200_from_scratch.json",
+          "results/zoo_design/h200_finetuned.json"]
 print("The sweeps that chose the recipe: each specialist's margin on its own domain")
 print("(exact Σmin(p, q) on held-out text)")
-for path in sorted((RESULTS / "zoo_design").glob("*.json")):
-    sweep = provenance.load_result(f"zoo_design/{path.name}")
-    print(f"results/zoo_design/{path.name}")
+for path in SWEEPS:
+    sweep = provenance.load_result(path.removeprefix("results/"))
+    print(path)
     for variant in sweep["results"]["variants"]:
         margins = "  ".join(f"{d} {m:+.3f}" for d, m in variant["margins"].items())
         print(f"  {variant['variant']['name']:<20}{margins}")
+for size in ("cpu", "gpu"):
+    margins = provenance.load_result(f"zoo_{size}_acceptance.json")["results"]
+    perplexity = provenance.load_result(f"zoo_{size}_perplexity.json")["results"]
+    models = provenance.load_result(f"zoo_{size}_build.json")["results"]["models"]
+    print(f"\nzoo '{size}': results/zoo_{size}_build.json, "
+          f"results/zoo_{size}_acceptance.json,")
+    print(f"  results/zoo_{size}_perplexity.json; target "
+          f"{models['target']['parameters']:,} parameters, "
+          f"drafts {models['draft-general']['parameters']:,}")
+    for label, key in (("exact", "teacher_forced_margins"),
+                       ("engine", "engine_margins")):
+        row = "  ".join(f"{d} {m:+.3f}" for d, m in margins[key]["margins"].items())
+        print(f"  margins, {label:<7}{row}")
+    print("  held-out perplexity, target: " + ", ".join(
+        f"{d} {v:.1f}" for d, v in perplexity["target"].items()))
 
 # %% [markdown]
 # Why fine-tune rather than train each specialist from scratch: with about a million tokens per domain, a
@@ -198,8 +221,8 @@ axis.legend(fontsize=9, loc="upper right")
 plt.show()
 meta = record["provenance"]
 print(f"results/zoo_gpu_switching.json: {meta['hardware']['gpu']}, "
-      f"{meta['date_utc'][:10]}; γ = {record['settings']['gamma']}, T = 1, "
-      f"{record['settings']['switching_new_tokens']} new tokens per request")
+      f"{meta['date_utc'][:10]}; γ = {record['settings']['gamma']}, T = 1,")
+print(f"{record['settings']['switching_new_tokens']} new tokens per request")
 
 new_tokens = record["settings"]["switching_new_tokens"]
 per_request = {label: stats.per_request_tokens_per_step(

@@ -63,6 +63,7 @@ committed_result = result_file
 
 def list_records(names: list[str]) -> None:
     """Each results file of this page, newest first: date, path, where it was measured."""
+    names = [name.removeprefix("results/") for name in names]
     found = [(result_file(name), name) for name in names]
     dated = sorted(((record["provenance"].get("date_utc", ""), name, record)
                     for record, name in found if record), reverse=True)
@@ -76,12 +77,22 @@ def list_records(names: list[str]) -> None:
 from flashspec import rewards
 
 PAGE_RECORDS = [
-    "real_pool_gamma_split_run2_h200.json", "real_pool_gamma_split_h200.json", "real_pool_gamma_ts_shared_h200.json",
-    "real_pool_gamma_ts_drawn_run4_h200.json", "real_pool_gamma_ts_drawn_run3_h200.json",
-    "real_pool_gamma_ts_drawn_run2_h200.json", "real_pool_gamma_ts_drawn_h200.json",
-    "real_pool_gamma_ts_priced_rerun_h200.json", "real_pool_gamma_ts_priced_h200.json",
-    "real_pool_adaptive_speed_h200.json", "real_pool_gamma_ts_h200.json", "real_pool_prefill_graphs_h200.json",
-    "real_pool_compiled_rebuild_h200.json", "real_pool_compiled_h200.json", "real_pool_switching_h200.json"]
+    "results/real_pool_gamma_split_run2_h200.json",
+    "results/real_pool_gamma_split_h200.json",
+    "results/real_pool_gamma_ts_shared_h200.json",
+    "results/real_pool_gamma_ts_drawn_run4_h200.json",
+    "results/real_pool_gamma_ts_drawn_run3_h200.json",
+    "results/real_pool_gamma_ts_drawn_run2_h200.json",
+    "results/real_pool_gamma_ts_drawn_h200.json",
+    "results/real_pool_gamma_ts_priced_rerun_h200.json",
+    "results/real_pool_gamma_ts_priced_h200.json",
+    "results/real_pool_adaptive_speed_h200.json",
+    "results/real_pool_gamma_ts_h200.json",
+    "results/real_pool_prefill_graphs_h200.json",
+    "results/real_pool_compiled_rebuild_h200.json",
+    "results/real_pool_compiled_h200.json",
+    "results/real_pool_switching_h200.json",
+]
 list_records(PAGE_RECORDS)
 
 
@@ -117,7 +128,7 @@ if PREFILL_GRAPHS is not None and "adaptive_gamma" in PREFILL_GRAPHS["results"]:
 # differently the second time, and without the captures ahead it met graphs the warm-up had not. Tokens per step
 # do not depend on timing.
 
-# %%
+# %% tags=["hide-input"]
 if adaptive is not None:
     adaptive_record = next(record for record in (PREFILL_GRAPHS, REBUILT, COMPILED)
                            if record is not None and "adaptive_gamma" in record["results"])
@@ -197,7 +208,7 @@ if adaptive is not None:
 # run-to-run movement is read from the contestants that this run and `results/real_pool_prefill_graphs_h200.json`
 # share (same weights).
 
-# %%
+# %% tags=["hide-input"]
 GAMMA_TS = committed_result("real_pool_gamma_ts_h200")
 if GAMMA_TS is not None:
     policies = GAMMA_TS["results"]["adaptive_gamma"]
@@ -251,7 +262,7 @@ if GAMMA_TS is not None:
 # after (`results/real_pool_gamma_ts_priced_h200.json` and `results/real_pool_gamma_ts_priced_rerun_h200.json`). Two samples of
 # one configuration say how far one run can be trusted:
 
-# %%
+# %% tags=["hide-input"]
 PRICED = [run for run in (committed_result("real_pool_gamma_ts_priced_h200"),
                           committed_result("real_pool_gamma_ts_priced_rerun_h200")) if run is not None]
 if GAMMA_TS is not None and PRICED:
@@ -302,7 +313,7 @@ else:
 # with point costs, and asks of the fixed-γ contestants what gamma-ts would have to believe to prefer the γ it chose
 # most: a step at γ costs c_γ = (tokens per step) / (tokens per second) on its own decoder.
 
-# %%
+# %% tags=["hide-input"]
 DRAWN = [run for run in (committed_result(f"real_pool_gamma_ts_drawn{tag}_h200")
                          for tag in ("", "_run2", "_run3", "_run4")) if run is not None]
 if DRAWN:
@@ -371,7 +382,7 @@ else:
 # were open: medians that sit below means where step times lean right (tokens per second is a ratio of means), or
 # estimates made from too few steps.
 
-# %%
+# %% tags=["hide-input"]
 EXPLAINED = next((run for run in reversed(DRAWN)
                   if "cost_estimates" in run["results"]["adaptive_gamma"]["adaptive_by_policy"]["gamma-ts"]), None)
 if EXPLAINED is not None:
@@ -434,7 +445,7 @@ else:
 # both cost models on one machine: gamma-ts as shipped (arms of one compute share their estimates) and
 # `gamma-ts:per-arm`, the replaced model, each from nothing learned (`results/real_pool_gamma_ts_shared_h200.json`).
 
-# %%
+# %% tags=["hide-input"]
 SHARED = committed_result("real_pool_gamma_ts_shared_h200")
 if SHARED is not None:
     part = SHARED["results"]["adaptive_gamma"]
@@ -488,7 +499,7 @@ else:
 # (the best fixed γ) on the fixed γ = 2 decoder (`results/real_pool_gamma_split_h200.json`,
 # `results/real_pool_gamma_split_run2_h200.json`). The fixed contestants run Thompson sampling over the drafts.
 
-# %%
+# %% tags=["hide-input"]
 SPLIT_RUNS = [run for run in (committed_result("real_pool_gamma_split_h200"),
                               committed_result("real_pool_gamma_split_run2_h200")) if run is not None]
 if SPLIT_RUNS:
@@ -532,7 +543,7 @@ else:
 # captured before timing (`results/real_pool_adaptive_speed_h200.json`; the run stopped before its T = 1 half, so
 # only greedy is there).
 
-# %%
+# %% tags=["hide-input"]
 ADAPTIVE_SPEED = committed_result("real_pool_adaptive_speed_h200")
 if ADAPTIVE_SPEED is not None:
     greedy = ADAPTIVE_SPEED["results"]["speed"]["greedy"]

@@ -68,6 +68,7 @@ committed_result = result_file
 
 def list_records(names: list[str]) -> None:
     """Each results file of this page, newest first: date, path, where it was measured."""
+    names = [name.removeprefix("results/") for name in names]
     found = [(result_file(name), name) for name in names]
     dated = sorted(((record["provenance"].get("date_utc", ""), name, record)
                     for record, name in found if record), reverse=True)
@@ -81,11 +82,20 @@ def list_records(names: list[str]) -> None:
 from flashspec_lab import bench_engine
 
 PAGE_RECORDS = [
-    "bench_fast_b32_fastonly_compile_h200.json", "bench_fast_b32_compile_h200.json", "bench_fast_nf4_h200.json",
-    "bench_fast_b1_b8_compile_h200.json", "bench_fast_b1_autotune_h200.json", "bench_fast_zoo_gpu_h200.json",
-    "bench_fast_b8_h200.json", "bench_fast_b1_h200.json", "bench_runner_h200.json",
-    "bench_runner_h200_compile.json", "bench_engine_nvidia_h200_order_swapped.json",
-    "bench_engine_nvidia_h200_rerun.json", "bench_engine_nvidia_h200.json"]
+    "results/bench_fast_b32_fastonly_compile_h200.json",
+    "results/bench_fast_b32_compile_h200.json",
+    "results/bench_fast_nf4_h200.json",
+    "results/bench_fast_b1_b8_compile_h200.json",
+    "results/bench_fast_b1_autotune_h200.json",
+    "results/bench_fast_zoo_gpu_h200.json",
+    "results/bench_fast_b8_h200.json",
+    "results/bench_fast_b1_h200.json",
+    "results/bench_runner_h200.json",
+    "results/bench_runner_h200_compile.json",
+    "results/bench_engine_nvidia_h200_order_swapped.json",
+    "results/bench_engine_nvidia_h200_rerun.json",
+    "results/bench_engine_nvidia_h200.json",
+]
 list_records(PAGE_RECORDS)
 
 # %% [markdown]
@@ -96,7 +106,7 @@ list_records(PAGE_RECORDS)
 # (`flashspec.runner.LlamaRunner`) replayed from a CUDA graph, and the floor set by the bytes a forward must read
 # over the measured copy bandwidth. Record: `results/bench_runner_h200.json`.
 
-# %%
+# %% tags=["hide-input"]
 runner_record = result_file("bench_runner_h200.json")
 if runner_record:
     cells = body(runner_record)["cells"]
@@ -116,7 +126,7 @@ if runner_record:
 # The same benchmark with `--compile` (each layer's dense regions through `torch.compile`, then graphed), the
 # prediction behind the compiled fast path below. Record: `results/bench_runner_h200_compile.json`.
 
-# %%
+# %% tags=["hide-input"]
 runner_compile = result_file("bench_runner_h200_compile.json")
 if runner_compile:
     print_wrapped(f"results/bench_runner_h200_compile.json: {provenance.caption(runner_compile)}", indent="")
@@ -138,7 +148,7 @@ if runner_compile:
 # 256 new tokens, one warm-up request, three timed repeats). Records: `results/bench_fast_b1_h200.json`,
 # `results/bench_fast_b8_h200.json`.
 
-# %%
+# %% tags=["hide-input"]
 fast_records = {batch: result_file(f"bench_fast_b{batch}_h200.json")
                 for batch in (1, 8)}
 fast_records = {batch: record for batch, record in fast_records.items() if record}
@@ -182,11 +192,14 @@ if fast_records:
 # Three repeats a side is the fewest the rule accepts (a chance separation has probability 0.1), so every
 # "reproduced" above is only just decided; the ratios of several times are far outside the repeats' spread.
 #
+# The GPU test suite that checks the fast path makes no host synchronisation while it replays steps ran
+# on the H200 with these files' code (log: `results/gpu_tests_h200_362430f.log`).
+#
 # **The step's anatomy.** Each piece of the fast step timed alone from its own CUDA graph at the step's shapes,
 # against the eager engine's step, whose forwards are Hugging Face's (the runner file's eager timings; the rest
 # of the eager step is host work between them):
 
-# %%
+# %% tags=["hide-input"]
 if fast_records and runner_record:
     cells = body(runner_record)["cells"]
 
@@ -230,7 +243,7 @@ if fast_records and runner_record:
                   "draft in sync, re-reading the last γ+1 tokens each step, so a switch "
                   "had nothing to catch up)")
 
-# %%
+# %% tags=["hide-input"]
 if fast_records and runner_record:
     b1 = body(fast_records[1])["cells"][0]
 
@@ -303,7 +316,7 @@ if fast_records and runner_record:
 # the uncompiled rows are the files above, another run). Records: `results/bench_fast_b1_b8_compile_h200.json`
 # (default mode), `results/bench_fast_b1_autotune_h200.json` (max-autotune-no-cudagraphs).
 
-# %%
+# %% tags=["hide-input"]
 compiled_runs = {"default": result_file("bench_fast_b1_b8_compile_h200.json"),
                  "max-autotune": result_file("bench_fast_b1_autotune_h200.json")}
 compiled_runs = {mode: record for mode, record in compiled_runs.items() if record}
@@ -350,7 +363,7 @@ for mode, record in compiled_runs.items():
     for cell in body(record)["cells"]:
         print_compiled_cell(cell)
 
-# %%
+# %% tags=["hide-input"]
 if compiled_runs and fast_records and runner_record:
     compiled_b1 = next(cell for cell in body(next(iter(compiled_runs.values())))["cells"]
                        if cell["batch"] == 1)
@@ -369,7 +382,7 @@ if compiled_runs and fast_records and runner_record:
 # Its speed-ups are against fast plain decoding in the same run. The comparison with Hugging Face comes from the
 # first run, and both runs' fast plain rows show whether the two runs can be set side by side.
 
-# %%
+# %% tags=["hide-input"]
 b32_record = result_file("bench_fast_b32_compile_h200.json")
 b32_fast_record = result_file("bench_fast_b32_fastonly_compile_h200.json")
 if b32_record:
@@ -438,7 +451,7 @@ if b32_fast_record:
             f"{against_spread(versus_hf, hf_label)}.")
     display(Markdown("\n".join(f"* {bullet}" for bullet in bullets)))
 
-# %%
+# %% tags=["hide-input"]
 if b32_fast_record and "default" in compiled_runs and fast_records and runner_record:
     by_batch = {f"B = {cell['batch']}": graph_step_parts(cell)
                 for cell in [*body(compiled_runs["default"])["cells"], b32]}
@@ -468,7 +481,7 @@ if b32_fast_record and "default" in compiled_runs and fast_records and runner_re
 # its large ratios. It ran from the same tree as the first B = 32 run, whose uncommitted changes to `engine.py`,
 # `fast.py` and `rewards.py` (per-arm γ) broke the benchmark's step-anatomy piece, so this record has no anatomy.
 
-# %%
+# %% tags=["hide-input"]
 nf4_record = result_file("bench_fast_nf4_h200.json")
 if nf4_record:
     nf4_cell = body(nf4_record)["cells"][0]
@@ -514,7 +527,7 @@ if nf4_record:
 # verify piece of the uncompiled anatomy is mostly the stream prefixes of the step's key, hashed in about sixty
 # tiny int64 kernels; compiled, it is the two Triton launches (the verify rows printed above).
 
-# %%
+# %% tags=["hide-input"]
 if compiled_runs and fast_records:
     default = body(compiled_runs.get("default", next(iter(compiled_runs.values()))))
     b1c = next(cell for cell in default["cells"] if cell["batch"] == 1)
@@ -571,7 +584,7 @@ if compiled_runs and fast_records:
 # held-out Python prompts, 128 new tokens; `python experiments/bench_fast.py --pair zoo-gpu`; record
 # `results/bench_fast_zoo_gpu_h200.json`):
 
-# %%
+# %% tags=["hide-input"]
 zoo_record = result_file("bench_fast_zoo_gpu_h200.json")
 if zoo_record:
     for cell in body(zoo_record)["cells"]:
@@ -614,7 +627,7 @@ if zoo_record:
 # The same benchmark with compiled regions (`--compile`, before the step glue was compiled) stopped after B = 1
 # and wrote no JSON; its log is the record (`results/bench_fast_zoo_gpu_compile_h200.log`):
 
-# %%
+# %% tags=["hide-input"]
 zoo_log = Path(RESULTS) / "bench_fast_zoo_gpu_compile_h200.log"
 if zoo_log.exists():
     text = zoo_log.read_text()
@@ -656,7 +669,7 @@ if zoo_log.exists():
 # one after another: its tokens/s is all 8 rows' tokens over that loop's wall time — a server's throughput on 8
 # requests, comparable with the batched rows — and each of its steps advances one row.
 
-# %%
+# %% tags=["hide-input"]
 # the newest engine record is shown in full; the other two are listed after it
 engine_names = ["bench_engine_nvidia_h200_rerun.json", "bench_engine_nvidia_h200_order_swapped.json",
                 "bench_engine_nvidia_h200.json"]
@@ -729,7 +742,7 @@ else:
 # the wall time spent in decode steps, so it can never exceed tokens per step; the p50 is close to the mean when
 # steps are regular. The cell below says how the committed file was measured and where the arithmetic breaks.
 
-# %%
+# %% tags=["hide-input"]
 if engine_files:
     one_run = all("runs" in bench_engine.cell_of(block["cells"], method)
                   for block in engine_record["results"].values()
@@ -775,7 +788,7 @@ if engine_files:
 # really be faster. If the rule nevertheless finds the two different, the repeats understate the run-to-run error
 # (warm-up, run order), and every comparison of that batch size is inconclusive.
 
-# %%
+# %% tags=["hide-input"]
 if engine_files:
     undecided = {}
     for batch_label, block in engine_record["results"].items():
@@ -810,7 +823,7 @@ if engine_files:
 # ran only the two FlashSpec methods, in the other order and with five repeats, to see whether run order alone
 # moves the control. Each method's median tok/s and the verdicts of `bench_engine.comparisons`:
 
-# %%
+# %% tags=["hide-input"]
 for path in engine_files[1:]:
     record = provenance.load_result(path.name)
     print_wrapped(f"results/{path.name}: {provenance.caption(record)}", indent="")

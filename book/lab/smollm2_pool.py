@@ -65,6 +65,7 @@ committed_result = result_file
 
 def list_records(names: list[str]) -> None:
     """Each results file of this page, newest first: date, path, where it was measured."""
+    names = [name.removeprefix("results/") for name in names]
     found = [(result_file(name), name) for name in names]
     dated = sorted(((record["provenance"].get("date_utc", ""), name, record)
                     for record, name in found if record), reverse=True)
@@ -80,14 +81,28 @@ import torch
 from flashspec_lab import switching
 
 PAGE_RECORDS = [
-    "tree_headroom_smollm2_cpu.json", "real_pool_features_speed_h200.json", "real_pool_features_240s_h200.json",
-    "real_pool_features_smoke_h200.json", "real_pool_features_h200.json", "feature_draft_probe_eagle3_ttt_h200.json",
-    "feature_draft_probe_eagle3_250s_h200.json", "feature_draft_probe_eagle3_100s_h200.json",
-    "real_pool_calibrated_h200.json", "feature_draft_probe_h200.json", "real_pool_prompt_lookup_run2_h200.json",
-    "real_pool_prompt_lookup_h200.json", "real_pool_prefill_graphs_h200.json", "prefill_profile_h200.json",
-    "prefill_profile_eager_h200.json", "real_pool_breakdown_h200.json", "real_pool_compiled_rebuild_h200.json",
-    "real_pool_switching_h200.json", "real_pool_compiled_h200.json", "real_pool_rebuild_h200.json",
-    "real_pool_h200.json"]
+    "results/tree_headroom_smollm2_cpu.json",
+    "results/real_pool_features_speed_h200.json",
+    "results/real_pool_features_240s_h200.json",
+    "results/real_pool_features_smoke_h200.json",
+    "results/real_pool_features_h200.json",
+    "results/feature_draft_probe_eagle3_ttt_h200.json",
+    "results/feature_draft_probe_eagle3_250s_h200.json",
+    "results/feature_draft_probe_eagle3_100s_h200.json",
+    "results/real_pool_calibrated_h200.json",
+    "results/feature_draft_probe_h200.json",
+    "results/real_pool_prompt_lookup_run2_h200.json",
+    "results/real_pool_prompt_lookup_h200.json",
+    "results/real_pool_prefill_graphs_h200.json",
+    "results/prefill_profile_h200.json",
+    "results/prefill_profile_eager_h200.json",
+    "results/real_pool_breakdown_h200.json",
+    "results/real_pool_compiled_rebuild_h200.json",
+    "results/real_pool_switching_h200.json",
+    "results/real_pool_compiled_h200.json",
+    "results/real_pool_rebuild_h200.json",
+    "results/real_pool_h200.json",
+]
 list_records(PAGE_RECORDS)
 
 
@@ -196,7 +211,7 @@ def print_switching(name: str, blocks: dict, new_tokens: int) -> list:
 # (`results/real_pool_h200.json`), and for the rebuild check. No ratio below divides a number of one pool by a
 # number of the other.
 
-# %%
+# %% tags=["hide-input"]
 def committed_result(name: str) -> dict | None:
     """A committed results file, or None when it is not there."""
     return provenance.load_result(name) if (RESULTS / f"{name}.json").exists() else None
@@ -251,7 +266,7 @@ else:
 # build below ran from scratch on a fresh H200; the table gives the key, the generalist's weight hash and final KL
 # divergence, and whether every draft's weights equal the first build's.
 
-# %%
+# %% tags=["hide-input"]
 if CURRENT is not None and EARLIER is not None:
     first = EARLIER["results"]["build"]
     builds = [("earlier build", EARLIER), ("rebuilt, fresh machine", REBUILD), ("current build", CURRENT),
@@ -314,7 +329,7 @@ if CURRENT is not None and EARLIER is not None:
 # specialist beats every other draft on its own domain by at least 0.10, and the best draft's acceptance on
 # mixed text (the mean over the three domains) is at least 0.5.
 
-# %%
+# %% tags=["hide-input"]
 if POOL is not None and "quality" in POOL["results"]:
     quality = POOL["results"]["quality"]
     names = list(quality["acceptance_t1"])
@@ -344,7 +359,7 @@ if POOL is not None and "quality" in POOL["results"]:
         f"{name} " + ", ".join(f"{d} {v:.1f}" for d, v in row.items())
         for name, row in perplexity.items()))
 
-# %%
+# %% tags=["hide-input"]
 if POOL is not None and "quality" in POOL["results"]:
     ratio = {d: min(perplexity[n][d] for n in names) / perplexity["target"][d] for d in domains}
     spread_t1 = {d: max(quality["acceptance_t1"][n][d] for n in names)
@@ -368,7 +383,7 @@ if POOL is not None and "quality" in POOL["results"]:
 # reports how many positions agree with plain greedy decoding of the same prompts. A 135M model's greedy text
 # loops quickly, on code especially.
 
-# %%
+# %% tags=["hide-input"]
 speed = COMPILED["results"].get("speed", {}) if COMPILED is not None else {}
 for domain, sample in speed.get("greedy_samples", {}).items():
     print(f"--- {domain}: prompt (last 160 characters)\n{sample['prompt'][-160:]}")
@@ -388,7 +403,7 @@ if agreement:
 # speculative ≥ 1.5× plain. A verdict needs the whole spread of the per-round ratios on one side of the
 # bar. Fast plain decoding runs the target alone, which is the same GGUF file in both runs.
 
-# %%
+# %% tags=["hide-input"]
 def speed_verdict(ratios: dict) -> str:
     return ("met" if ratios["min"] >= 1.5 else "NOT met" if ratios["max"] < 1.5
             else "inconclusive (the spread straddles 1.5)")
@@ -428,7 +443,7 @@ if REBUILT is not None and "speed" in REBUILT["results"]:
 if EARLIER is not None and "speed" in EARLIER["results"]:
     print_speed(EARLIER, "earlier pool, CUDA graphs only, results/real_pool_h200.json")
 
-# %%
+# %% tags=["hide-input"]
 if speed and EARLIER is not None and "speed" in EARLIER["results"]:
     same_target = (EARLIER["results"]["build"]["models"]["target"]["gguf_sha256"]
                    == COMPILED["results"]["build"]["models"]["target"]["gguf_sha256"])
@@ -466,7 +481,7 @@ if speed and EARLIER is not None and "speed" in EARLIER["results"]:
 # contestant, and split each method's stream into the prefills, the decode steps as the decoder timed them, and
 # the rest of `generate`. The split is of each method's last round; the ratios are over all rounds.
 
-# %%
+# %% tags=["hide-input"]
 def print_split(record: dict, show: bool = True) -> dict:
     """Print (when `show`) a speed run's per-method split of its last round (prefill, steps, rest) and the
     generalist-alone contestant, per sampling setting; return per setting what the text needs: decode-only
@@ -542,7 +557,7 @@ if BREAKDOWN is not None and "speed" in BREAKDOWN["results"]:
 # as a left-padded row's own pads, design notes §4). The CPU tests run the padded shape eagerly against HF's
 # logits, and a mutation that puts the pads before the tokens fails them.
 
-# %%
+# %% tags=["hide-input"]
 PROBE_BEFORE = committed_result("prefill_profile_eager_h200")
 PROBE = committed_result("prefill_profile_h200")
 if PROBE_BEFORE is not None and PROBE is not None:
@@ -575,7 +590,7 @@ if PROBE_BEFORE is not None and PROBE is not None:
 # The next build of the same pool (`results/real_pool_prefill_graphs_h200.json`) timed the stream again with the
 # prefill replayed from graphs, everything else as in `results/real_pool_breakdown_h200.json`.
 
-# %%
+# %% tags=["hide-input"]
 if PREFILL_GRAPHS is not None and "speed" in PREFILL_GRAPHS["results"]:
     same_pool = CURRENT is not None and draft_hashes(PREFILL_GRAPHS) == draft_hashes(CURRENT)
     print_speed(PREFILL_GRAPHS, "current pool, fourth build" + (" (same weights)" if same_pool else " (OTHER weights)")
@@ -612,7 +627,7 @@ if PREFILL_GRAPHS is not None and "speed" in PREFILL_GRAPHS["results"]:
 # own graph, on the current pool's real weights with compiled regions, at $T = 1$. The part of the step
 # outside the timed pieces is the step's sampling, commit and prologue.
 
-# %%
+# %% tags=["hide-input"]
 anatomy = COMPILED["results"].get("anatomy") if COMPILED is not None else None
 if anatomy is not None and speed:
     parts = anatomy["parts_ms"]
@@ -635,7 +650,7 @@ if anatomy is not None and speed:
     print(f"  verify {parts['verify']:.3f} ms; step p50 {anatomy['step_ms_p50']:.2f} ms = "
           f"{anatomy['step_over_parts']:.2f}x the sum of its parts ({parts['sum_of_parts_ms']:.2f} ms)")
 
-# %%
+# %% tags=["hide-input"]
 adaptive = COMPILED["results"].get("adaptive_gamma") if COMPILED is not None else None
 if REBUILT is not None and "adaptive_gamma" in REBUILT["results"]:  # the run with a replayed warm-up
     adaptive = REBUILT["results"]["adaptive_gamma"]
@@ -682,7 +697,7 @@ if anatomy is not None and speed and POOL is not None and "quality" in POOL["res
 # the four drafts plus prompt lookup at γ = 2 and 4, the shipped adaptive policy over every draft (prompt lookup
 # included) at γ ∈ {2, 4, 6, 8}, and prompt lookup alone, each against fast plain decoding in the same rounds.
 
-# %%
+# %% tags=["hide-input"]
 LOOKUP = committed_result("real_pool_prompt_lookup_h200")
 if LOOKUP is not None:
     print_wrapped(f"from {provenance.caption(LOOKUP)}; {LOOKUP['settings']['requests']} requests × "
@@ -715,7 +730,7 @@ if LOOKUP is not None and LOOKUP_RUN2 is not None:
         f"{name} {ratio['median']:.3f}x plain (rounds {ratio['min']:.3f}-{ratio['max']:.3f})"
         for name, ratio in again.items()), indent="")
 
-# %%
+# %% tags=["hide-input"]
 if LOOKUP is not None:
     speed = LOOKUP["results"]["speed"]
     greedy_shipped, t1_shipped = speed["greedy"]["adaptive"], speed["t1"]["adaptive"]
@@ -763,7 +778,7 @@ if LOOKUP is not None:
 # depth $k - 1$'s outputs, its context included); each row says which. The last column is $1 + a_1 + a_1 a_2$,
 # the tokens per step at γ = 2 if depth $k$ accepts $a_k$ (mean over domains).
 
-# %%
+# %% tags=["hide-input"]
 FEATURE_RUNS = {name: record for name in ("feature_draft_probe_h200", "feature_draft_probe_eagle3_100s_h200",
                                           "feature_draft_probe_eagle3_250s_h200", "feature_draft_probe_eagle3_ttt_h200")
                 if (record := committed_result(name)) is not None}
@@ -862,7 +877,7 @@ if FEATURE_RUNS:
 # pool above, weight for weight (checked below), so the held-out matrices compare one set of drafts with and
 # without the fitted temperature.
 
-# %%
+# %% tags=["hide-input"]
 CALIBRATED = committed_result("real_pool_calibrated_h200")
 if CALIBRATED is not None:
     display(plots.plot_temperature_fit(CALIBRATED))
@@ -926,7 +941,7 @@ if CALIBRATED is not None:
 # temperature was fitted too (part of the current recipe, `flashspec_lab.zoo.config.FEATURE_RECIPE`, so a current
 # build has another cache key): their feature drafts hold τ = 1.
 
-# %%
+# %% tags=["hide-input"]
 FEATURE_POOL = committed_result("real_pool_features_h200")
 FEATURE_SMOKE = committed_result("real_pool_features_smoke_h200")
 if FEATURE_POOL is not None:
@@ -1008,7 +1023,7 @@ if (FEATURE_SMOKE is not None and FEATURE_RUNS.get("feature_draft_probe_eagle3_t
 # arm, in two rounds on the same twelve held-out prompts. A build at a 240 s training budget (more steps, the
 # fitted budget of `--train-budget-s`) ran the same parts beside it.
 
-# %%
+# %% tags=["hide-input"]
 FEATURE_SPEED = committed_result("real_pool_features_speed_h200")
 FEATURE_240S = committed_result("real_pool_features_240s_h200")
 if FEATURE_SPEED is not None:
@@ -1118,7 +1133,7 @@ if FEATURE_SPEED is not None:
 # between the 5-token verify and the 256-token prefill from its CUDA graph (`results/prefill_profile_h200.json`;
 # not measured at these sizes), $D$ draft forwards, and the step's measured verify and commit.
 
-# %%
+# %% tags=["hide-input"]
 HEADROOM = committed_result("tree_headroom_smollm2_cpu")
 PREFILL = committed_result("prefill_profile_h200")
 if HEADROOM is not None and FEATURE_SPEED is not None and PREFILL is not None:
@@ -1178,7 +1193,7 @@ if HEADROOM is not None and FEATURE_SPEED is not None and PREFILL is not None:
 # request, $T = 1$), every contestant served by one fast-path decoder with CUDA graphs (no compiled regions), its
 # requests sharing one decode session and that session's graphs.
 
-# %%
+# %% tags=["hide-input"]
 if POOL is not None and "switching" in POOL["results"]:
     blocks = {kind: block for kind, block in POOL["results"]["switching"].items()
               if kind in switching.WORKLOADS}
@@ -1188,7 +1203,7 @@ if POOL is not None and "switching" in POOL["results"]:
     display(figure_caption(POOL, "Arm choice over the switching workload, SmolLM2 and its distilled pool."))
     pool_gaps = print_switching("smollm2", blocks, POOL["settings"]["new_tokens"])
 
-# %%
+# %% tags=["hide-input"]
 if POOL is not None and "switching" in POOL["results"]:
     def mean_ms_per_step(kind: str, which) -> float:
         runs = blocks[kind]["runs"]

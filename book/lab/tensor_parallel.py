@@ -62,6 +62,7 @@ committed_result = result_file
 
 def list_records(names: list[str]) -> None:
     """Each results file of this page, newest first: date, path, where it was measured."""
+    names = [name.removeprefix("results/") for name in names]
     found = [(result_file(name), name) for name in names]
     dated = sorted(((record["provenance"].get("date_utc", ""), name, record)
                     for record, name in found if record), reverse=True)
@@ -75,8 +76,13 @@ def list_records(names: list[str]) -> None:
 from flashspec import models as fs_models
 from flashspec.tp import shard_forward_bytes
 
-PAGE_RECORDS = ["bench_tp2_h200x2_compile.json", "bench_tp1_h200_compile.json", "bench_tp2_h200x2.json",
-                "bench_tp1_h200.json", "bench_runner_h200.json"]
+PAGE_RECORDS = [
+    "results/bench_tp2_h200x2_compile.json",
+    "results/bench_tp1_h200_compile.json",
+    "results/bench_tp2_h200x2.json",
+    "results/bench_tp1_h200.json",
+    "results/bench_runner_h200.json",
+]
 list_records(PAGE_RECORDS)
 runner_record = result_file("bench_runner_h200.json")  # its copy bandwidth sets the HBM floor below
 
@@ -117,7 +123,7 @@ runner_record = result_file("bench_runner_h200.json")  # its copy bandwidth sets
 # `results/bench_tp1_h200.json`, `results/bench_tp2_h200x2.json` (graphs), `results/bench_tp1_h200_compile.json`,
 # `results/bench_tp2_h200x2_compile.json` (graphs + compiled regions).
 
-# %%
+# %% tags=["hide-input"]
 tp_records = {(mode, size): result_file(f"bench_tp{size}_h200{'x2' if size == 2 else ''}{suffix}.json")
               for mode, suffix in (("graphs", ""), ("graphs + compile", "_compile")) for size in (1, 2)}
 tp_records = {key: record for key, record in tp_records.items() if record}
@@ -171,7 +177,7 @@ else:
 # everything else: mostly the per-kernel latency of a few hundred small kernels (norms, RoPE, cache writes,
 # attention, activations). More bandwidth or more GPUs do not remove it.
 
-# %%
+# %% tags=["hide-input"]
 runner_bandwidth = body(runner_record).get("copy_bandwidth_bytes_per_s") if runner_record else None
 
 
