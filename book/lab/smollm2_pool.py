@@ -522,7 +522,7 @@ BREAKDOWN = committed_result("real_pool_breakdown_h200")
 PREFILL_GRAPHS = committed_result("real_pool_prefill_graphs_h200")  # the same pool, prefill replayed from graphs
 if BREAKDOWN is not None and "speed" in BREAKDOWN["results"]:
     same_pool = CURRENT is not None and draft_hashes(BREAKDOWN) == draft_hashes(CURRENT)
-    print_speed(BREAKDOWN, "current pool, third build" + (" (same weights)" if same_pool else " (OTHER weights)")
+    print_speed(BREAKDOWN, "current pool, built again" + (" (same weights)" if same_pool else " (OTHER weights)")
                 + ", results/real_pool_breakdown_h200.json")
     texts = []
     for label, found in print_split(BREAKDOWN).items():
@@ -554,7 +554,7 @@ if BREAKDOWN is not None and "speed" in BREAKDOWN["results"]:
 # runner's prefill as a CUDA graph per (batch, width bucket) and replays it: the prompt is padded, after each
 # row's own tokens, to its width's attention bucket (`runner.bucket_for`), so few widths need a graph, and the extra
 # pad tokens write cache slots that the decode steps overwrite before any query can see them (the same argument
-# as a left-padded row's own pads, design notes §4). The CPU tests run the padded shape eagerly against HF's
+# as a left-padded row's own pads, in the design notes). The CPU tests run the padded shape eagerly against HF's
 # logits, and a mutation that puts the pads before the tokens fails them.
 
 # %% tags=["hide-input"]
@@ -593,7 +593,7 @@ if PROBE_BEFORE is not None and PROBE is not None:
 # %% tags=["hide-input"]
 if PREFILL_GRAPHS is not None and "speed" in PREFILL_GRAPHS["results"]:
     same_pool = CURRENT is not None and draft_hashes(PREFILL_GRAPHS) == draft_hashes(CURRENT)
-    print_speed(PREFILL_GRAPHS, "current pool, fourth build" + (" (same weights)" if same_pool else " (OTHER weights)")
+    print_speed(PREFILL_GRAPHS, "current pool, built again" + (" (same weights)" if same_pool else " (OTHER weights)")
                 + ", prefill from graphs, results/real_pool_prefill_graphs_h200.json")
     now = print_split(PREFILL_GRAPHS)
     then = print_split(BREAKDOWN, show=False) if BREAKDOWN is not None and "speed" in BREAKDOWN["results"] else None
