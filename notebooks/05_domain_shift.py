@@ -109,7 +109,7 @@ glue("shift_alpha_away", exact["python"]["cpp"], display=False)
 # model. Two sizes exist: `cpu` (built by `flashspec zoo build --size cpu` in minutes) and `gpu` (built on the
 # H200); each build writes a record of its corpora, models and training.
 
-# %%
+# %% tags=["remove-input"]
 build = provenance.load_result("zoo_gpu_build.json")
 print("zoo size 'gpu' (results/zoo_gpu_build.json):")
 print(f"  {'model':<14}{'parameters':>12}{'steps':>7}  initialised from")
@@ -161,8 +161,9 @@ for size in ("cpu", "gpu"):
 # time (the token acceptance, with sampling noise) and exactly on held-out text (Σ min(p, q), no noise). The zoo's
 # bar is a margin of at least 0.10 over every other draft on each domain. Exactly, the smallest margin is
 # {glue:text}`margin_exact_min:.3f`; with the engine it is {glue:text}`margin_engine_min:.3f` — the engine's
-# noise and the target's own samples (rather than held-out text) move it. The specialists are real but close: a
-# policy that picks among them has little to gain per step.
+# noise and the target's own samples (rather than held-out text) move it. So each specialist leads at home by
+# about a tenth in acceptance: enough for a policy that knows the domain to gain tokens per step, as the next
+# section measures.
 
 # %% tags=["remove-input"]
 results = acceptance["results"]
