@@ -109,7 +109,8 @@ runner_record = result_file("bench_runner_h200.json")  # its copy bandwidth sets
 # torchrun --nproc-per-node 1 -m flashspec bench tp --out bench_tp1.json      # TP = 1, the unsharded target
 # ```
 #
-# The CPU tests run the same command over two gloo ranks against one process and require the same text.
+# The CPU tests run the `generate --tp` command over two gloo ranks against one process and require the same
+# text (`tests/test_tp.py::test_cli_generate_tp_prints_the_unsharded_greedy_text_once`).
 
 # %% [markdown]
 # ## TP = 2 against TP = 1
