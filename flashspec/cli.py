@@ -11,6 +11,7 @@
     flashspec bench tp ...       -> experiments.bench_tp.main(argv)   (under torchrun)
     flashspec zoo ...            -> experiments.zoo.main(argv)
     flashspec bandits ...        -> experiments.bandits.main(argv)
+    flashspec reproduce t4 ...   -> experiments.reproduce_t4.main(argv)
 
 Tensor parallelism: `torchrun --nproc-per-node N -m flashspec generate --tp ...` shards the target's
 layers over the N ranks (`flashspec.tp`); every rank decodes the same request and rank 0 prints.
@@ -41,6 +42,7 @@ DISPATCH = {
     ("bench", "tp"): "experiments.bench_tp",
     ("zoo",): "experiments.zoo",
     ("bandits",): "experiments.bandits",
+    ("reproduce", "t4"): "experiments.reproduce_t4",
 }
 EXPERIMENTS_FOLDER = Path(__file__).resolve().parent.parent / "experiments"  # in a checkout or editable install
 
@@ -53,11 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = args[0]
     if command == "generate":
         return generate_command(args[1:])
-    if command == "bench":
-        if len(args) < 2 or ("bench", args[1]) not in DISPATCH:
-            print("usage: flashspec bench {verify,engine,fast,tp} [options]", file=sys.stderr)
+    if command in ("bench", "reproduce"):
+        if len(args) < 2 or (command, args[1]) not in DISPATCH:
+            names = ",".join(key[1] for key in DISPATCH if key[0] == command)
+            print(f"usage: flashspec {command} {{{names}}} [options]", file=sys.stderr)
             return 2
-        return dispatch(DISPATCH[("bench", args[1])], args[2:])
+        return dispatch(DISPATCH[(command, args[1])], args[2:])
     if (command,) in DISPATCH:
         return dispatch(DISPATCH[(command,)], args[1:])
     print(f"flashspec: unknown command {command!r}\n\n{usage()}", file=sys.stderr)
@@ -66,7 +69,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def usage() -> str:
     return (
-        "usage: flashspec {generate,bench verify,bench engine,bench fast,bench tp,zoo,bandits} [options]\n"
+        "usage: flashspec {generate,bench verify,bench engine,bench fast,bench tp,zoo,bandits,reproduce t4} "
+        "[options]\n"
         "  generate      speculative generation (default: tiny random models, no download)\n"
         "  bench verify  verification kernel benchmark\n"
         "  bench engine  engine benchmark: FlashSpec vs HF assisted vs plain decoding\n"
@@ -74,6 +78,7 @@ def usage() -> str:
         "  bench tp      tensor-parallel benchmark (torchrun --nproc-per-node N -m flashspec bench tp)\n"
         "  zoo           build or inspect the offline model zoo\n"
         "  bandits       bandit simulations\n"
+        "  reproduce t4  the paper's T4 table on the GPU at hand (flashspec reproduce t4 --help)\n"
         "run `flashspec <command> --help` for the options of a command"
     )
 
