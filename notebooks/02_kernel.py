@@ -666,7 +666,7 @@ for name, value in facts.items():
 #   honest PyTorch verification (the two called alternately; the median of the pairs' ratios at each point). Both
 #   are mostly the host's launch work: a Triton step takes {glue:text}`eager_us_low:.0f`–{glue:text}`eager_us_high:.0f`
 #   µs from an idle GPU, its kernels {glue:text}`replay_us_low:.1f`–{glue:text}`replay_us_high:.1f` µs replayed;
-# - **replayed from CUDA graphs**, device time against device time, it is
+# - **replayed from CUDA graphs**, GPU time against GPU time, it is
 #   {glue:text}`graph_low:.0f`–{glue:text}`graph_high:.0f`× faster: one streaming read per position and one per
 #   sample, against PyTorch's softmax, gathers and `multinomial`, each a pass over $V$ of its own;
 # - **against the floor**, the replay takes {glue:text}`floor_low:.1f`–{glue:text}`floor_high:.1f`× the least any
