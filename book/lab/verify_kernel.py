@@ -141,7 +141,7 @@ def glue_all(values: dict) -> None:
 # floor is measured in each run and moves a little between runs, so each structure is judged by its fastest exact
 # replay over its own run's floor. The steps given the draft's log-probs instead of its logits stand apart: where the
 # bytes set the floor ($B = 64$, and $B = 8$ at $V = 128256$) they read fewer bytes than the floor counts, so there
-# their ratio flatters them. Three runs of the same code and command on one machine:
+# their ratio flatters them. Three runs of the same code and command (their dates in the output):
 # `results/verify_h200_standings_f8ef125.json`, `results/verify_h200_standings_f8ef125_run2.json`,
 # `results/verify_h200_standings_f8ef125_run3.json`.
 
