@@ -74,3 +74,34 @@ def test_the_library_imports_without_scipy():
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "TRITON_INTERPRET": os.environ.get("TRITON_INTERPRET", "1")})
     assert run.returncode == 0, run.stderr[-2000:]
+
+
+def test_colab_setup_leaves_a_newer_preinstalled_torch_alone(tmp_path):
+    """A runtime whose torch is newer than pyproject's upper bound (Colab moves on): tools/colab_setup.py installs
+    the library and the lab without their dependencies and only what the runtime lacks, so pip never plans to
+    replace its torch, Triton or numpy (`pip install -e .` would plan a torch inside the bound)."""
+    venv = tmp_path / "runtime"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = venv / "bin" / "python"
+    site = Path(subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+                               capture_output=True, text=True, check=True).stdout.strip())
+    bound = Requirement(next(line for line in tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "dependencies"] if line.startswith("torch"))).specifier
+    newer = {"torch": "2.14.1", "triton": "3.99.0", "numpy": "2.99.0", "transformers": "5.99.0",
+             "tokenizers": "0.99.0", "safetensors": "0.99.0", "tqdm": "4.99.0", "matplotlib": "3.99.0",
+             "scipy": "1.99.0"}
+    assert not bound.contains(newer["torch"]), "the stand-in torch must lie past pyproject's bound"
+    for name, version in newer.items():  # stand-ins: installed distributions as pip sees them
+        info = site / f"{name}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        (info / "INSTALLER").write_text("pip\n")
+        (info / "RECORD").write_text("")
+    run = subprocess.run([str(python), str(ROOT / "tools" / "colab_setup.py"), "--dry-run", "--nf4"],
+                         capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stderr[-3000:]
+    planned = " ".join(line for line in run.stdout.splitlines() if line.startswith("Would install"))
+    assert "flashspec-lab" in planned and "bitsandbytes" in planned
+    for name in ("torch", "triton", "numpy"):
+        assert not re.search(rf"\b{name}-\d", planned), f"pip would replace the runtime's {name}: {planned}"
+    assert "torch 2.14.1" in run.stdout

@@ -33,23 +33,27 @@ REPOSITORY = "https://github.com/flashspec/flashspec"
 
 
 def setup_cells(source: Path) -> list[nbformat.NotebookNode]:
-    """The Colab-only first cells: clone the repository (code and committed results), install the
-    package (with the NF4 extra on a GPU runtime for the chapters that use it), and work from notebooks/.
-    They live only in the Colab copy, so the book opens each chapter with its ideas, not with set-up."""
-    extras = ('extras = "[nf4]" if shutil.which("nvidia-smi") else ""  # bitsandbytes 4-bit on a GPU runtime\n'
-              if source.stem in GPU_CHAPTERS else 'extras = ""\n')
-    code = ("# Colab set-up: fetch the repository and install flashspec into this runtime (runs once per session)\n"
+    """The Colab-only first cells: clone the repository (code and committed results), install the library and the
+    lab editable without touching the runtime's torch, Triton or Jupyter (tools/colab_setup.py; with bitsandbytes
+    on a GPU runtime for the chapters that use NF4), and work from notebooks/. They live only in the Colab copy, so
+    the book opens each chapter with its ideas, not with set-up."""
+    nf4 = ('nf4 = ["--nf4"] if shutil.which("nvidia-smi") else []  # bitsandbytes 4-bit on a GPU runtime\n'
+           if source.stem in GPU_CHAPTERS else "nf4 = []\n")
+    code = ("# Colab set-up: fetch the repository and install FlashSpec beside the runtime's own torch (once a session)\n"
             "import importlib, os, shutil, subprocess, sys\n"
             "from pathlib import Path\n\n"
             "if not Path(\"flashspec\").exists() and Path.cwd().name != \"notebooks\":\n"
             f"    subprocess.run([\"git\", \"clone\", \"--depth\", \"1\", \"{REPOSITORY}\"], check=True)\n"
-            + extras +
+            + nf4 +
             "if Path(\"flashspec\").exists():\n"
-            "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"-q\", f\"./flashspec{extras}\"], check=True)\n"
-            "    os.chdir(\"flashspec/notebooks\")\n"
+            "    subprocess.run([sys.executable, \"flashspec/tools/colab_setup.py\", *nf4], check=True)\n"
+            "    root = Path(\"flashspec\").resolve()\n"
+            "    sys.path[:0] = [str(root), str(root / \"lab\")]  # this kernel started before the install\n"
+            "    os.chdir(root / \"notebooks\")\n"
             "importlib.invalidate_caches()")
     return [nbformat.v4.new_markdown_cell("**On Colab, run this cell first**: it clones the FlashSpec repository and "
-                                          "installs the package (about a minute)."),
+                                          "installs it next to Colab's own torch and Triton, which it leaves as they "
+                                          "are (about a minute)."),
             nbformat.v4.new_code_cell(code)]
 
 
