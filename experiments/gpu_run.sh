@@ -7,7 +7,8 @@
 # verify (flashspec bench verify), host-profile (experiments/verify_host_profile.py at B = 1, 8 and V = 32000, 128256;
 # PROFILE_TAG ends its file names, e.g. _triton39), interference (experiments/verify_interference.py: the eager step
 # timed after different preceding calls), prefill (experiments/prefill_profile.py: where a request's prefill goes), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
-# bitsandbytes must be importable). TESTS: the test files of the tests phase. Time limits (s): TESTS_LIMIT, BENCH_LIMIT, NF4_LIMIT, VERIFY_LIMIT, PREFILL_LIMIT; PREFILL_ARGS: more
+# bitsandbytes must be importable), reproduce (flashspec reproduce t4 --source random: the paper's T4 table on this GPU with
+# TinyLlama/68m-shaped random weights, NF4; bitsandbytes must be importable). TESTS: the test files of the tests phase. Time limits (s): TESTS_LIMIT, BENCH_LIMIT, NF4_LIMIT, VERIFY_LIMIT, PREFILL_LIMIT; PREFILL_ARGS: more
 # prefill_profile options (e.g. --compile default, as the real-pool runs); VERIFY_ARGS: more bench verify options (e.g.
 # --variants ... --skip-sweep). TRITON_TARBALL: a .tar.xz of another Triton's package folder (carried: the device has
 # no network), unpacked under $HOME and put first on PYTHONPATH, so every phase runs that Triton (e.g. 3.9, whose
@@ -16,7 +17,7 @@ set -uo pipefail
 : "${OUT:?set OUT}" "${FLASHSPEC_GIT_SHA:?set FLASHSPEC_GIT_SHA to the commit being measured}"
 export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 if [ -z "${FLASHSPEC_INSTALLED:-}" ]; then  # gpu_lanes.sh installs once for its lanes
-  pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+  pip install -q --no-deps --no-build-isolation -e . -e lab >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 fi
 if [ -n "${TRITON_TARBALL:-}" ]; then
   mkdir -p "$HOME/triton_alt" && tar xJf "$TRITON_TARBALL" -C "$HOME/triton_alt" || exit 1
@@ -68,6 +69,8 @@ for name in "$@"; do
            --manifest "$OUT/verify_ncu_manifest.json" --git-sha "$FLASHSPEC_GIT_SHA" \
            --ncu-command "$(cat "$OUT/ncu_version.txt"): ncu $(python -m experiments.verify_ncu ncu-args) python -m experiments.verify_ncu run ${NCU_ARGS:-}" \
            --out "$OUT/verify_ncu_h200.json" ;;
+    reproduce) phase "reproduce_t4_$sha" "${REPRODUCE_LIMIT:-300}" python -m experiments.reproduce_t4 --source random \
+               --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/reproduce_t4_h200_random.json" ;;
     prefill) phase "prefill_profile_h200_$sha" "${PREFILL_LIMIT:-150}" python -m experiments.prefill_profile \
                --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/prefill_profile_h200.json" ${PREFILL_ARGS:-} ;;
     *) echo "unknown phase $name" >&2; exit 2 ;;
