@@ -41,7 +41,16 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def hide_packages(monkeypatch: pytest.MonkeyPatch, *names: str, found: dict | None = None) -> None:
-    """Make importlib.util.find_spec report `names` as not installed (or as `found[name]`)."""
+    """Make importlib.util.find_spec report `names` as not installed (or as `found[name]`).
+
+    transformers reads which packages exist when its modeling module is imported and caches the first answer of
+    its availability checks: both happen here, before the hiding, so that a test run later in this process (in
+    another order under pytest-xdist) still sees gguf and accelerate."""
+    import transformers.modeling_utils  # noqa: F401
+    from transformers.utils import import_utils
+
+    import_utils.is_accelerate_available()
+    import_utils.is_gguf_available()
     original = importlib.util.find_spec
 
     def find_spec(name: str, *args, **kwargs):
