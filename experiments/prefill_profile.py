@@ -18,6 +18,7 @@ import torch
 from flashspec_lab import cli_checks, provenance
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder
 from flashspec import models
+from flashspec_lab.zoo import distill
 
 
 def _sync() -> None:
