@@ -281,7 +281,7 @@ def convert(spec: GgufModel, gguf_path: Path, root: Path | None = None) -> Path:
         }
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
         if (final.exists() or final.is_symlink()) and cached_folder(spec, root) is None:
-            remove(final)  # an incomplete, damaged or stale folder (or a file) under the final name
+            _remove(final)  # an incomplete, damaged or stale folder (or a file) under the final name
         try:
             os.replace(work, final)
         except OSError:
@@ -305,7 +305,7 @@ def check_finite(model: torch.nn.Module, gguf_path: Path) -> None:
                          f"try another transformers release")
 
 
-def remove(path: Path) -> None:
+def _remove(path: Path) -> None:
     """Delete what is at `path`: a folder with its contents, a file or a link."""
     if path.is_dir() and not path.is_symlink():
         shutil.rmtree(path)

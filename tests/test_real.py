@@ -204,7 +204,7 @@ def test_dtype_and_device_are_applied_to_a_cached_load(cache, stand_in):
     assert next(model.parameters()).dtype == torch.bfloat16 and not model.training
 
 
-@pytest.mark.parametrize("damage", ["no manifest", "other file", "no file hashes"])
+@pytest.mark.parametrize("damage", ["no manifest", "other file", "no file hashes", "a file in its place"])
 def test_partial_or_foreign_cache_folder_is_converted_again(cache, stand_in, damage):
     real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=stand_in.path)
     manifest = cache / stand_in.spec.cache_name / real.MANIFEST
@@ -212,8 +212,11 @@ def test_partial_or_foreign_cache_folder_is_converted_again(cache, stand_in, dam
         manifest.unlink()
     elif damage == "other file":
         manifest.write_text(json.dumps({"gguf_sha256": "f" * 64}))
-    else:  # a manifest that vouches for no file
+    elif damage == "no file hashes":  # a manifest that vouches for no file
         manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "files": {}}))
+    else:
+        shutil.rmtree(manifest.parent)
+        manifest.parent.write_text("not a folder")
     with pytest.warns(real.RealCacheWarning, match="converting it again"):
         real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=stand_in.path)
     assert stand_in.calls == 2
