@@ -35,7 +35,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashspec as fs  # noqa: E402
-from flashspec_lab import provenance  # noqa: E402
+from flashspec_lab import cli_checks, provenance  # noqa: E402
 from flashspec.drafters import ModelDrafter  # noqa: E402
 from flashspec_lab.zoo import load_zoo  # noqa: E402
 
@@ -54,6 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--smoke", action="store_true", help="a tiny run that checks the driver end to end")
     args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
     args.gammas = tuple(int(value) for value in args.gammas.split(","))
     args.policies = tuple(name.strip() for name in args.policies.split(",") if name.strip())
     if args.smoke:

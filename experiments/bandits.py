@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from flashspec import rewards
-from flashspec_lab import provenance
+from flashspec_lab import cli_checks, provenance
 from flashspec_lab.simulate import (
     Environment,
     SimulationResult,
@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("results"), help="output folder (default results/)")
     parser.add_argument("--quick", action="store_true", help="smoke run: 1000 rounds, 20 seeds")
     args = parser.parse_args(argv)
+    cli_checks.output_folder(parser, "--out", args.out)
     if args.quick:
         args.rounds, args.seeds, args.sweep_seeds = 1000, 20, 20
     if args.rounds < 10 or args.seeds < 5 or args.sweep_seeds < 2:

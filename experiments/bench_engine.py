@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from flashspec import models
-from flashspec_lab import provenance
+from flashspec_lab import cli_checks, provenance
 from flashspec_lab.bench_engine import (
     METHODS,
     build_models,
@@ -50,7 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--verify-backend", default="auto", choices=["auto", "torch", "triton"],
                         help="FlashSpec's verify backend (auto: Triton on CUDA)")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -44,7 +44,7 @@ from bench_runner import copy_bandwidth, floor_bytes, time_calls  # noqa: E402
 
 import flashspec as fs  # noqa: E402
 from flashspec import models  # noqa: E402
-from flashspec_lab import provenance
+from flashspec_lab import cli_checks, provenance
 from flashspec.drafters import PromptLookupDrafter  # noqa: E402
 from flashspec.engine import SpeculativeDecoder  # noqa: E402
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
@@ -89,6 +89,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true")
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
     if args.repeats is None:
         args.repeats = 1 if args.quantization else 3
     if args.repeats < 1:

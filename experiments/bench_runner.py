@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from flashspec import models
-from flashspec_lab import provenance
+from flashspec_lab import cli_checks, provenance
 from flashspec.runner import HAS_ENABLE_GQA, LlamaRunner, attend, bucket_for, capture, fold_mask
 
 CONFIGS: dict[str, Callable[[], Any]] = {
@@ -62,6 +62,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="tiny model, few repeats: checks the script runs")
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
     if args.smoke:
         args.models, args.batches, args.context, args.max_len, args.repeats, args.warmup = ["smoke"], [2], 20, 64, 3, 1
     return args

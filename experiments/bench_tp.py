@@ -36,15 +36,16 @@ from bench_runner import copy_bandwidth, time_calls  # noqa: E402
 
 import flashspec as fs  # noqa: E402
 from flashspec import models  # noqa: E402
-from flashspec_lab import provenance
+from flashspec_lab import cli_checks, provenance
 from flashspec.drafters import PromptLookupDrafter  # noqa: E402
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
 from flashspec.runner import capture  # noqa: E402
 from flashspec.tp import TensorParallel, shard_forward_bytes, shard_target, shutdown  # noqa: E402
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The options, after checking --out and that torchrun started this process (one per rank)."""
+    parser = argparse.ArgumentParser(prog="flashspec bench tp", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=None, help="JSON file rank 0 writes")
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--new-tokens", type=int, default=256)
@@ -60,6 +61,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--smoke", action="store_true", help="tiny models on CPU with gloo: checks that it runs")
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
+    cli_checks.under_torchrun(parser, "flashspec bench tp", argv, ranks=2)
     if args.smoke:
         args.batches, args.new_tokens, args.prompt_tokens, args.repeats = [1, 2], 12, 8, 2
     return args

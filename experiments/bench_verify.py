@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from flashspec_lab import bench, provenance
+from flashspec_lab import bench, cli_checks, provenance
 from flashspec.kernels.shims import interpreting
 
 TARGETS = bench.TARGETS
@@ -175,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="tiny shapes, host-clock times, no graphs: tests the driver without a GPU")
     parser.add_argument("--git-sha", default=None, help="commit measured (default: $FLASHSPEC_GIT_SHA or git rev-parse)")
     args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
     unknown = sorted(set(args.variants or ()) - set(bench.PLAN_VARIANTS))
     if unknown:
         parser.error(f"--variants: unknown {unknown}; known: {sorted(bench.PLAN_VARIANTS)}")

@@ -26,17 +26,17 @@ from triton.compiler import ASTSource  # noqa: E402
 CLUSTER_WORDS = ("mapa", "barrier.cluster", "shared::cluster")
 
 
-def _provenance():
-    """`flashspec_lab.provenance`; loaded from its file when the package is not importable (the probe needs only
-    Triton, so it runs in a bare environment of any Triton version)."""
+def _lab_module(name: str):
+    """`flashspec_lab.<name>` (a module of the standard library alone); loaded from its file when the lab is not
+    installed (the probe needs only Triton, so it runs in a bare environment of any Triton version)."""
     try:
-        from flashspec_lab import provenance
+        return importlib.import_module(f"flashspec_lab.{name}")
     except ImportError:
-        path = Path(__file__).resolve().parents[1] / "flashspec" / "provenance.py"
-        spec = importlib.util.spec_from_file_location("_flashspec_provenance", path)
-        provenance = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(provenance)
-    return provenance
+        path = Path(__file__).resolve().parents[1] / "lab" / "flashspec_lab" / f"{name}.py"
+        spec = importlib.util.spec_from_file_location(f"_flashspec_lab_{name}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
 
 
 @triton.jit
@@ -71,8 +71,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True, help="JSON file to write")
     parser.add_argument("--ctas", type=int, nargs="+", default=[1, 2, 4, 8])
     args = parser.parse_args(argv)
+    _lab_module("cli_checks").output_file(parser, "--out", args.out)
     rows = [probe(n) for n in args.ctas]
-    provenance = _provenance()
+    provenance = _lab_module("provenance")
     provenance.write_result(args.out, provenance.record(),
                             {"target": "cuda sm_90, compiled only (nothing ran)", "ctas": args.ctas},
                             {"triton": triton.__version__, "probes": rows})

@@ -15,7 +15,7 @@ import zlib
 from dataclasses import dataclass, replace
 
 from flashspec import rng
-from flashspec_lab import provenance
+from flashspec_lab import cli_checks, provenance
 from flashspec_lab.exactness import (
     NEGATIVE_CONTROLS,
     FitResult,
@@ -153,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--backends", nargs="+", default=["torch"], choices=["torch", "triton"])
     parser.add_argument("--device", default=None, help="device for the Triton backend (cuda on a GPU)")
     args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
     from tqdm import tqdm
 
     command = ["python -m experiments.exactness", *(argv if argv is not None else sys.argv[1:])]

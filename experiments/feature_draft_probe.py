@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flashspec import runner  # noqa: E402
-from flashspec_lab import corpora, provenance, zoo
+from flashspec_lab import cli_checks, corpora, provenance, zoo
 from flashspec.features import REGIMES, FeatureDraft, target_states, unroll  # noqa: E402
 from flashspec.sampling import SamplingParams, warp_logits  # noqa: E402
 from flashspec_lab.zoo import distill, measure, training  # noqa: E402
@@ -132,6 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--train-chars", type=int, default=None)
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True

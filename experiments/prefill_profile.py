@@ -15,9 +15,10 @@ import time
 
 import torch
 
-from flashspec_lab import provenance
+from flashspec_lab import cli_checks, provenance
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder
 from flashspec import models
+from flashspec_lab.zoo import distill
 
 
 def _sync() -> None:
@@ -50,6 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--git-sha", default=None)
     parser.add_argument("--device", default="cuda", help="cuda (what it is for); cpu runs the driver for a check")
     args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU: it times the fast path's prefill there (--device cpu checks the driver)")
     device = torch.device(args.device)
@@ -100,11 +102,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"   host {row['self_cpu_ms']:8.2f} ms {row['calls']:5d}x {row['op']}")
         for row in results[name]["top_device_ops"][:5]:
             print(f"   device {row['self_device_ms']:8.2f} ms {row['calls']:5d}x {row['op']}")
-    record = {"provenance": provenance.record("python -m experiments.prefill_profile", args.git_sha),
-              "settings": vars(args) | {"target": "smollm2-shape (random weights)", "draft_layers": 2},
-              "results": results}
-    with open(args.out, "w") as handle:
-        json.dump(record, handle, indent=1)
+    provenance.write_result(args.out, provenance.record("python -m experiments.prefill_profile", args.git_sha),
+                            vars(args) | {"target": "smollm2-shape (random weights)", "draft_layers": 2}, results)
     return 0
 
 

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 
 from experiments import exactness as grid
-from flashspec_lab import exactness, provenance
+from flashspec_lab import cli_checks, exactness, provenance
 from flashspec.sampling import SamplingParams
 from flashspec.verify import VerifyOutput
 
@@ -669,6 +669,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--version", default=AUDITED_VERSION, help="flashspec release on PyPI to audit")
     parser.add_argument("--out", type=Path, default=None, help="JSON file (default results/public_code_<version>.json)")
     args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
     out = args.out or _REPO_ROOT / "results" / f"public_code_{args.version}.json"
     torch.set_num_threads(1)
     started = provenance.record(["python -m experiments.public_code", *(argv if argv is not None else sys.argv[1:])])

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashspec as fs  # noqa: E402
 from flashspec import real  # noqa: E402
-from flashspec_lab import provenance
+from flashspec_lab import cli_checks, provenance
 
 PROMPTS = {
     # Open-ended: the answer shares few n-grams with the prompt, so prompt lookup rarely helps.
@@ -55,7 +55,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--load-repeats", type=int, default=3, help="cached loads to time")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
+    return args
 
 
 def environment(threads: int) -> dict[str, Any]:

@@ -39,7 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashspec as fs  # noqa: E402
-from flashspec_lab import provenance, switching, zoo  # noqa: E402
+from flashspec_lab import cli_checks, provenance, switching, zoo  # noqa: E402
 from flashspec_lab.zoo import distill  # noqa: E402
 from flashspec.bandits import make_policy  # noqa: E402
 from flashspec.drafters import PromptLookupDrafter  # noqa: E402
@@ -107,6 +107,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--compile", nargs="?", const="default", default=False)
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
     for name in args.gamma_policies:
         if ":" in name.removesuffix(PER_ARM):
             parser.error(f"--gamma-policies: {name!r} has an unknown suffix; the suffixes are '{AT_GAMMA}G' and "

@@ -25,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flashspec import real, rewards  # noqa: E402
-from flashspec_lab import corpora, provenance
+from flashspec_lab import cli_checks, corpora, provenance
 from flashspec_lab.zoo import training  # noqa: E402
 from flashspec_lab.zoo.config import SIZES  # noqa: E402
 
@@ -41,6 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
     if args.tokens < 2:
         parser.error(f"--tokens must be at least 2, got {args.tokens}")
     if args.depth < 1:

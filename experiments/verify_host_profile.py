@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import argparse
 import cProfile
-import json
 import pstats
 
 import torch
 
 from flashspec import rng
-from flashspec_lab import provenance
+from flashspec_lab import cli_checks, provenance
 from flashspec_lab.bench import _wall_us
 from flashspec_lab.bench import make_inputs
 from flashspec.kernels import prepare_verify, verify_triton
@@ -31,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=500)
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU: the host path measured here is the compiled kernels' launch path")
     params = SamplingParams(1.0)
@@ -65,11 +65,9 @@ def main(argv: list[str] | None = None) -> int:
         rows.append({"function": f"{filename.rsplit('/', 2)[-1]}:{line}:{name}", "calls_per_step": calls / args.calls,
                      "own_us_per_step": own / args.calls * 1e6, "cumulative_us_per_step": cumulative / args.calls * 1e6})
     rows.sort(key=lambda row: -row["own_us_per_step"])
-    record = {"provenance": provenance.record("python experiments/verify_host_profile.py", args.git_sha),
-              "settings": vars(args) | {"gamma": 4, "dtype": "bfloat16", "temperature": 1.0},
-              "results": {"wall_us_per_call_unprofiled": wall_us, **split, "top_own_time": rows[:40]}}
-    with open(args.out, "w") as handle:
-        json.dump(record, handle, indent=1)
+    provenance.write_result(args.out, provenance.record("python experiments/verify_host_profile.py", args.git_sha),
+                            vars(args) | {"gamma": 4, "dtype": "bfloat16", "temperature": 1.0},
+                            {"wall_us_per_call_unprofiled": wall_us, **split, "top_own_time": rows[:40]})
     print(f"wall {wall_us:.1f} us per verify_triton call (unprofiled); in two parts: prepare "
           f"{split['prepare_us_per_call']:.1f}, run {split['run_us_per_call']:.1f} ({split['launches_per_step']} launches)")
     for row in rows[:25]:

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from flashspec import rng
-from flashspec_lab import provenance
+from flashspec_lab import cli_checks, provenance
 from flashspec_lab.baseline import verify_pytorch
 from flashspec_lab.bench import _idle_call_clock, _median_spread, make_inputs
 from flashspec.kernels import verify_triton
@@ -94,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=60)
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
     if not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU: the launch path measured here is the compiled kernels'")
     points = [measure(batch, vocab, args.reps) for vocab in args.vocab for batch in args.batch]

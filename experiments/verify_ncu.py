@@ -17,12 +17,13 @@ import argparse
 import csv
 import io
 import json
+from pathlib import Path
 from typing import Callable
 
 import torch
 
 from flashspec import rng
-from flashspec_lab import provenance
+from flashspec_lab import cli_checks, provenance
 from flashspec_lab.bench import PLAN_VARIANTS, make_inputs, variant_prepare, variant_step
 from flashspec.kernels import prepare_verify, verify_triton
 from flashspec_lab.kernels import sass
@@ -84,8 +85,8 @@ def run(variants: list[str], manifest_path: str, points=POINTS) -> None:
             torch.cuda.nvtx.range_pop()
             manifest.append({"batch": batch, "vocab": vocab, "variant": name, "kernels": kernels,
                              "elements": batch * (2 * GAMMA + 1) * vocab})
-    with open(manifest_path, "w") as handle:
-        json.dump(manifest, handle, indent=1)
+    Path(manifest_path).parent.mkdir(parents=True, exist_ok=True)
+    Path(manifest_path).write_text(json.dumps(manifest, indent=1))
 
 
 def _number(text: str) -> float | str:
@@ -193,6 +194,9 @@ def main(argv: list[str] | None = None) -> int:
     parse_parser.add_argument("--git-sha", default=None)
     parse_parser.add_argument("--ncu-command", default=None)
     args = parser.parse_args(argv)
+    if args.command in ("run", "parse"):  # run writes the manifest, parse reads it and writes --out
+        cli_checks.output_file(parser, "--manifest" if args.command == "run" else "--out",
+                               args.manifest if args.command == "run" else args.out)
     if args.command == "ncu-args":
         print(" ".join(ncu_args()))
         return 0
@@ -209,13 +213,12 @@ def main(argv: list[str] | None = None) -> int:
     with open(args.manifest) as handle:
         manifest = json.load(handle)
     rows = summarise(kernels, manifest)
-    record = provenance.result(
+    provenance.write_result(
+        args.out,
         provenance.record(args.ncu_command or "ncu ... python -m experiments.verify_ncu run", args.git_sha),
         {"gamma": GAMMA, "dtype": "bfloat16", "temperature": 1.0, "sections": list(SECTIONS),
          "cache_control": "all (caches flushed before each kernel)", "clock_control": "none"},
         rows)
-    with open(args.out, "w") as handle:
-        json.dump(record, handle, indent=1)
     for row in rows:
         for kernel in row["launched"]:
             print(f"B={row['batch']:3d} V={row['vocab']:6d} {row['variant']:22s} {kernel['name'][:28]:28s} "

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 
-from flashspec_lab import provenance
+from flashspec_lab import cli_checks, provenance
 from flashspec_lab.bench import PLAN_VARIANTS
 from flashspec_lab.kernels import sass
 from flashspec.sampling import SamplingParams
@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", nargs="+", default=["default", "stats_lanes_off", "diagnostic_fast_math"])
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
     unknown = [name for name in args.variants if name != "default" and name not in PLAN_VARIANTS]
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; choose 'default' or from {sorted(PLAN_VARIANTS)}")

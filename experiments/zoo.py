@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from flashspec_lab import corpora, provenance, switching, zoo
+from flashspec_lab import cli_checks, corpora, provenance, switching, zoo
 from flashspec_lab.zoo.cache import say
 
 
@@ -256,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         if name == "report":
             sub.add_argument("--fresh", action="store_true", help="rebuild from scratch first")
     args = parser.parse_args(argv)
+    cli_checks.output_folder(parser, "--out", getattr(args, "out", None))
     command = ["flashspec", "zoo", *(sys.argv[1:] if argv is None else argv)]
     try:
         return _run(args, command)

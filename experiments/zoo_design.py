@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from flashspec import models
-from flashspec_lab import corpora, provenance, zoo
+from flashspec_lab import cli_checks, corpora, provenance, zoo
 from flashspec_lab.zoo import GENERALIST, ModelSpec, ZooConfig
 
 MODES = ("from-scratch", "fine-tuned")
@@ -119,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="cuda / cpu (default: cuda when available)")
     parser.add_argument("--out", type=Path, required=True, help="results file (JSON)")
     args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
+    cli_checks.output_folder(parser, "--work-dir", args.work_dir)
     device = torch.device(args.device) if args.device else models.default_device()
     work_dir = args.work_dir or zoo.check_cache_root().parent / "zoo_design"
     started = provenance.record(["python -m experiments.zoo_design", *argv])

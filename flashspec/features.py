@@ -18,6 +18,7 @@ its window: every position a step's draft reads holds the state of a committed t
 from __future__ import annotations
 
 import json
+import numbers
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,14 @@ class FeatureDraft(torch.nn.Module):
     def from_target(cls, target: torch.nn.Module, layers: tuple[int, ...],
                     feature_layers: tuple[int, ...]) -> "FeatureDraft":
         """A feature draft whose decoder layers start as copies of the target's `layers` (its embedding, norm
-        and head copied, the embedding frozen: `flashspec.models.draft_from_teacher`), in float32 on the CPU."""
+        and head copied, the embedding frozen: `flashspec.models.draft_from_teacher`), in float32 on the CPU.
+
+        layers: indices of the target's decoder layers (0-based, negative from the end; one may repeat).
+        feature_layers: distinct hidden-state indices of the target (see `check_feature_layers`).
+        """
+        depth = int(target.config.num_hidden_layers)
+        layers = check_layers(layers, depth)
+        feature_layers = check_feature_layers(feature_layers, depth)
         return cls(models.draft_from_teacher(target, layers), feature_layers).to(torch.float32)
 
     @property
@@ -104,6 +112,51 @@ class FeatureDraft(torch.nn.Module):
         draft.reduce.load_state_dict({k.removeprefix("reduce."): v for k, v in extra.items()
                                       if k.startswith("reduce.")})
         return draft.to(dtype).eval()
+
+
+def _int_tuple(name: str, value: Any, example: tuple[int, ...]) -> tuple[int, ...]:
+    """`value` as a tuple of ints (a list or tuple of them; bools refused), else a ValueError naming `name`."""
+    if not isinstance(value, (tuple, list)) or not all(
+            isinstance(index, numbers.Integral) and not isinstance(index, bool) for index in value):
+        raise ValueError(f"{name} must be a tuple of ints, got {value!r}; e.g. {name}={example}")
+    return tuple(int(index) for index in value)
+
+
+def check_layers(layers: Any, depth: int) -> tuple[int, ...]:
+    """`layers` as decoder-layer indices of a `depth`-layer target: 0..depth-1, or -depth..-1 from the end;
+    at least one. A layer may be named twice (each copy is a separate layer of the draft)."""
+    example = (depth - 1,)
+    layers = _int_tuple("layers", layers, example)
+    if not layers:
+        raise ValueError(f"layers must name at least one decoder layer of the target (it has {depth}: "
+                         f"0..{depth - 1}), got (); e.g. layers={example}")
+    if not all(-depth <= index < depth for index in layers):
+        raise ValueError(f"layers must name decoder layers of the target, which has {depth}: 0..{depth - 1} "
+                         f"(or -{depth}..-1 from the end), got {layers}; e.g. layers={example}")
+    return layers
+
+
+def check_feature_layers(feature_layers: Any, depth: int) -> tuple[int, ...]:
+    """`feature_layers` as hidden-state indices of a `depth`-layer target, HF's `hidden_states` numbering: 0 the
+    embeddings, i the output of decoder layer i, depth (or -1) the final normed state. Distinct: the target's
+    runner writes each state once, so a state named twice would be read as zeros in its second slot."""
+    example = tuple(sorted({1, depth // 2} & set(range(1, depth)))) + (-1,)
+    feature_layers = _int_tuple("feature_layers", feature_layers, example)
+    states = f"0..{depth} (0 the embeddings, i the output of decoder layer i, {depth} or -1 the final normed state)"
+    if not feature_layers:
+        raise ValueError(f"feature_layers must name at least one hidden state of the target, in {states}, "
+                         f"got (); e.g. feature_layers={example}")
+    if not all(0 <= index <= depth or index == -1 for index in feature_layers):
+        raise ValueError(f"feature_layers must be distinct hidden-state indices of the target in {states}, "
+                         f"got {feature_layers}; e.g. feature_layers={example}")
+    seen: set[int] = set()
+    for index in runner.state_indices(feature_layers, depth):
+        if index in seen:
+            alias = f" (-1 is {depth} here)" if index == depth and -1 in feature_layers else ""
+            raise ValueError(f"feature_layers names hidden state {index} twice{alias}, got {feature_layers}; "
+                             f"e.g. feature_layers={example}")
+        seen.add(index)
+    return feature_layers
 
 
 @torch.no_grad()

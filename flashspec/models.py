@@ -67,14 +67,16 @@ def load_model(
         dtype: "auto" (the checkpoint's), "bf16", "fp16", "fp32", a torch.dtype, or None (fp32).
         quantization: None, or "nf4" for bitsandbytes 4-bit NF4 weights (needs a CUDA GPU and
             `pip install flashspec[nf4]`); compute runs in bf16, or fp16 where bf16 is unsupported.
-        device: where to put the model (default: CUDA if available, else CPU). Ignored for NF4,
-            which bitsandbytes places on the GPU itself.
+        device: where to put the model (default: CUDA if available, else CPU), checked before the
+            checkpoint is read (`resolve_device`). Ignored for NF4, which bitsandbytes places on the
+            GPU itself.
         trust_remote_code: off unless asked; only turn it on for code you have read.
     """
     from transformers import AutoModelForCausalLM
 
     if quantization not in QUANTIZATIONS:
         raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {quantization!r}")
+    target_device = resolve_device(device)
     kwargs: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     resolved = resolve_dtype(dtype)
     if quantization == "nf4":
@@ -93,7 +95,7 @@ def load_model(
             "and weights, or a hub id on a machine with internet access"
         ) from error
     if quantization is None:
-        model = model.to(default_device() if device is None else device)
+        model = model.to(target_device)
     return model.eval()
 
 
@@ -198,6 +200,47 @@ def load_tokenizer(name_or_path: str, trust_remote_code: bool = False) -> Any:
 
 def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def available_devices() -> list[str]:
+    """The devices this torch build can put a model on here: the CPU, each visible CUDA device, MPS."""
+    found = ["cpu"]
+    if torch.cuda.is_available():
+        found += [f"cuda:{index}" for index in range(torch.cuda.device_count())]
+    if torch.backends.mps.is_available():
+        found.append("mps")
+    return found
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """`device` as a torch.device this torch build can run a model on here (None: CUDA when available, else
+    the CPU). Reads nothing, so loaders call it first: a ValueError naming `device`, the devices there are and
+    the fix, instead of a failure after the checkpoint is loaded."""
+    if device is None:
+        return default_device()
+    shown = repr(str(device)) if isinstance(device, torch.device) else repr(device)
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError):
+        raise ValueError(f"device={shown} is not a torch device; pass 'cpu', 'cuda' or 'cuda:0' "
+                         f"(or None for {default_device()})") from None
+    if parsed.type == "cpu":
+        return parsed
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count and (parsed.index is None or parsed.index < count):
+            return parsed
+        why = (f"only {count} CUDA device{' is' if count == 1 else 's are'} visible" if count else
+               f"this torch ({torch.__version__}) has no CUDA (a CPU-only build, or no GPU visible)")
+    else:
+        backend = torch.backends.mps if parsed.type == "mps" else getattr(torch, parsed.type, None)
+        is_available = getattr(backend, "is_available", None)
+        if callable(is_available) and is_available():
+            return parsed
+        why = f"this torch ({torch.__version__}) cannot run models on {parsed.type} here"
+    fallback = "cuda:0" if torch.cuda.is_available() else "cpu"
+    raise ValueError(f"device={shown} is not available: {why}; this machine has: {', '.join(available_devices())}. "
+                     f"Pass device={fallback!r} (or None for {default_device()})")
 
 
 def llama_config(

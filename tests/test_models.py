@@ -63,6 +63,44 @@ def test_load_model_errors(tmp_path):
             models.load_model(str(tmp_path), quantization="nf4")
 
 
+def test_load_model_onto_a_device_this_torch_lacks_fails_before_reading(tmp_path, draft, monkeypatch):
+    """A CPU-only torch asked for CUDA: one ValueError naming `device`, what there is and the fix, raised before
+    the checkpoint is read (not transformers' AssertionError after loading it)."""
+    import transformers
+
+    draft.save_pretrained(tmp_path / "draft")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *args, **kwargs: pytest.fail("the checkpoint was read"))
+    with pytest.raises(ValueError) as caught:
+        models.load_model(str(tmp_path / "draft"), device="cuda")
+    message = str(caught.value)
+    assert message.startswith("device='cuda' is not available") and "no CUDA" in message
+    assert "this machine has: cpu" in message and "device='cpu'" in message
+
+
+@pytest.mark.parametrize("device, expected", [
+    ("cuda:1", r"device='cuda:1' is not available: only 1 CUDA device is visible.*cuda:0.*device='cuda:0'"),
+    ("gpu", r"device='gpu' is not a torch device.*'cpu', 'cuda' or 'cuda:0'"),
+    (3.5, r"device=3.5 is not a torch device"),
+])
+def test_resolve_device_names_the_argument_and_the_fix(monkeypatch, device, expected):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ValueError, match=expected):
+        models.resolve_device(device)
+
+
+def test_resolve_device_defaults_to_cuda_where_there_is_one(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert models.resolve_device(None) == torch.device("cpu")
+    assert models.resolve_device("cpu") == models.resolve_device(torch.device("cpu")) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert models.resolve_device(None) == torch.device("cuda")
+    assert models.resolve_device("cuda:1") == torch.device("cuda", 1)
+
+
 @pytest.mark.parametrize("capability, expected", [((7, 5), torch.float16), ((7, 0), torch.float16),
                                                   ((8, 0), torch.bfloat16), ((9, 0), torch.bfloat16)])
 def test_half_precision_is_fp16_where_bf16_would_be_emulated(monkeypatch, capability, expected):

