@@ -328,30 +328,15 @@ def check_dtype(dtype: str) -> None:
 
 
 def check_device(device: str | None) -> None:
-    """--device must parse as a torch device that this machine and this torch build can use."""
+    """--device must be a device this machine and this torch build can run models on (`models.resolve_device`)."""
     if device is None:
         return
-    import torch
+    from flashspec import models
 
     try:
-        parsed = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise ValueError(f"--device {device}: not a device torch knows; use --device cpu or --device cuda") from None
-    if parsed.type == "cpu":
-        return
-    if parsed.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ValueError(
-                f"--device {device}: this torch has no CUDA (torch.cuda.is_available() is False); use --device cpu"
-            )
-        count = torch.cuda.device_count()
-        if parsed.index is not None and parsed.index >= count:
-            raise ValueError(f"--device {device}: only {count} CUDA device(s) visible; use cuda:0 to cuda:{count - 1}")
-        return
-    backend = torch.backends.mps if parsed.type == "mps" else getattr(torch, parsed.type, None)
-    available = getattr(backend, "is_available", None)
-    if not (callable(available) and available()):
-        raise ValueError(f"--device {device}: cannot run models on this machine; use --device cpu or --device cuda")
+        models.resolve_device(device)
+    except ValueError as error:
+        raise ValueError(f"--device {device}: {error}") from None
 
 
 def looks_like_local_path(name: str) -> bool:
