@@ -34,7 +34,8 @@ REPOSITORY = "https://github.com/flashspec/flashspec"
 
 def setup_cells(source: Path) -> list[nbformat.NotebookNode]:
     """The Colab-only first cells: clone the repository (code and committed results), install the
-    package (with the NF4 extra on a GPU runtime for the chapters that use it), and work from notebooks/.
+    package (with the NF4 extra on a GPU runtime for the chapters that use it), its lab (the chapters import
+    flashspec_lab) and myst-nb (their `glue` calls), and work from notebooks/.
     They live only in the Colab copy, so the book opens each chapter with its ideas, not with set-up."""
     extras = ('extras = "[nf4]" if shutil.which("nvidia-smi") else ""  # bitsandbytes 4-bit on a GPU runtime\n'
               if source.stem in GPU_CHAPTERS else 'extras = ""\n')
@@ -44,8 +45,9 @@ def setup_cells(source: Path) -> list[nbformat.NotebookNode]:
             "if not Path(\"flashspec\").exists() and Path.cwd().name != \"notebooks\":\n"
             f"    subprocess.run([\"git\", \"clone\", \"--depth\", \"1\", \"{REPOSITORY}\"], check=True)\n"
             + extras +
-            "if Path(\"flashspec\").exists():\n"
-            "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"-q\", f\"./flashspec{extras}\"], check=True)\n"
+            "if Path(\"flashspec\").exists():  # the library, its lab, and myst-nb for the chapters' glue\n"
+            "    subprocess.run([sys.executable, \"-m\", \"pip\", \"install\", \"-q\", f\"./flashspec{extras}\",\n"
+            "                    \"./flashspec/lab\", \"myst-nb\"], check=True)\n"
             "    os.chdir(\"flashspec/notebooks\")\n"
             "importlib.invalidate_caches()")
     return [nbformat.v4.new_markdown_cell("**On Colab, run this cell first**: it clones the FlashSpec repository and "
