@@ -150,7 +150,7 @@ def stale(folder: Path = RESULTS, readme: Path = README) -> list[str]:
     problems = [f"SUPERSEDED names {old!r} or {new!r}, which is not under results/"
                 for old, (new, _) in SUPERSEDED.items() if old not in names or new not in names]
     if readme.read_text() != render(readme.read_text(), folder):
-        problems.append(f"{readme.relative_to(ROOT)} is stale: run `python tools/results_index.py`")
+        problems.append(f"{readme.name} of {folder.name}/ is stale: run `python tools/results_index.py`")
     return problems
 
 
