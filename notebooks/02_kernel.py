@@ -583,7 +583,7 @@ print("each row split over 4 programs of 16 logits == reference")
 import statistics
 
 from matplotlib.figure import Figure
-from myst_nb import glue
+from flashspec_lab.pages import glue
 
 from flashspec_lab import provenance
 

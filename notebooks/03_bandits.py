@@ -37,7 +37,7 @@ ON_COLAB = "google.colab" in sys.modules
 
 # %matplotlib inline
 import numpy as np
-from IPython.display import Markdown, display
+from flashspec_lab.pages import glue
 
 import flashspec as fs
 from flashspec import bandits, rewards
@@ -100,7 +100,7 @@ print("rewards for n=2 of γ=4:", rewards.acceptance_fraction(2, 4),
 #
 # **UCB1** {cite}`auer2002finite` plays each arm once, then the arm with the largest optimistic index
 # $\hat\mu_i + \sqrt{2\ln t / n_i}$: the empirical mean plus a Hoeffding confidence radius. An arm with gap
-# $\Delta_i = \mu^\* - \mu_i$ stops looking optimistic once $n_i \gtrsim 8\ln t/\Delta_i^2$, which gives Auer et al.'s
+# $\Delta_i = \mu^{\star} - \mu_i$ stops looking optimistic once $n_i \gtrsim 8\ln t/\Delta_i^2$, which gives Auer et al.'s
 # Theorem 1: expected regret $\le 8\sum_{i:\Delta_i>0} \ln T/\Delta_i + (1+\pi^2/3)\sum_j \Delta_j$.
 #
 # **Thompson sampling** {cite}`thompson1933likelihood` keeps a Beta$(a_i, b_i)$ posterior for each arm's token acceptance,
@@ -133,7 +133,7 @@ except ValueError as error:
 #
 # The paper reports UCB1 regret 100.2 and Thompson sampling 18.9 "against a theoretical bound of ≈526". Its number
 # for UCB1 is a mean over seeds 0–4; one five-seed mean is a noisy estimate, so we report it next to the mean and
-# 95% confidence interval over many seeds (regret here is pseudo-regret: $\sum_t \mu^\* - \mu_{a_t}$).
+# 95% confidence interval over many seeds (regret here is pseudo-regret: $\sum_t \mu^{\star} - \mu_{a_t}$).
 #
 # And 526 is not a bound: it is $\sqrt{K T \ln T}$ for $K=3$, $T=10^4$ (printed below). That expression is the
 # *order* of UCB1's gap-free (worst case over arms) regret bound, $O(\sqrt{K T \ln T})$, with its constant left out;
@@ -259,6 +259,9 @@ for switch, regime in ns["regimes"].items():
 best = ns["best_with_bandit_feedback"]
 print("best with bandit feedback only, worst case over both regimes:")
 print(f"  {best['label']}: {best['worst_ratio_to_ucb1']:.2f}× UCB1")
+glue("bandit_feedback_best", best["worst_ratio_to_ucb1"], display=False)
+glue("full_feedback_best", ns["best_in_all_regimes"]["worst_ratio_to_ucb1"],
+     display=False)
 
 # %% [markdown]
 # What the numbers say:
@@ -269,10 +272,11 @@ print(f"  {best['label']}: {best['worst_ratio_to_ucb1']:.2f}× UCB1")
 #   stationary toy, is among the worst here: its posterior concentrates and it stays on a stale draft.
 # * The **step outcome** and **request boundaries** help, but with bandit feedback a policy must still *play* a
 #   draft to learn about it, and that exploration is paid again after every switch: no bandit-feedback policy we
-#   tried reaches 0.5× UCB1 in both regimes.
+#   tried reaches 0.5× UCB1 in both regimes (the best, in its worse regime: {glue:text}`bandit_feedback_best:.2f`×).
 # * **Full feedback** removes the exploration cost: every draft is scored on every step. With it, UCB1 statistics
 #   re-priored at request boundaries (ρ = 0.1), or a discounted UCB with a short memory, reach the ≤ 0.5× target in
-#   both regimes. The price is compute: each step also runs the other drafts over the verified tokens (draft
+#   both regimes (the best: {glue:text}`full_feedback_best:.2f`× in its worse regime). The price is compute: each
+#   step also runs the other drafts over the verified tokens (draft
 #   forwards only; the target does nothing extra). The simulator models that feedback conservatively, as one sampled
 #   step outcome per draft; a real engine can score each draft's expected acceptance $\sum_v \min(p, q_k)$ at every
 #   verified position, which is less noisy.
@@ -306,8 +310,9 @@ for switch, regime in sensitivity["results"]["regimes"].items():
                  + ("the worst" if worst == int(switch)
                     else "not the worst: " + worse + " are worse"))
     lines.append(text)
-display(Markdown("SW-UCB with full feedback, regret / UCB1 by window:\n\n"
-                 + "\n".join(f"* {line}" for line in lines)))
+print("SW-UCB with full feedback, regret / UCB1 by window:")
+for line in lines:
+    print(textwrap.fill(line, 84, initial_indent="* ", subsequent_indent="  "))
 
 # %% [markdown]
 # ## When the best-accepted draft is not the fastest

@@ -45,11 +45,7 @@ from flashspec_lab import provenance, switching, zoo
 # tqdm's notebook bars need ipywidgets, which the book does not install
 warnings.filterwarnings("ignore", message="IProgress not found")
 
-try:
-    from myst_nb import glue  # numbers in the prose come from the cells
-except ImportError:  # outside the book build (Colab): show the value instead
-    def glue(name: str, value: object, display: bool = True) -> None:
-        print(f"{name}: {value}")
+from flashspec_lab.pages import glue  # numbers in the prose come from the cells
 
 RESULTS = provenance.results_dir()
 device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"

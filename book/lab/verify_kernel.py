@@ -52,7 +52,7 @@
 import statistics
 import textwrap
 
-from myst_nb import glue
+from flashspec_lab.pages import glue
 
 from flashspec_lab import bench, plots, provenance
 

@@ -83,13 +83,49 @@ def test_write_load_and_caption(tmp_path: Path) -> None:
     assert provenance.results_dir() == ROOT / "results"
 
 
-@pytest.mark.parametrize("path", RESULT_FILES, ids=lambda path: path.relative_to(ROOT / "results").as_posix())
-def test_every_results_file_has_the_one_shape(path: Path) -> None:
-    record = json.loads(path.read_text())
-    assert list(record) == list(provenance.RESULT_KEYS), f"{path.name}: run python tools/migrate_results.py"
-    assert {"command", "git_sha", "date_utc", "hardware", "versions"} <= set(record["provenance"])
-    assert isinstance(record["provenance"]["hardware"], dict) and isinstance(record["settings"], dict)
-    assert "; git " in provenance.caption(record)
+def shape_problems(path: Path) -> list[str]:
+    """What is wrong with one results file's shape ([] when nothing is)."""
+    try:
+        record = json.loads(path.read_text())
+    except ValueError as error:
+        return [f"not JSON ({error})"]
+    if not isinstance(record, dict) or list(record) != list(provenance.RESULT_KEYS):
+        keys = list(record) if isinstance(record, dict) else type(record).__name__
+        return [f"top-level keys {keys}, not {list(provenance.RESULT_KEYS)}: run python tools/migrate_results.py"]
+    found = record["provenance"]
+    problems = [f"provenance lacks {sorted(missing)}"
+                for missing in [{"command", "git_sha", "date_utc", "hardware", "versions"} - set(found)] if missing]
+    if not isinstance(found.get("hardware"), dict):
+        problems.append("provenance.hardware is not a mapping")
+    if not isinstance(record["settings"], dict):
+        problems.append("settings is not a mapping")
+    if not problems and "; git " not in provenance.caption(record):
+        problems.append("its caption names no git SHA")
+    return problems
+
+
+def test_every_results_file_has_the_one_shape() -> None:
+    """One walk over results/: every bad file is named in one message, with what is wrong with it."""
+    assert len(RESULT_FILES) > 100, f"only {len(RESULT_FILES)} results files found: is ROOT right?"
+    bad = {path.relative_to(ROOT / "results").as_posix(): problems
+           for path in RESULT_FILES if (problems := shape_problems(path))}
+    assert not bad, f"{len(bad)} of {len(RESULT_FILES)} results files are malformed:\n" + "\n".join(
+        f"  {name}: {'; '.join(problems)}" for name, problems in sorted(bad.items()))
+
+
+def test_the_shape_check_names_what_is_wrong(tmp_path: Path) -> None:
+    good = provenance.result({"command": "x", "git_sha": "abc1234", "date_utc": "2026-12-01T00:00:00+00:00",
+                              "hardware": {"cpu": "Xeon"}, "versions": {}}, {}, {"value": 1})
+    cases = {"good.json": json.dumps(good), "broken.json": "{", "flat.json": json.dumps({"command": "x"}),
+             "no_sha.json": json.dumps({**good, "provenance": {k: v for k, v in good["provenance"].items()
+                                                               if k != "git_sha"}})}
+    found = {}
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        found[name] = shape_problems(tmp_path / name)
+    assert found["good.json"] == []
+    assert "not JSON" in found["broken.json"][0] and "top-level keys" in found["flat.json"][0]
+    assert found["no_sha.json"] == ["provenance lacks ['git_sha']"]
 
 
 def test_migration_moves_fields_without_changing_numbers() -> None:
