@@ -664,7 +664,7 @@ for name, value in facts.items():
 # What the kernel buys, on the {glue:text}`cost_gpu`:
 # - **called eagerly**, the Triton step is {glue:text}`eager_low:.1f`–{glue:text}`eager_high:.1f`× faster than the
 #   honest PyTorch verification (the two called alternately; the median of the pairs' ratios at each point). Eager
-#   calls carry the host's launch work: a Triton step takes {glue:text}`eager_us_low:.0f`–{glue:text}`eager_us_high:.0f`
+#   calls include the host's launch work: a Triton step takes {glue:text}`eager_us_low:.0f`–{glue:text}`eager_us_high:.0f`
 #   µs from an idle GPU, where its kernels replay in {glue:text}`replay_us_low:.1f`–{glue:text}`replay_us_high:.1f` µs;
 # - **replayed from CUDA graphs**, GPU time against GPU time, it is
 #   {glue:text}`graph_low:.0f`–{glue:text}`graph_high:.0f`× faster: one streaming read per position and one per
