@@ -25,7 +25,6 @@
 
 # %% tags=["hide-input"]
 import os
-import socket
 import sys
 import textwrap
 import warnings
@@ -137,195 +136,40 @@ glue("paper_step_ms", step_ms, display=False)
 # step-time percentiles of the same run.
 
 # %% [markdown]
-# ## Which measurement this run can make
+# ## The T4 table, measured on your GPU
 #
-# On a CUDA GPU with access to the Hugging Face hub (Colab), the chapter can time TinyLlama itself; anywhere else
-# it reads committed measurements and runs tiny models live.
+# One command measures what the paper's T4 table reports, on whatever GPU runs it: `flashspec reproduce t4` loads
+# TinyLlama-1.1B-Chat in 4-bit NF4 (fp16 compute on a T4, which has no bf16 units) with llama-68m as its draft,
+# decodes four chat prompts at $\gamma = 4$ on the fast path, and prints tokens/s, both acceptance measures and the
+# p50 step beside the paper's numbers, with the same target decoding plainly for the speed-up. It also times the
+# verify step against the PyTorch a user would write (`flashspec_lab.baseline.verify_pytorch`) at $B = 1$ and 8,
+# the paper's kernel claim. The record it writes under `results/` names its GPU. On Colab (Runtime → GPU), run
+# the next cell; the book's build has neither a GPU nor the hub, so it skips it (tags `skip-execution` and
+# `nbval-skip`). Where there is no hub, `--source random` measures the same shapes with random weights (every
+# cost real, the acceptance meaningless), and `--source smollm2` the offline SmolLM2 with prompt lookup.
+
+# %% tags=["skip-execution", "nbval-skip"]
+import subprocess
+
+subprocess.run([sys.executable, "-m", "flashspec", "reproduce", "t4"], check=True)
+
+# %% [markdown]
+# What the command prints, from the committed run on the GPU its record names (with random weights where that
+# machine had no hub: there its acceptance says nothing and its timings are that GPU's, not a T4's):
 
 # %%
-def hub_reachable(host: str = "huggingface.co", timeout_s: float = 3.0) -> bool:
-    """True when the Hugging Face hub answers on port 443 (no download happens
-    here)."""
-    try:
-        socket.create_connection((host, 443), timeout=timeout_s).close()
-        return True
-    except OSError:
-        return False
+from flashspec_lab import reproduce
 
-
-HAS_CUDA = torch.cuda.is_available()
-LIVE = HAS_CUDA and hub_reachable()
-if LIVE:
-    print_wrapped("CUDA GPU and hub access: the next cell can run "
-                  "TinyLlama-1.1B-Chat live (run it by hand; the book build skips "
-                  "it).", indent="")
+t4_records = [path for path in sorted(provenance.results_dir().glob("reproduce_t4_*.json"))
+              if "smoke" not in path.name]
+if t4_records:
+    t4_record = provenance.load_result(t4_records[-1].name)
+    print(f"results/{t4_records[-1].name}")
+    print(textwrap.fill(t4_record["results"]["models"], 88))
+    print(reproduce.table(t4_record["results"]))
+    print(textwrap.fill(provenance.caption(t4_record), 88))
 else:
-    missing = "no CUDA GPU" if not HAS_CUDA else "no hub access"
-    print_wrapped(f"No live TinyLlama run here ({missing}): this page shows the "
-                  "committed NVIDIA H200 results and a small live run of tiny "
-                  "models on this machine.", indent="")
-
-# %% [markdown]
-# ### Live: TinyLlama-1.1B-Chat in NF4 with small Llama-tokenizer drafts (GPU with internet only)
-#
-# This cell is tagged `skip-execution` and `nbval-skip`: the book's CI has neither a GPU nor the hub, so it never
-# runs there. On Colab (Runtime → GPU) it loads the target in 4-bit NF4 through bitsandbytes (fp16 compute on a
-# T4, which lacks bf16), two small drafts that share the Llama-2 tokenizer, and prompt lookup; then it runs plain
-# autoregressive decoding (a single prompt-lookup arm would not be plain, so the target's own `generate` is the
-# baseline) and FlashSpec with Thompson sampling over the three drafts, same prompt, same sampling.
-
-# %% tags=["skip-execution", "nbval-skip"]
-if LIVE:
-    import time
-
-    from flashspec import models
-    from flashspec.drafters import PromptLookupDrafter
-    from flashspec.engine import SpeculativeDecoder
-
-    TARGET_ID = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
-    # Llama-2 tokenizer (V = 32000), like TinyLlama
-    DRAFT_IDS = ["JackFram/llama-68m", "JackFram/llama-160m"]
-    tokenizer = models.load_tokenizer(TARGET_ID)
-    target = models.load_model(TARGET_ID, quantization="nf4")
-
-    def load_draft(name: str):
-        """A small draft, or None when it cannot share the target's tokenizer
-        (then it is left out, loudly)."""
-        draft = models.load_model(name, dtype="fp16")
-        draft_tokenizer = models.load_tokenizer(name)
-        # some checkpoints' configs disagree with their own tokenizer
-        for field in ("bos_token_id", "eos_token_id"):
-            for config in (draft.config, draft.generation_config):
-                setattr(config, field, getattr(draft_tokenizer, field))
-        try:
-            models.check_compatible(target, draft, tokenizer, draft_tokenizer,
-                                    draft_name=name)
-        except ValueError as error:
-            print(f"left out {name}: {error}")
-            return None
-        return draft
-
-    loaded = {name: load_draft(name) for name in DRAFT_IDS}
-    drafts = [draft for draft in loaded.values() if draft is not None]
-    drafts.append(PromptLookupDrafter())
-    kept = [name for name, draft in loaded.items() if draft is not None]
-    print("draft pool:", kept, "+ prompt lookup")
-    messages = [{"role": "user",
-                 "content": "Explain in a paragraph why the sky is blue."}]
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                           return_tensors="pt")
-    prompt = prompt if isinstance(prompt, torch.Tensor) else prompt["input_ids"]
-    prompt = prompt.to(target.device)
-    sampling = fs.SamplingParams(temperature=1.0)
-
-    decoder = SpeculativeDecoder(target, drafts, policy="thompson",
-                                 gamma=PAPER_T4["gamma"])
-    # warm-up: CUDA context, cuBLAS, bitsandbytes; then Triton compiles its kernels
-    target.generate(prompt, do_sample=True, max_new_tokens=8)
-    decoder.generate(prompt, max_new_tokens=8, sampling=sampling, seed=1)
-    decoder.policy.reset()
-
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    target.generate(prompt, do_sample=True, max_new_tokens=128, min_new_tokens=128)
-    torch.cuda.synchronize()
-    plain_tokens_per_s = 128 / (time.perf_counter() - start)
-    result = decoder.generate(prompt, max_new_tokens=128, sampling=sampling, seed=0,
-                              ignore_eos=True, timing=True)
-    summary = result.stats.summary()
-    print(f"LIVE run on {torch.cuda.get_device_name()} (target NF4, drafts fp16):")
-    print(f"  plain autoregressive: {plain_tokens_per_s:.1f} tokens/s")
-    print(result.stats.format_table())
-    identity = summary["tokens_per_s"] * summary["mean_step_latency_s"]
-    print_wrapped(f"  tokens/s x mean step latency = {identity:.2f} tokens (all "
-                  "from this one run; short of tokens per step by the prefill's "
-                  "share of the time), mean tokens per step = "
-                  f"{summary['mean_tokens_per_step']:.2f}", indent="    ")
-    print(tokenizer.decode(result.sequences[0, prompt.shape[1]:],
-                           skip_special_tokens=True))
-else:
-    print("skipped: needs a CUDA GPU and the Hugging Face hub")
-
-# %% [markdown]
-# ### Live: TinyLlama-1.1B-Chat in NF4 with small Llama-tokenizer drafts (GPU with internet only)
-#
-# This cell is tagged `skip-execution` and `nbval-skip`: the book's CI has neither a GPU nor the hub, so it never
-# runs there. On Colab (Runtime → GPU) it loads the target in 4-bit NF4 through bitsandbytes (fp16 compute on a
-# T4, which lacks bf16), two small drafts that share the Llama-2 tokenizer, and prompt lookup; then it runs plain
-# autoregressive decoding (a single prompt-lookup arm would not be plain, so the target's own `generate` is the
-# baseline) and FlashSpec with Thompson sampling over the three drafts, same prompt, same sampling.
-
-# %% tags=["skip-execution", "nbval-skip"]
-if LIVE:
-    import time
-
-    from flashspec import models
-    from flashspec.drafters import PromptLookupDrafter
-    from flashspec.engine import SpeculativeDecoder
-
-    TARGET_ID = "TinyLlama/TinyLlama-1.1B-Chat-v1.0"
-    # Llama-2 tokenizer (V = 32000), like TinyLlama
-    DRAFT_IDS = ["JackFram/llama-68m", "JackFram/llama-160m"]
-    tokenizer = models.load_tokenizer(TARGET_ID)
-    target = models.load_model(TARGET_ID, quantization="nf4")
-
-    def load_draft(name: str):
-        """A small draft, or None when it cannot share the target's tokenizer
-        (then it is left out, loudly)."""
-        draft = models.load_model(name, dtype="fp16")
-        draft_tokenizer = models.load_tokenizer(name)
-        # some checkpoints' configs disagree with their own tokenizer
-        for field in ("bos_token_id", "eos_token_id"):
-            for config in (draft.config, draft.generation_config):
-                setattr(config, field, getattr(draft_tokenizer, field))
-        try:
-            models.check_compatible(target, draft, tokenizer, draft_tokenizer,
-                                    draft_name=name)
-        except ValueError as error:
-            print(f"left out {name}: {error}")
-            return None
-        return draft
-
-    loaded = {name: load_draft(name) for name in DRAFT_IDS}
-    drafts = [draft for draft in loaded.values() if draft is not None]
-    drafts.append(PromptLookupDrafter())
-    kept = [name for name, draft in loaded.items() if draft is not None]
-    print("draft pool:", kept, "+ prompt lookup")
-    messages = [{"role": "user",
-                 "content": "Explain in a paragraph why the sky is blue."}]
-    prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                           return_tensors="pt")
-    prompt = prompt if isinstance(prompt, torch.Tensor) else prompt["input_ids"]
-    prompt = prompt.to(target.device)
-    sampling = fs.SamplingParams(temperature=1.0)
-
-    decoder = SpeculativeDecoder(target, drafts, policy="thompson",
-                                 gamma=PAPER_T4["gamma"])
-    # warm-up: CUDA context, cuBLAS, bitsandbytes; then Triton compiles its kernels
-    target.generate(prompt, do_sample=True, max_new_tokens=8)
-    decoder.generate(prompt, max_new_tokens=8, sampling=sampling, seed=1)
-    decoder.policy.reset()
-
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    target.generate(prompt, do_sample=True, max_new_tokens=128, min_new_tokens=128)
-    torch.cuda.synchronize()
-    plain_tokens_per_s = 128 / (time.perf_counter() - start)
-    result = decoder.generate(prompt, max_new_tokens=128, sampling=sampling, seed=0,
-                              ignore_eos=True, timing=True)
-    summary = result.stats.summary()
-    print(f"LIVE run on {torch.cuda.get_device_name()} (target NF4, drafts fp16):")
-    print(f"  plain autoregressive: {plain_tokens_per_s:.1f} tokens/s")
-    print(result.stats.format_table())
-    identity = summary["tokens_per_s"] * summary["mean_step_latency_s"]
-    print_wrapped(f"  tokens/s x mean step latency = {identity:.2f} tokens (all "
-                  "from this one run; short of tokens per step by the prefill's "
-                  "share of the time), mean tokens per step = "
-                  f"{summary['mean_tokens_per_step']:.2f}", indent="    ")
-    print(tokenizer.decode(result.sequences[0, prompt.shape[1]:],
-                           skip_special_tokens=True))
-else:
-    print("skipped: needs a CUDA GPU and the Hugging Face hub")
+    print("no committed run of `flashspec reproduce t4` yet")
 
 
 # %% [markdown]
@@ -366,11 +210,11 @@ glue("runner_floor_ms", one_token["floor_ms"], display=False)
 # %%
 import inspect
 
-from flashspec import fast, runner
+from flashspec import fast_session, runner
 
-lines, first = inspect.getsourcelines(fast._Session.run)
+lines, first = inspect.getsourcelines(fast_session.Session.run)
 shown = ("while not finished", "if step - read >= lag", "finished = consume()",
-         "arm = int(decoder.policy.select())", "captured = self.launch(",
+         "arm = decoder.choose_arm()", "captured = self.launch(",
          "pinned[slot].copy_(b.outcome", "events[slot].record()",
          "events[slot].synchronize()", "outcome = pinned[slot].tolist()",
          "update_policy(decoder.policy")
