@@ -262,7 +262,7 @@ def describe(error):
 def info(meta, arrays):
     import importlib.util
     return {"file": relative(flashspec.__file__), "module_version": flashspec.__version__,
-            "sys_path": sys.path, "finds_our_exactness": importlib.util.find_spec("flashspec_lab.exactness") is not None,
+            "sys_path": sys.path, "finds_our_lab": importlib.util.find_spec("flashspec_lab") is not None,
             "python": sys.version.split()[0], "torch": torch.__version__, "numpy": np.__version__}, {}
 
 
@@ -631,7 +631,7 @@ def measure(package: PublicPackage) -> dict[str, Any]:
     """Every measurement of the public package, as stored in results/public_code_<version>.json."""
     with PublicCode(package) as public:
         report: dict[str, Any] = {
-            "child": {key: public.info[key] for key in ("file", "module_version", "finds_our_exactness",
+            "child": {key: public.info[key] for key in ("file", "module_version", "finds_our_lab",
                                                         "python", "torch", "numpy")},
             "chi_square": [chi_square(public, name) for name in EXERCISED],
             "residual_law_at_gamma1": residual_law_at_gamma1(public),

@@ -39,7 +39,7 @@ def test_download_is_the_audited_artifact(package: public_code.PublicPackage) ->
 def test_child_runs_the_public_package_not_ours(public: public_code.PublicCode) -> None:
     info = public.info
     assert info["file"] == "flashspec/__init__.py"  # relative to the unpacked wheel
-    assert not info["finds_our_exactness"]
+    assert not info["finds_our_lab"]
     inside = [entry for entry in info["sys_path"]
               if entry and (Path(entry).resolve() == REPO_ROOT or REPO_ROOT in Path(entry).resolve().parents)]
     assert not inside, f"the child's import path reaches this checkout: {inside}"
