@@ -160,7 +160,7 @@ def check_empty_residual_chunk(temperature: float, options: dict) -> None:
     tokens = torch.multinomial(warp_logits(draft.cpu(), params).exp().reshape(-1, 100), 1,
                                generator=torch.Generator().manual_seed(1)).view(6, 3).to(DEVICE)
     for seed in (1, 2, 3):
-        out = assert_backends_agree(target, draft, tokens, params, seed, block_b=2, block_v=16, num_splits=3,
+        out = assert_backends_agree(target, draft, tokens, params, seed, block_b=8, block_v=16, num_splits=3,
                                     **options)
     assert bool((out.num_accepted < 3).any())  # some row rejected: the residual races ran
 
@@ -179,9 +179,10 @@ def several_blocks_case(params: SamplingParams, with_draft: bool):
 
 
 def check_several_blocks(params: SamplingParams, with_draft: bool, options: dict, shape: dict) -> None:
+    """Two seeds (the tickets reset between them), some row rejecting."""
     target, draft, tokens = several_blocks_case(params, with_draft)
     rejected = False
-    for seed in (1, 2, 3):
+    for seed in (1, 2):
         out = assert_backends_agree(target, draft, tokens, params, seed, **shape, **options)
         rejected |= bool((out.num_accepted < 3).any())
     assert rejected

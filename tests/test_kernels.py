@@ -99,6 +99,18 @@ TILED_PLANS = {**PLANS, "lanes": {"tuning": (("lanes", 1),)},
                "stats_lanes_off": {"tuning": (("stats_lane_elems", 0),)}}
 if ON_GPU:  # the sampling launch as a programmatic dependent launch: GPU-only (the interpreter has no grid control)
     TILED_PLANS["accept_once_pdl"] = {"tuning": (("accept_once", 1), ("lanes", 1), ("pdl", 1))}
+# where every program covers one tile (and where the key's handling is what is tested), the lanes' options only
+# change how that one tile is reduced -- the race's per-lane winners not at all in the block race, which `LANES`
+# leaves alone; the stats pass's per-lane partials meet once, which the tests of several tiles per program cover --
+# so the plans that change the step there are the default, the one pass and the accept test's place
+ACCEPT_PLANS = {name: TILED_PLANS[name] for name in ("default", "one_pass", "accept_once")}
+# and where the residual's race is what is tested: the options that change the race's code (the stats pass's lanes and
+# the accept test's place leave it as it is)
+RACE_PLANS = {name: TILED_PLANS[name] for name in ("default", "one_pass", "lanes")}
+# at T = 0 the sampler streams nothing and runs the accept test itself, and the stats pass keeps argmax partials: the
+# two launches' options run the default's code there, so greedy cases take `PLANS` alone
+SPLIT_CASES = [(plan, params) for plan in TILED_PLANS for params in SPLIT_PARAMS if plan in PLANS or not params.greedy]
+SPLIT_IDS = [f"{params}-{plan}" for plan, params in SPLIT_CASES]
 SHAPE = dict(block_b=8, block_v=16, num_splits=3)  # V = 100: several tiles per program, several programs per row
 
 
@@ -109,13 +121,12 @@ def test_every_temperature_and_proposal_kind(temperature: float, with_draft: boo
     cases.check_every_temperature(temperature, with_draft, PLANS[plan])
 
 
-@pytest.mark.parametrize("plan", TILED_PLANS)
+@pytest.mark.parametrize("plan", ACCEPT_PLANS)
 def test_draft_equal_to_target_accepts_everything(plan: str) -> None:
-    cases.check_draft_equal_to_target(TILED_PLANS[plan])
+    cases.check_draft_equal_to_target(ACCEPT_PLANS[plan])
 
 
-@pytest.mark.parametrize("plan", TILED_PLANS)
-@pytest.mark.parametrize("params", SPLIT_PARAMS, ids=str)
+@pytest.mark.parametrize("plan, params", SPLIT_CASES, ids=SPLIT_IDS)
 @pytest.mark.parametrize("with_draft", [True, False])
 def test_long_rows_split_into_several_chunks(params: SamplingParams, with_draft: bool, plan: str) -> None:
     """V = 100 in tiles of 16 and 3 splits: several tiles per program, several programs per
@@ -133,8 +144,7 @@ def test_long_rows_split_into_several_chunks(params: SamplingParams, with_draft:
     cases.check_long_rows(params, with_draft, TILED_PLANS[plan], SHAPE)
 
 
-@pytest.mark.parametrize("plan", TILED_PLANS)
-@pytest.mark.parametrize("params", SPLIT_PARAMS, ids=str)
+@pytest.mark.parametrize("plan, params", SPLIT_CASES, ids=SPLIT_IDS)
 def test_draft_log_probs_in_place_of_its_logits(params: SamplingParams, plan: str) -> None:
     """The draft's warped log-probs passed instead of its logits (`draft_is_log_probs`: the stats pass streams
     the target's logits only, the accept test and the residual read the log-probs as given): every plan returns
@@ -143,16 +153,16 @@ def test_draft_log_probs_in_place_of_its_logits(params: SamplingParams, plan: st
     cases.check_draft_log_probs(params, TILED_PLANS[plan], SHAPE, whole_row=plan == "default")
 
 
-@pytest.mark.parametrize("plan", TILED_PLANS)
+@pytest.mark.parametrize("plan", RACE_PLANS)
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_a_chunk_with_an_empty_residual(plan: str, temperature: float) -> None:
     """The draft puts more mass than the target on every token of the first V-chunk, so a rejected row's
     residual max(0, p - q) is zero there: that chunk runs the fallback race over p, the others the residual
     race, and the reduction must still pick the residual's winner (as the reference does)."""
-    cases.check_empty_residual_chunk(temperature, TILED_PLANS[plan])
+    cases.check_empty_residual_chunk(temperature, RACE_PLANS[plan])
 
 
-@pytest.mark.parametrize("plan", TILED_PLANS)
+@pytest.mark.parametrize("plan", ACCEPT_PLANS)
 @pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7), SamplingParams(0.8, 4, 0.9)], ids=str)
 @pytest.mark.parametrize("with_draft", [True, False])
 def test_rows_of_several_sampling_blocks(params: SamplingParams, with_draft: bool, plan: str) -> None:
@@ -162,10 +172,10 @@ def test_rows_of_several_sampling_blocks(params: SamplingParams, with_draft: boo
     outweighs the target on all of it: that chunk runs the fallback race over p too); row 3 proposes from the
     target itself and samples the bonus."""
     shape = dict(block_b=2, block_v=SAMPLE_BLOCK, num_splits=3)
-    chosen = cases.plan_of(4, 3, 700, params.greedy, TILED_PLANS[plan], **shape)
+    chosen = cases.plan_of(4, 3, 700, params.greedy, ACCEPT_PLANS[plan], **shape)
     assert (chosen.stats_splits if plan == "one_pass" else chosen.sample_splits) == 3
     assert (chosen.stats_chunk if plan == "one_pass" else chosen.sample_chunk) == SAMPLE_BLOCK
-    cases.check_several_blocks(params, with_draft, TILED_PLANS[plan], shape)
+    cases.check_several_blocks(params, with_draft, ACCEPT_PLANS[plan], shape)
 
 
 @pytest.mark.parametrize("with_draft", ["logits", "log-probs", "none"])
@@ -264,12 +274,13 @@ def test_rows_past_two_to_the_31_elements(temperature: float) -> None:
     torch.cuda.empty_cache()
 
 
-@pytest.mark.parametrize("plan", TILED_PLANS)
+@pytest.mark.parametrize("plan", ACCEPT_PLANS)
 @pytest.mark.parametrize("with_draft", [True, False])
 def test_device_key_gives_the_same_tokens_as_the_host_key(with_draft, plan):
     """A key held in a device tensor (what a captured CUDA graph advances between replays) draws the
-    same uniforms as the host Key, on both backends."""
-    cases.check_device_key(with_draft, TILED_PLANS[plan])
+    same uniforms as the host Key, on both backends (each kernel that reads the key's prefixes: the sampling
+    launch, the stats launch that runs the accept test, the one pass)."""
+    cases.check_device_key(with_draft, ACCEPT_PLANS[plan])
 
 
 @gpu_only
@@ -370,8 +381,10 @@ def test_the_sampling_tile_rule_leaves_rows_per_program_alone(gpu_planner) -> No
     check that sampling tiles hold whole blocks once reused a name and set them from another structure's tile), and
     a table's tile below one block is raised to one block; planned for an SM90 GPU on any machine."""
     device = torch.device("cuda", 0)
-    wide = gpu_planner.make_plan(8, 4, 128256, device, False, tuning=(("stats_block_v", 2048), ("stats_max_tiles", 2)))
-    narrow = gpu_planner.make_plan(1, 4, 32000, device, False, tuning=(("sample_block_v", 128), ("sample_max_tiles", 8)))
+    wide = gpu_planner.make_plan(8, 4, 128256, device, False,
+                                 tuning=(("stats_block_v", 2048), ("stats_max_tiles", 2)))
+    narrow = gpu_planner.make_plan(1, 4, 32000, device, False,
+                                   tuning=(("sample_block_v", 128), ("sample_max_tiles", 8)))
     assert wide.block_b == max(1, gpu_planner.GPU_PLAN["row_tile"] // 2048)
     assert narrow.sample_block_v == SAMPLE_BLOCK
 

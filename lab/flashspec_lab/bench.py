@@ -81,27 +81,26 @@ def _sync() -> None:
 
 def _do_bench_us(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 200) -> float:
     """Median device time of fn in µs (triton.testing.do_bench: CUDA events, L2 flushed between runs).
-    Without a GPU (the CPU smoke run): the median host time of five calls."""
+    Without a GPU (the CPU smoke run): `_do_bench_spread_us`'s host-timed calls."""
     return _do_bench_spread_us(fn, warmup_ms, rep_ms)[0]
 
 
 SPREAD_QUANTILES = (0.2, 0.8)
+SMOKE_CALLS = 2  # timed calls per measurement without a GPU: interpreted kernels take ~0.1 s a call
 
 
 def _do_bench_spread_us(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 200) -> tuple[float, list[float]]:
     """(median, [20th, 80th percentile]) of fn's device time in µs (triton.testing.do_bench: CUDA events, L2
     flushed between runs); the spread is what a ratio of two such times may be claimed within. Without a GPU
-    (the CPU smoke run): three host-timed calls (their median and their range: the smoke run checks the driver,
-    not the numbers)."""
+    (the CPU smoke run): `SMOKE_CALLS` host-timed calls (their median and their range: the smoke run checks the
+    driver, not the numbers)."""
     if not _on_gpu():
-        fn()
         samples = []
-        for _ in range(3):
+        for _ in range(SMOKE_CALLS):
             start = time.perf_counter()
             fn()
             samples.append((time.perf_counter() - start) * 1e6)
-        samples.sort()
-        return statistics.median(samples), [samples[0], samples[2]]
+        return statistics.median(samples), [min(samples), max(samples)]
     import triton.testing
 
     low, median, high = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
@@ -200,8 +199,10 @@ def _paired_ratio(numerator: Callable[[], object], denominator: Callable[[], obj
     if host is not None and host not in HOST_STATES:
         raise ValueError(f"host must be None or one of {HOST_STATES}, got {host!r}")
     timer = _idle_call_timer()
-    reps = reps if _on_gpu() else 3  # interpreted kernels (the CPU smoke run) take ~0.1 s a call
-    numerator(), denominator()
+    if _on_gpu():
+        numerator(), denominator()
+    else:
+        reps = SMOKE_CALLS  # one pair in each order: the CPU smoke run checks the driver
 
     def timed(fn: Callable[[], object]) -> float:
         if host == "warm":
@@ -227,12 +228,16 @@ def _paired_ratio(numerator: Callable[[], object], denominator: Callable[[], obj
 
 def _wall_us(fn: Callable[[], object], calls: int) -> float:
     """Host wall-clock per call over `calls` back-to-back calls (no L2 flush), synchronised at the end:
-    the rate a Python loop sustains, CPU launch overhead included."""
-    calls = calls if _on_gpu() else 1
-    fn()
-    _sync()
+    the rate a Python loop sustains, CPU launch overhead included. Without a GPU (the CPU smoke run): one call,
+    timed once."""
+    rounds = 3
+    if _on_gpu():
+        fn()
+        _sync()
+    else:
+        calls = rounds = 1
     samples = []
-    for _ in range(3):
+    for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(calls):
             fn()

@@ -11,11 +11,31 @@ from kernel_cases import ON_GPU
 
 # compiled, the cluster plan needs SM90+ and Triton >= 3.9: elsewhere its variants record that they did not run
 CLUSTERS_ON_DEVICE = ON_GPU and CLUSTERS_AVAILABLE and torch.cuda.get_device_capability()[0] >= 9
+SMOKE = dict(batch=3, gamma=2, vocab=40)  # the smoke run's point (`bench_verify --smoke`: gamma 2, vocab 40)
+
+
+def distinct_variants() -> list[str]:
+    """The benchmark's variants, one per distinct plan they run here: all on a GPU; interpreted, where the plan
+    leaves out the tile and grid keys (one tile, whole rows), the first variant of each plan (the others launch the
+    very same kernels with the very same arguments)."""
+    from flashspec_lab.bench import PLAN_VARIANTS, _variant_options
+
+    if ON_GPU:
+        return list(PLAN_VARIANTS)
+    from flashspec.kernels import make_plan
+
+    first: dict = {}
+    for name, overrides in PLAN_VARIANTS.items():
+        options = _variant_options(overrides)
+        plan = make_plan(SMOKE["batch"], SMOKE["gamma"], SMOKE["vocab"], torch.device("cpu"), False,
+                         fused=options["fused"], tuning=options["tuning"], residual=options["residual"])
+        first.setdefault(plan, name)
+    return list(first.values())
 
 
 def test_verify_benchmark_variants_option(tmp_path, capsys) -> None:
-    """`--variants` times only the named plan variants (and records only them); an unknown name is refused with
-    the known names, before anything runs."""
+    """`--variants` times only the named plan variants (and records only them) at every point asked for (each
+    point in its own entry); an unknown name is refused with the known names, before anything runs."""
     import json
 
     from experiments import bench_verify
@@ -24,28 +44,33 @@ def test_verify_benchmark_variants_option(tmp_path, capsys) -> None:
         bench_verify.main(["--smoke", "--variants", "two_launch", "no_such_plan"])
     assert refused.value.code == 2 and "no_such_plan" in capsys.readouterr().err
     out = tmp_path / "verify.json"
-    assert bench_verify.main(["--smoke", "--batch", "2", "--variants", "two_launch", "cluster_c8",
+    assert bench_verify.main(["--smoke", "--batch", "1", "3", "--variants", "two_launch", "cluster_c8",
                               "--out", str(out)]) == 0
     record = json.loads(out.read_text())
     assert set(record["settings"]["plan_variants"]) == {"two_launch", "cluster_c8"}
-    assert set(record["results"]["points"][0]["variants"]) == {"two_launch", "cluster_c8"}
+    assert [p["batch"] for p in record["results"]["points"]] == [1, 3]
+    assert all(set(point["variants"]) == {"two_launch", "cluster_c8"} for point in record["results"]["points"])
 
 
 def test_verify_benchmark_smoke_runs_on_tiny_shapes(tmp_path) -> None:
     """`flashspec bench verify --smoke`: the GPU benchmark's driver end to end on tiny shapes (host clock, no
-    graphs) -- every plan variant returns the reference's tokens, verdicts and the plan table are written."""
+    graphs) at one point -- every plan variant (interpreted: every distinct plan among them) returns the reference's
+    tokens, verdicts and the plan table are written."""
     import json
 
     from experiments import bench_verify
     from flashspec_lab.bench import PLAN_VARIANTS, TARGETS, is_diagnostic, is_rejection
 
+    variants = distinct_variants()
+    assert any(is_rejection(PLAN_VARIANTS[name]) for name in variants) and "fused" in variants and "coop" in variants
     out = tmp_path / "verify.json"
-    assert bench_verify.main(["--smoke", "--batch", "1", "3", "--out", str(out)]) == 0
+    assert bench_verify.main(["--smoke", "--batch", str(SMOKE["batch"]), "--gamma", str(SMOKE["gamma"]), "--vocab",
+                              str(SMOKE["vocab"]), "--variants", *variants, "--out", str(out)]) == 0
     record = json.loads(out.read_text())
     results = record["results"]
-    assert [p["batch"] for p in results["points"]] == [1, 3]
+    assert [p["batch"] for p in results["points"]] == [SMOKE["batch"]]
     for point in results["points"]:
-        assert set(point["variants"]) == set(PLAN_VARIANTS)
+        assert set(point["variants"]) == set(variants)
         # (a one-pass kernel stopped early, a diagnostic, samples nothing)
         assert all(row["tokens_equal_reference"] for row in point["variants"].values()
                    if "error" not in row and not row["overrides"].get("one_pass_stop")), \
