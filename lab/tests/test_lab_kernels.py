@@ -169,6 +169,30 @@ def test_captured_step_draws_new_uniforms_per_replay(plan: str, temperature: flo
     cases.check_captured_step(PLANS[plan], temperature)
 
 
+@gpu_only
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.0), SamplingParams(0.7, top_p=0.9)], ids=str)
+@pytest.mark.parametrize("log_probs", [False, True], ids=["draft logits", "draft log-probs"])
+def test_the_fused_launch_makes_no_host_sync(params: SamplingParams, log_probs: bool) -> None:
+    """Zero host syncs inside the fused launch's step (as tests/test_verify.py checks the library's), given the
+    draft's logits or its log-probs; torch raises on any synchronising call."""
+    target, draft, tokens = make_case(8, 4, 32000, SamplingParams(1.0), True, torch.float32, seed=1)
+    if log_probs:
+        draft = torch.log_softmax(draft, dim=-1)
+
+    def call(seed: int) -> torch.Tensor:
+        return verify_triton(target, draft, tokens, params, rng.Key.from_seed(seed), fused=True,
+                             draft_is_log_probs=log_probs)[0]
+
+    call(0)  # compile first
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        out = call(1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert out.is_cuda
+
+
 # ----------------------------------------------------------------------------- plans
 @pytest.mark.parametrize("batch", [1, 8, 64])
 @pytest.mark.parametrize("vocab", [32000, 128256])
