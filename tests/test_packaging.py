@@ -65,9 +65,12 @@ def test_wheel_ships_the_library_and_every_subpackage_but_not_the_experiments():
     assert (ROOT / "experiments" / "__init__.py").is_file() and "experiments" not in packages
 
 
-def test_the_library_imports_without_scipy():
-    """scipy is a [dev] extra: only the statistics of the exactness harness need it, imported when they run."""
-    code = ("import sys; sys.modules['scipy'] = None\n"
+def test_the_library_imports_without_scipy_matplotlib_or_the_lab():
+    """scipy is a [dev] extra: only the statistics of the exactness harness need it, imported when they run; the
+    lab (and its matplotlib) imports the library, never the reverse: every library module imports without them."""
+    code = ("import sys\n"
+            "for name in ('scipy', 'matplotlib', 'flashspec_lab'):\n"
+            "    sys.modules[name] = None\n"
             "import importlib, pkgutil, flashspec\n"
             "for module in pkgutil.walk_packages(flashspec.__path__, 'flashspec.'):\n"
             "    importlib.import_module(module.name)\n")

@@ -2,8 +2,13 @@
 
 `verify_triton` is the backend; `flashspec.kernels.rng` is the uint32 Triton twin of `flashspec.rng`'s hash;
 `flashspec.kernels.structures` is the registry of launch structures a plan may name (the two launches and the
-one pass here; other structures register themselves from the lab).
+one pass, registered here; other structures register themselves from the lab: `import flashspec_lab.kernels`).
 """
-from flashspec.kernels.verify import LaunchPlan, PreparedVerify, make_plan, prepare_verify, verify_triton
+from flashspec.kernels import one_pass, structures, two_launch
+
+structures.register(two_launch.STRUCTURE)
+structures.register(one_pass.STRUCTURE)
+
+from flashspec.kernels.verify import LaunchPlan, PreparedVerify, make_plan, prepare_verify, verify_triton  # noqa: E402
 
 __all__ = ["LaunchPlan", "PreparedVerify", "make_plan", "prepare_verify", "verify_triton"]

@@ -17,20 +17,28 @@ sees every partial) then does what needs no second pass over V:
 
 So no program waits for another and nothing streams V twice but that fallback. Same tokens as
 `flashspec.verify.verify_reference(..., residual="rejection")`. See `flashspec.kernels.verify` for the step.
+
+`STRUCTURE` is this launch as a launch structure (`flashspec.kernels.structures`): the default, and only, structure
+of residual="rejection", on the stats pass's grid.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 from triton.language import core as tlcore  # noqa: F401  (the interpreter patches it through this module's globals)
 
 from flashspec import sampling
 from flashspec.kernels import rng as krng
+from flashspec.kernels.launcher import _COMPILE_OPTIONS, _Launcher, _ticket_counter
 from flashspec.kernels.rng import device_function
 from flashspec.kernels.sample_pass import _accept, _race, _write_outputs
-from flashspec.kernels.shims import (_draft_scale, _exp, _log, _log1p, _max, _max_index, _min, _online_lse, _scale,
-                                     _sum, _sum_exp_term)
+from flashspec.kernels.shims import (_cdiv, _draft_scale, _exp, _log, _log1p, _max, _max_index, _min, _online_lse,
+                                     _scale, _sum, _sum_exp_term, interpreting)
 from flashspec.kernels.stats_pass import _chunk_stats, _store_partials
+from flashspec.kernels.structures import Launch, PlanContext, Structure, Work
 
 BLOCK_NOISE_INDEX = tl.constexpr(sampling.BLOCK_NOISE_INDEX)
 PROPOSAL_ACCEPT_INDEX = tl.constexpr(sampling.PROPOSAL_ACCEPT_INDEX)
@@ -264,3 +272,68 @@ def _one_pass_kernel(
         _write_outputs(out_tokens_ptr, out_accepted_ptr, rows64, row_ok, positions, drafted, num_accepted,
                        emitted, gamma, vocab)
         tl.atomic_xchg(counter_ptr + pid_b, 0)  # ready for the next call
+
+
+# ----------------------------------------------------------------------------- the launch structure
+NAME = "one_pass"
+_ONE_PASS_LAUNCHER = _Launcher(_one_pass_kernel)
+
+
+@dataclass(frozen=True)
+class OnePassParams:
+    """The one-pass plan's own parameter (`LaunchPlan.params`)."""
+
+    stop: int = 0  # diagnostic, never a default: the kernel stops early (`_one_pass_kernel`'s STOP)
+
+
+def plan(context: PlanContext) -> OnePassParams:
+    """Its stats tile must hold whole sampling blocks (each block's sum stays in the program that streams it)."""
+    if not context.greedy and context.vocab > sampling.SAMPLE_BLOCK and context.stats_block_v < sampling.SAMPLE_BLOCK:
+        raise ValueError(f"block_v={context.stats_block_v}: the one-pass plan keeps each block of "
+                         f"{sampling.SAMPLE_BLOCK} tokens' sum in the program that streams it; use a power of two "
+                         f">= {sampling.SAMPLE_BLOCK} (V = {context.vocab})")
+    return OnePassParams(stop=int(context.config["one_pass_stop"]))
+
+
+def launchers(plan) -> tuple[_Launcher]:
+    return (_ONE_PASS_LAUNCHER,)
+
+
+def work(plan, batch: int, gamma: int, greedy: bool, vocab: int) -> Work:
+    """The stats partials, and a (max, sum) pair per sampling block of every target row where V spans blocks."""
+    spans = not greedy and vocab > sampling.SAMPLE_BLOCK
+    return Work(stats=batch * (2 * gamma + 1) * plan.stats_splits,
+                blocks=batch * (gamma + 1) * _cdiv(vocab, sampling.SAMPLE_BLOCK) if spans else 0)
+
+
+def bind(plan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int, int], scale: float, flags: dict,
+         prefix: tuple, device: torch.device, addresses: bool) -> tuple[Launch]:
+    """The one launch: grid (row blocks, γ+1, V-splits), a ticket per row block."""
+    target, draft, tokens_in = inputs
+    out_tokens, out_accepted = outputs
+    batch, gamma, vocab = shape
+    accept_prefix, sample_prefix, prefix_in_memory = prefix
+    one_block = vocab <= sampling.SAMPLE_BLOCK
+    num_blocks = 1 if one_block else _cdiv(vocab, sampling.SAMPLE_BLOCK)
+    args = (target, draft, tokens_in, work["part_max"], work["part_sum"], work["part_idx"], work["block_max"],
+            work["block_sum"], _ticket_counter(device, _cdiv(batch, plan.block_b), addresses), out_tokens, out_accepted,
+            batch, gamma, vocab, plan.stats_splits, num_blocks, scale, accept_prefix, sample_prefix)
+    meta = dict(CHUNK=plan.stats_chunk, ROW=_cdiv(vocab, plan.sample_block_v) * plan.sample_block_v, **flags,
+                PRECISE=plan.precise and not interpreting(), PREFIX_IN_MEMORY=prefix_in_memory,
+                PROPOSALS=sampling.REJECTION_PROPOSALS, ONE_BLOCK=one_block,
+                SB=triton.next_power_of_2(vocab) if one_block else sampling.SAMPLE_BLOCK,
+                BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_S=plan.block_s,
+                BLOCK_NB=triton.next_power_of_2(num_blocks),
+                BLOCK_V=plan.stats_block_v, SAMPLE_BLOCK_V=plan.sample_block_v, STOP=plan.params.stop,
+                num_warps=plan.stats_warps,
+                **_COMPILE_OPTIONS)
+    return (Launch(NAME, _ONE_PASS_LAUNCHER, (_cdiv(batch, plan.block_b), gamma + 1, plan.stats_splits), args, meta),)
+
+
+STRUCTURE = Structure(
+    name=NAME, residual="rejection", launches=1, launchers=launchers, bind=bind, work=work, plan=plan,
+    # diagnostic, never a default (its tokens are wrong): the kernel stops after its streaming part (1) or after the
+    # accept test (2), to split its time between streaming, the accept test and the proposals
+    keys={"one_pass_stop": 0},
+    default=True,
+    fixes={"accept_once": False, "pdl": False, "stats_lane_elems": 0})  # its own accept test, one launch, no lanes

@@ -81,27 +81,26 @@ def _sync() -> None:
 
 def _do_bench_us(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 200) -> float:
     """Median device time of fn in µs (triton.testing.do_bench: CUDA events, L2 flushed between runs).
-    Without a GPU (the CPU smoke run): the median host time of five calls."""
+    Without a GPU (the CPU smoke run): `_do_bench_spread_us`'s host-timed calls."""
     return _do_bench_spread_us(fn, warmup_ms, rep_ms)[0]
 
 
 SPREAD_QUANTILES = (0.2, 0.8)
+SMOKE_CALLS = 2  # timed calls per measurement without a GPU: interpreted kernels take ~0.1 s a call
 
 
 def _do_bench_spread_us(fn: Callable[[], object], warmup_ms: float = 25, rep_ms: float = 200) -> tuple[float, list[float]]:
     """(median, [20th, 80th percentile]) of fn's device time in µs (triton.testing.do_bench: CUDA events, L2
     flushed between runs); the spread is what a ratio of two such times may be claimed within. Without a GPU
-    (the CPU smoke run): three host-timed calls (their median and their range: the smoke run checks the driver,
-    not the numbers)."""
+    (the CPU smoke run): `SMOKE_CALLS` host-timed calls (their median and their range: the smoke run checks the
+    driver, not the numbers)."""
     if not _on_gpu():
-        fn()
         samples = []
-        for _ in range(3):
+        for _ in range(SMOKE_CALLS):
             start = time.perf_counter()
             fn()
             samples.append((time.perf_counter() - start) * 1e6)
-        samples.sort()
-        return statistics.median(samples), [samples[0], samples[2]]
+        return statistics.median(samples), [min(samples), max(samples)]
     import triton.testing
 
     low, median, high = triton.testing.do_bench(fn, warmup=warmup_ms, rep=rep_ms,
@@ -200,8 +199,10 @@ def _paired_ratio(numerator: Callable[[], object], denominator: Callable[[], obj
     if host is not None and host not in HOST_STATES:
         raise ValueError(f"host must be None or one of {HOST_STATES}, got {host!r}")
     timer = _idle_call_timer()
-    reps = reps if _on_gpu() else 3  # interpreted kernels (the CPU smoke run) take ~0.1 s a call
-    numerator(), denominator()
+    if _on_gpu():
+        numerator(), denominator()
+    else:
+        reps = SMOKE_CALLS  # one pair in each order: the CPU smoke run checks the driver
 
     def timed(fn: Callable[[], object]) -> float:
         if host == "warm":
@@ -227,12 +228,16 @@ def _paired_ratio(numerator: Callable[[], object], denominator: Callable[[], obj
 
 def _wall_us(fn: Callable[[], object], calls: int) -> float:
     """Host wall-clock per call over `calls` back-to-back calls (no L2 flush), synchronised at the end:
-    the rate a Python loop sustains, CPU launch overhead included."""
-    calls = calls if _on_gpu() else 1
-    fn()
-    _sync()
+    the rate a Python loop sustains, CPU launch overhead included. Without a GPU (the CPU smoke run): one call,
+    timed once."""
+    rounds = 3
+    if _on_gpu():
+        fn()
+        _sync()
+    else:
+        calls = rounds = 1
     samples = []
-    for _ in range(3):
+    for _ in range(rounds):
         start = time.perf_counter()
         for _ in range(calls):
             fn()
@@ -352,7 +357,7 @@ def _launch_floor_latencies(kernel, scratch: torch.Tensor) -> dict:
     included), through the warm verify step's launch path (its cached binary called with a raw address): what
     any step of that many launches costs from Python before its kernels do any work, so the honest baseline's
     time over it bounds the eager ratio a plan of that many launches can reach."""
-    from flashspec.kernels.verify import _Launcher
+    from flashspec.kernels.launcher import _Launcher
 
     launcher = _Launcher(kernel)
     launcher((1,), (scratch,), {}, 0)  # compiled and cached under key 0
@@ -390,6 +395,7 @@ def make_inputs(batch: int, gamma: int, vocab: int, dtype: torch.dtype, params: 
 def correctness_checks(smoke: bool = False) -> list[dict]:
     """Triton (the default plan and the fused launch) vs torch token by token on a few configurations,
     and draft = target ⇒ all accepted. `smoke`: tiny float32 shapes on whatever device there is."""
+    import flashspec_lab.kernels  # noqa: F401  (registers the fused launch)
     from flashspec.kernels import verify_triton
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -554,31 +560,34 @@ def is_diagnostic(overrides: dict[str, int]) -> bool:
 
 def _plan_record(prepared) -> dict:
     """The grid and block sizes of a prepared step, for the results file."""
-    plan = prepared.plan
-    if plan.one_pass:
-        return {"one_pass": True, "fused": False, "grid": list(prepared.one_pass_grid),
-                "block_v": plan.stats_block_v, "warps": plan.stats_warps}
-    if plan.cluster:
-        return {"cluster": True, "fused": False, "grid": list(prepared.cluster_grid), "ctas": plan.cluster_ctas,
-                "block_v": plan.cluster_block_v, "warps": plan.cluster_warps}
-    if plan.coop:
-        return {"coop": True, "fused": False, "lanes": plan.lanes, "grid": list(prepared.coop_grid),
-                "chunk": plan.coop_chunk, "block_v": plan.coop_block_v, "warps": plan.coop_warps}
-    if plan.fused:
-        return {"fused": True, "block_b": plan.block_b, "lanes": plan.lanes, "grid": list(prepared.fused_grid),
+    plan, structure, own = prepared.plan, prepared.plan.structure, prepared.plan.params
+    grid = list(prepared.launches[0].grid)
+    if structure == "one_pass":
+        return {"one_pass": True, "fused": False, "grid": grid, "block_v": plan.stats_block_v,
+                "warps": plan.stats_warps}
+    if structure == "cluster":
+        return {"cluster": True, "fused": False, "grid": grid, "ctas": own.ctas, "block_v": own.block_v,
+                "warps": own.warps}
+    if structure == "coop":
+        return {"coop": True, "fused": False, "lanes": plan.lanes, "grid": grid, "chunk": own.chunk,
+                "block_v": own.block_v, "warps": own.warps}
+    if structure == "fused":
+        return {"fused": True, "block_b": plan.block_b, "lanes": plan.lanes, "grid": grid,
                 "stats_block_v": plan.stats_block_v, "sample_block_v": plan.sample_block_v,
                 "warps": plan.stats_warps}
     return {"fused": False, "block_b": plan.block_b, "lanes": plan.lanes, "accept_once": plan.accept_once,
             "pdl": plan.pdl,
-            "stats_grid": list(prepared.stats_grid), "stats_block_v": plan.stats_block_v,
+            "stats_grid": list(prepared.named("stats").grid), "stats_block_v": plan.stats_block_v,
             "stats_warps": plan.stats_warps,
-            "sample_grid": list(prepared.sample_grid), "sample_block_v": plan.sample_block_v,
+            "sample_grid": list(prepared.named("sample").grid), "sample_block_v": plan.sample_block_v,
             "sample_warps": plan.sample_warps}
 
 
 def _variant_options(overrides: dict[str, int]) -> dict:
     """The `fused`, `tuning` and `residual` arguments of a launch-plan variant (fused None: the tuning decides; False
-    would forbid the cooperative plan)."""
+    would forbid the cooperative plan). Registers the lab's launch structures, which the variants name."""
+    import flashspec_lab.kernels  # noqa: F401  (registers fused, coop and cluster)
+
     tuning = {name: value for name, value in overrides.items() if name != "residual_rejection"}
     return {"fused": True if overrides.get("fused", 0) else None, "tuning": tuple(sorted(tuning.items())),
             "residual": "rejection" if is_rejection(overrides) else "race"}
@@ -611,7 +620,8 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
     row: dict = {"overrides": dict(overrides)}
     try:
         prepared = prepare()
-        if overrides.get("cluster", 0) and not prepared.plan.cluster:  # would time another plan under its name
+        # the cluster plan falls back to another where the GPU lacks clusters: it would time that under its name
+        if overrides.get("cluster", 0) and prepared.plan.structure != "cluster":
             import triton
 
             row["error"] = (f"unavailable: the cluster plan needs an SM90+ GPU and Triton >= 3.9 "
@@ -635,21 +645,26 @@ def bench_variant(inputs: tuple, params: SamplingParams, key: rng.Key, overrides
     if graph_error:
         row["graph_error"] = graph_error
     plan = prepared.plan
-    if not (plan.fused or plan.coop or plan.cluster or plan.one_pass):  # two launches: each alone
-        for name, launch in (("stats_kernel_warm_us", prepared.launch_stats),
-                             ("sample_kernel_warm_us", prepared.launch_sample)):
-            row[name], error = _attempt(lambda: _graph_warm_us(launch))
+    if plan.structure == "two_launch":  # two launches: each alone
+        for launch in ("stats", "sample"):
+            row[f"{launch}_kernel_warm_us"], error = _attempt(lambda: _graph_warm_us(_launching(prepared, launch)))
             if error:
-                row[name.replace("_us", "_error")] = error
-    if plan.one_pass:  # its structure: one launch whose last program per row samples
+                row[f"{launch}_kernel_warm_error"] = error
+    if plan.structure == "one_pass":  # its structure: one launch whose last program per row samples
         from flashspec_lab.kernels.chain_probe import chain_step
 
         row["chain_floor_us"], error = _attempt(lambda: _graph_warm_us(chain_step(inputs[0], plan, one_launch=True).run))
         if error:
             row["chain_floor_error"] = error
-    elif not (plan.fused or plan.cluster):  # the cluster plan has no chain through global memory
+    elif plan.structure not in ("fused", "cluster"):  # the cluster plan has no chain through global memory
         row.update(_chain_floor(inputs[0], plan))
     return row
+
+
+def _launching(prepared, name: str) -> Callable[[], None]:
+    """A function of no arguments firing the launch `name` of a prepared step alone (the two launches' "stats" and
+    "sample" are timed apart)."""
+    return lambda: prepared.launch(name)
 
 
 def _chain_floor(target: torch.Tensor, plan) -> dict:
@@ -661,7 +676,7 @@ def _chain_floor(target: torch.Tensor, plan) -> dict:
 
     value, error = _attempt(lambda: _graph_warm_us(chain_step(target, plan).run))
     row = {"chain_floor_us": value, **({"chain_floor_error": error} if error else {})}
-    if not plan.coop:
+    if plan.structure != "coop":
         value, error = _attempt(lambda: _graph_warm_us(chain_step(target, plan, one_launch=True).run))
         row.update({"one_launch_chain_floor_us": value, **({"one_launch_chain_floor_error": error} if error else {})})
     return row
@@ -747,8 +762,8 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
         **dict(zip(("honest_torch_latency_us", "honest_torch_latency_us_spread"), _latency_spread_us(honest_step))),
         **dict(zip(("triton_latency_us", "triton_latency_us_spread"), _latency_spread_us(triton_step))),
         "triton_api_us": _do_bench_us(triton_api),
-        "triton_stats_kernel_us": _do_bench_us(two.launch_stats),
-        "triton_sample_kernel_us": _do_bench_us(two.launch_sample),
+        "triton_stats_kernel_us": _do_bench_us(_launching(two, "stats")),
+        "triton_sample_kernel_us": _do_bench_us(_launching(two, "sample")),
     }
     # the same step without draft logits (q one-hot at the drafted token): its stats pass streams the target's
     # logits only, what a step given the draft's log-normalisers by its drafter would read
@@ -765,13 +780,13 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
     log_probs_step()
     log_probs_expected = verify_reference(target, log_q, tokens, params, key, draft_is_log_probs=True)
     graph_timings = {
-        "triton_stats_kernel_warm_us": lambda: _graph_warm_us(two.launch_stats),
-        "triton_sample_kernel_warm_us": lambda: _graph_warm_us(two.launch_sample),
+        "triton_stats_kernel_warm_us": lambda: _graph_warm_us(_launching(two, "stats")),
+        "triton_sample_kernel_warm_us": lambda: _graph_warm_us(_launching(two, "sample")),
         "triton_graph_replay_us": lambda: _graph_us(triton_step),
         "triton_graph_warm_us": lambda: _graph_warm_us(triton_step),
-        "target_only_stats_kernel_warm_us": lambda: _graph_warm_us(target_only.launch_stats),
+        "target_only_stats_kernel_warm_us": lambda: _graph_warm_us(_launching(target_only, "stats")),
         "target_only_graph_warm_us": lambda: _graph_warm_us(target_only.run),
-        "log_probs_stats_kernel_warm_us": lambda: _graph_warm_us(with_log_probs.launch_stats),
+        "log_probs_stats_kernel_warm_us": lambda: _graph_warm_us(_launching(with_log_probs, "stats")),
         "log_probs_graph_warm_us": lambda: _graph_warm_us(log_probs_step),
     }
     for name, measure in graph_timings.items():
@@ -788,7 +803,7 @@ def bench_point(batch: int, gamma: int, vocab: int, floors: dict, host_loop: boo
         "torch_us": _do_bench_us(torch_step, rep_ms=100),
         "torch_wall_us_per_call": _wall_us(torch_step, calls=10),
     })
-    point.update(_chain_floor(target, two.plan if prepared.plan.fused else prepared.plan))
+    point.update(_chain_floor(target, two.plan if prepared.plan.structure == "fused" else prepared.plan))
     point["variants"] = {name: bench_variant((target, draft, tokens), params, key, overrides, expected)
                          for name, overrides in variants.items()}
     # the eager bars' ratios, each from calls of the honest baseline and of the step timed alternately
@@ -1210,11 +1225,11 @@ def plan_sweep(batch: int, gamma: int, vocab: int) -> list[dict]:
         torch.cuda.synchronize()
         rows.append({
             "batch": batch, "vocab": vocab, **variant,
-            "stats_grid": list(prepared.stats_grid), "sample_grid": list(prepared.sample_grid),
-            "stats_kernel_us": _do_bench_us(prepared.launch_stats, rep_ms=100),
-            "sample_kernel_us": _do_bench_us(prepared.launch_sample, rep_ms=100),
-            "stats_kernel_warm_us": _graph_warm_us(prepared.launch_stats),
-            "sample_kernel_warm_us": _graph_warm_us(prepared.launch_sample),
+            "stats_grid": list(prepared.named("stats").grid), "sample_grid": list(prepared.named("sample").grid),
+            "stats_kernel_us": _do_bench_us(_launching(prepared, "stats"), rep_ms=100),
+            "sample_kernel_us": _do_bench_us(_launching(prepared, "sample"), rep_ms=100),
+            "stats_kernel_warm_us": _graph_warm_us(_launching(prepared, "stats")),
+            "sample_kernel_warm_us": _graph_warm_us(_launching(prepared, "sample")),
         })
         print(rows[-1], flush=True)
     return rows

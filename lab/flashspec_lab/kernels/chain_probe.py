@@ -30,6 +30,7 @@ import triton
 import triton.language as tl
 from triton.language import core as tlcore  # noqa: F401  (the interpreter patches it through this module's globals)
 
+from flashspec_lab.kernels import coop_pass
 from flashspec_lab.kernels.coop_pass import _row_barrier, barrier_phases
 from flashspec.kernels.plan import LaunchPlan
 from flashspec.kernels.rng import device_function
@@ -190,7 +191,7 @@ def chain_step(target_logits: torch.Tensor, plan: LaunchPlan, one_launch: bool =
     the plan's stats grid); not for a cooperative plan, whose chain is one launch already."""
     batch, positions, vocab = target_logits.shape
     device = target_logits.device
-    if plan.coop:
+    if plan.structure == coop_pass.NAME:
         if one_launch:
             raise ValueError("one_launch: a cooperative plan's chain is one launch already; pass a two-launch plan")
         return _coop_chain_step(target_logits, plan)
@@ -236,14 +237,15 @@ def _coop_chain_step(target_logits: torch.Tensor, plan: LaunchPlan) -> ChainStep
     """`chain_step` of a cooperative plan: one launch at its grid (a cooperative launch on a GPU)."""
     batch, positions, vocab = target_logits.shape
     device = target_logits.device
-    splits = plan.coop_splits
+    coop = plan.params
+    splits = coop.splits
     parts = torch.empty(batch * splits, dtype=torch.float32, device=device)
     win_val = torch.empty(batch * splits, dtype=torch.float32, device=device)
     win_idx = torch.empty(batch * splits, dtype=torch.int32, device=device)
     counters = torch.zeros(3 * batch, dtype=torch.int32, device=device)
     token = torch.empty(batch, dtype=torch.int32, device=device)
-    meta = dict(CHUNK=plan.coop_chunk, BLOCK=plan.coop_block_v, BLOCK_P=triton.next_power_of_2(positions),
-                BLOCK_S=triton.next_power_of_2(splits), PHASE=0, num_warps=plan.coop_warps,
+    meta = dict(CHUNK=coop.chunk, BLOCK=coop.block_v, BLOCK_P=triton.next_power_of_2(positions),
+                BLOCK_S=triton.next_power_of_2(splits), PHASE=0, num_warps=coop.warps,
                 **({} if interpreting() else {"launch_cooperative_grid": True}))
     launch = (_chain_coop, (batch, splits),
               (target_logits, parts, win_val, win_idx, counters, token, batch, vocab, positions, splits), meta)

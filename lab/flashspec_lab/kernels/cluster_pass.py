@@ -17,16 +17,25 @@ in a different order, so tokens equal theirs except where a rounding decides (th
 to the same reference).
 
 Triton's interpreter runs the program as one block (`num_ctas` changes where the work runs, not what it
-computes), so the tests check this kernel on the CPU. See `flashspec.kernels.verify` for the whole step."""
+computes), so the tests check this kernel on the CPU. See `flashspec.kernels.verify` for the whole step.
+
+`STRUCTURE` is this launch as a launch structure (`flashspec.kernels.structures`, registered by
+`flashspec_lab.kernels`): asked for by the plan key "cluster", at T > 0 where the GPU has clusters (elsewhere the
+plan stays as it would be without it)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 from triton.language import core as tlcore  # noqa: F401  (the interpreter patches it through this module's globals)
 
+from flashspec.kernels.launcher import _COMPILE_OPTIONS, _Launcher
 from flashspec.kernels.rng import device_function
 from flashspec.kernels.sample_pass import _accept_from_lse, _drafted, _race_position, _write_outputs
-from flashspec.kernels.shims import _combine_lse, _scale
+from flashspec.kernels.shims import _cdiv, _combine_lse, _scale, interpreting
+from flashspec.kernels.structures import Launch, PlanContext, Structure, Work
 
 
 @device_function
@@ -116,3 +125,73 @@ def _cluster_kernel(
     emitted = tl.where(best_w > float("-inf"), best_w_idx, best_p_idx)
     _write_outputs(out_tokens_ptr, out_accepted_ptr, rows.to(tl.int64), row_ok, positions, drafted, num_accepted,
                    emitted, gamma, vocab)
+
+
+# ----------------------------------------------------------------------------- the launch structure
+NAME = "cluster"
+CLUSTER_SIZES = (1, 2, 4, 8, 16)  # 16 is beyond the portable 8: Hopper allows it
+_CLUSTER_LAUNCHER = _Launcher(_cluster_kernel)
+
+
+@dataclass(frozen=True)
+class ClusterParams:
+    """The cluster launch's program: `ctas` blocks (1 interpreted) sharing a tile of `block_v` logits."""
+
+    ctas: int
+    block_v: int
+    warps: int  # per block
+    stages: int  # software-pipelining depth of its log-sum-exp loop
+
+
+def plan(context: PlanContext) -> ClusterParams | None:
+    """The plan keys' cluster on a GPU (the tile: `cluster_block_v` logits per block); one block interpreted. None
+    at T = 0 or where the GPU has no clusters."""
+    ctas = int(context.config["cluster_ctas"]) if context.compiled else 1
+    if ctas not in CLUSTER_SIZES:
+        raise ValueError(f"cluster_ctas={ctas}: a thread-block cluster has 1, 2, 4, 8 or 16 blocks")
+    if context.greedy or not context.has_clusters:
+        return None
+    block_v = context.sampling_tile("cluster_block_v", context.tile("cluster_block_v", scale=ctas))
+    if not context.compiled:
+        return ClusterParams(ctas=1, block_v=block_v, warps=4, stages=1)
+    return ClusterParams(ctas=ctas, block_v=block_v, warps=int(context.config["cluster_warps"]),
+                         stages=int(context.config["cluster_stages"]))
+
+
+def launchers(plan) -> tuple[_Launcher]:
+    return (_CLUSTER_LAUNCHER,)
+
+
+def work(plan, batch: int, gamma: int, greedy: bool, vocab: int) -> Work:
+    """Nothing: its blocks meet on chip."""
+    return Work(stats=0)
+
+
+def bind(plan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int, int], scale: float, flags: dict,
+         prefix: tuple, device: torch.device, addresses: bool) -> tuple[Launch]:
+    """The one cluster launch: a program per row, `ctas` blocks each. No work buffers and no counters."""
+    target, draft, tokens_in = inputs
+    out_tokens, out_accepted = outputs
+    batch, gamma, vocab = shape
+    accept_prefix, sample_prefix, prefix_in_memory = prefix
+    cluster = plan.params
+    args = (target, draft, tokens_in, out_tokens, out_accepted, gamma, vocab, scale, accept_prefix, sample_prefix)
+    meta = dict(ROW=_cdiv(vocab, cluster.block_v) * cluster.block_v, SCALE_MODE=flags["SCALE_MODE"],
+                HAS_DRAFT=flags["HAS_DRAFT"], PRECISE=plan.precise and not interpreting(),
+                PREFIX_IN_MEMORY=prefix_in_memory, STAGES=cluster.stages, BLOCK_P=plan.block_p,
+                BLOCK_V=cluster.block_v,
+                num_warps=cluster.warps, **_COMPILE_OPTIONS,
+                **({} if interpreting() else {"num_ctas": cluster.ctas}))
+    return (Launch(NAME, _CLUSTER_LAUNCHER, (batch,), args, meta),)
+
+
+STRUCTURE = Structure(
+    name=NAME, residual="race", launches=1, launchers=launchers, bind=bind, work=work, plan=plan,
+    # cluster 1: one launch at T > 0, one program per row whose blocks form a thread-block cluster of `cluster_ctas`
+    # (2, 4, 8 or 16) and reduce through distributed shared memory (SM90+, Triton >= 3.9). cluster_block_v: each
+    # block's share of the program's tile ([γ+1 rounded up to a power of two, cluster_ctas * cluster_block_v] logits
+    # per load): 32 logits per thread at 4 warps. cluster_stages: tiles its log-sum-exp loop prefetches ahead
+    # (Triton's num_stages; 1: none)
+    keys={NAME: 0, "cluster_ctas": 8, "cluster_block_v": 512, "cluster_warps": 4, "cluster_stages": 3},
+    priority=1,
+    fixes={"pdl": False})  # one launch

@@ -14,17 +14,26 @@ cooperative launch guarantees (or refuses to start); `make_plan` keeps the grid 
 given. Triton's interpreter runs programs one after another, so a spin would never end there: it runs the
 kernel as two launches instead, PHASE 1 (the partials) then PHASE 2 (everything past the barrier), which
 is the same code either side of the barrier. See `flashspec.kernels.verify` for the whole step.
+
+`STRUCTURE` is this launch as a launch structure (`flashspec.kernels.structures`, registered by
+`flashspec_lab.kernels`): asked for by the plan key "coop", at T > 0 where its grid fits on the GPU at once.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import torch
 import triton
 import triton.language as tl
 from triton.language import core as tlcore  # noqa: F401  (the interpreter patches it through this module's globals)
 
-from flashspec.kernels.sample_pass import _sample_program
-from flashspec.kernels.shims import _online_lse, _scale, interpreting
+from flashspec.kernels.launcher import _COMPILE_OPTIONS, _Launcher, _ticket_counter
+from flashspec.kernels.plan import MAX_STATS_SPLITS, vocab_splits
 from flashspec.kernels.rng import device_function
+from flashspec.kernels.sample_pass import _sample_program
+from flashspec.kernels.shims import _cdiv, _online_lse, _scale, interpreting
 from flashspec.kernels.stats_pass import _store_partials
+from flashspec.kernels.structures import Launch, PlanContext, Structure, Work
 
 
 def barrier_phases(meta: dict) -> list[dict]:
@@ -123,3 +132,87 @@ def _coop_kernel(
                         batch, gamma, vocab, num_splits, num_splits, scale, accept_prefix, sample_prefix,
                         CHUNK, SCALE_MODE, HAS_DRAFT, False, True, PRECISE, PREFIX_IN_MEMORY, PHASE == 0, LANES,
                         False, 1, BLOCK_P, BLOCK_S, BLOCK_S, BLOCK_V)
+
+
+# ----------------------------------------------------------------------------- the launch structure
+NAME = "coop"
+
+
+class _PhasedLauncher(_Launcher):
+    """A `_Launcher` of a kernel with a `PHASE` barrier: one launch on a GPU, its two halves interpreted
+    (`barrier_phases`)."""
+
+    def __call__(self, grid: tuple, args: tuple, meta: dict, key: int | None = None) -> None:
+        for phase in barrier_phases(meta):
+            super().__call__(grid, args, phase, key)
+
+
+_COOP_LAUNCHER = _PhasedLauncher(_coop_kernel)
+
+
+@dataclass(frozen=True)
+class CoopParams:
+    """The cooperative launch's grid (B, splits), every program resident at once, and its tile."""
+
+    splits: int
+    chunk: int
+    block_v: int  # each load covers all γ+1 positions of this many logits
+    warps: int
+    block_s: int  # next power of two >= splits
+
+
+def plan(context: PlanContext) -> CoopParams | None:
+    """One tile per program where the grid allows, at most `coop_programs_per_sm` programs per SM in all (every
+    program must be resident at once: none interpreted, where the barrier's halves run as two launches); None at
+    T = 0 (the greedy sampler streams nothing) or where even whole rows would not fit."""
+    if context.greedy:
+        return None
+    block_v = context.sampling_tile("coop_block_v", context.tile("coop_block_v"))
+    capacity = int(context.config["coop_programs_per_sm"]) * context.sms if context.compiled else 1 << 30
+    if capacity < context.batch:
+        return None
+    tiles = _cdiv(context.vocab, block_v)
+    chunk, splits = vocab_splits(context.vocab, block_v, 1, tiles, tiles,
+                                 min(capacity // context.batch, MAX_STATS_SPLITS), context.num_splits)
+    return CoopParams(splits=splits, chunk=chunk, block_v=block_v,
+                      warps=8 if block_v * triton.next_power_of_2(context.gamma + 1) > 4096 else 4,
+                      block_s=triton.next_power_of_2(splits))
+
+
+def launchers(plan) -> tuple[_Launcher]:
+    return (_COOP_LAUNCHER,)
+
+
+def work(plan, batch: int, gamma: int, greedy: bool, vocab: int) -> Work:
+    """The partials of every row at every split, and each split's race winner."""
+    return Work(stats=batch * (2 * gamma + 1) * plan.params.splits, race=batch * 2 * plan.params.splits)
+
+
+def bind(plan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int, int], scale: float, flags: dict,
+         prefix: tuple, device: torch.device, addresses: bool) -> tuple[Launch]:
+    """The one cooperative launch, bound to fresh work buffers (`work`, as for the two launches). Its counters: a
+    race ticket, a barrier arrival count and a departure count per row, zero between calls."""
+    target, draft, tokens_in = inputs
+    out_tokens, out_accepted = outputs
+    batch, gamma, vocab = shape
+    accept_prefix, sample_prefix, prefix_in_memory = prefix
+    coop = plan.params
+    counter = _ticket_counter(device, 3 * batch, addresses)
+    args = (target, draft, tokens_in, work["part_max"], work["part_sum"], work["race_val"], work["race_idx"], counter,
+            out_tokens, out_accepted, batch, gamma, vocab, coop.splits, scale, accept_prefix, sample_prefix)
+    meta = dict(CHUNK=coop.chunk, SCALE_MODE=flags["SCALE_MODE"], HAS_DRAFT=flags["HAS_DRAFT"], PHASE=0,
+                PRECISE=plan.precise and not interpreting(), PREFIX_IN_MEMORY=prefix_in_memory, LANES=plan.lanes,
+                BLOCK_P=plan.block_p, BLOCK_S=coop.block_s, BLOCK_V=coop.block_v, num_warps=coop.warps,
+                **_COMPILE_OPTIONS, **({} if interpreting() else {"launch_cooperative_grid": True}))
+    return (Launch(NAME, _COOP_LAUNCHER, (batch, coop.splits), args, meta),)
+
+
+STRUCTURE = Structure(
+    name=NAME, residual="race", launches=1, launchers=launchers, bind=bind, work=work, plan=plan,
+    # coop 1: one cooperative launch at T > 0: every program loads its chunk of all 2γ+1 rows, meets the other
+    # programs of its row at a barrier, then samples from its own chunk; off where the programs would not all fit
+    # on the GPU at once. coop_block_v: its tile ([γ+1 rounded up to a power of two, coop_block_v] logits per
+    # load); coop_programs_per_sm: the most programs its grid puts on one SM (all must be resident at once)
+    keys={NAME: 0, "coop_block_v": 512, "coop_programs_per_sm": 1},
+    priority=2,
+    fixes={"pdl": False})  # one launch

@@ -42,20 +42,7 @@ def type_of(value) -> str:
 
 def kernel_launches(prepared) -> list[tuple]:
     """(kernel, args, meta) of each launch of a prepared step, in order."""
-    from flashspec.kernels import verify as kernels
-
-    plan = prepared.plan
-    if plan.one_pass:
-        return [(kernels._one_pass_kernel, prepared.one_pass_args, prepared.one_pass_meta)]
-    if plan.fused:
-        return [(kernels._fused_kernel, prepared.fused_args, prepared.fused_meta)]
-    if plan.coop:
-        return [(kernels._coop_kernel, prepared.coop_args, prepared.coop_meta)]
-    if plan.cluster:
-        return [(kernels._cluster_kernel, prepared.cluster_args, prepared.cluster_meta)]
-    stats = kernels._stats_accept_kernel if plan.accept_once else kernels._stats_kernel
-    return [(stats, prepared.stats_args, prepared.stats_meta),
-            (kernels._sample_kernel, prepared.sample_args, prepared.sample_meta)]
+    return [(launch.launcher.kernel, launch.args, launch.meta) for launch in prepared.launches]
 
 
 def describe(kernel, args: tuple, meta: dict, precise: bool) -> dict:
@@ -99,12 +86,15 @@ def bind_step(plan, batch: int, gamma: int, vocab: int, params, with_draft: bool
     """(prepared step, target) of one verify step under `plan`, bound to tiny CPU tensors of the GPU dtypes: a
     launch's types and constexprs do not depend on the sizes, which the plan and the shape carry. Nothing runs."""
     from flashspec import rng
+    from flashspec.kernels import structures
     from flashspec.kernels import verify as kernels
+    from flashspec.kernels.shims import SCALE_MULTIPLY, SCALE_NONE
+    from flashspec.kernels.step import _work_layout
 
     target = torch.zeros(1, gamma + 1, 8, dtype=torch.bfloat16)
     draft = torch.zeros(1, gamma, 8, dtype=torch.bfloat16) if with_draft else target
     tokens = torch.zeros(1, gamma, dtype=torch.int64)
-    layout = kernels._work_layout(batch, gamma, plan, params.greedy, vocab)
+    layout = _work_layout(batch, gamma, plan, params.greedy, vocab)
     memory = torch.empty(layout.words // 2, dtype=torch.int64)
     outputs = (memory[:batch * (gamma + 1)].view(batch, gamma + 1), memory[:batch])
     key = rng.Key.from_seed(1)
@@ -113,12 +103,12 @@ def bind_step(plan, batch: int, gamma: int, vocab: int, params, with_draft: bool
         prefix = (prefixes[0:1], prefixes[1:2], True)
     else:
         prefix = (*kernels._prefixes(key), False)
-    scale_mode = kernels.SCALE_NONE if params.temperature in (0.0, 1.0) else kernels.SCALE_MULTIPLY
+    scale_mode = SCALE_NONE if params.temperature in (0.0, 1.0) else SCALE_MULTIPLY
     flags = dict(SCALE_MODE=scale_mode, HAS_DRAFT=with_draft and not params.greedy, GREEDY=params.greedy)
     scale = 1.0 if params.temperature in (0.0, 1.0) else 1.0 / params.temperature
-    prepared = kernels._binder(plan)(plan, (target, draft, tokens), outputs, layout.views(memory),
-                                     (batch, gamma, vocab), scale, flags, prefix, None, memory.device, False)
-    return prepared, target
+    launches = structures.get(plan.structure).bind(plan, (target, draft, tokens), outputs, layout.views(memory),
+                                                   (batch, gamma, vocab), scale, flags, prefix, memory.device, False)
+    return kernels.PreparedVerify(plan=plan, tokens=outputs[0], num_accepted=outputs[1], launches=launches), target
 
 
 def bound_launches(batch: int, gamma: int, vocab: int, params, with_draft: bool = True,
@@ -138,10 +128,10 @@ def compile_sass(launch: dict, capability: int = 90) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from flashspec.kernels import sample_pass, stats_pass
+    from flashspec.kernels import one_pass, sample_pass, stats_pass
     from flashspec_lab.kernels import chain_probe, cluster_pass, coop_pass, fused_pass
 
-    modules = (chain_probe, cluster_pass, coop_pass, fused_pass, sample_pass, stats_pass)
+    modules = (chain_probe, cluster_pass, coop_pass, fused_pass, one_pass, sample_pass, stats_pass)
     kernel = next(getattr(module, launch["kernel"]) for module in modules if hasattr(module, launch["kernel"]))
     if not hasattr(kernel, "fn"):
         raise RuntimeError("the kernels are interpreted here: compile with TRITON_INTERPRET unset")
