@@ -212,3 +212,13 @@ def sample_from_logits(
     base = rng.base_hash(key, stream, row, torch.full_like(row, position))
     noise = rng.uniform_from_base(base, torch.arange(vocab, device=logits.device).view(1, vocab))
     return gumbel_argmax(log_probs, noise), log_probs
+
+
+RESIDUALS = ("race", "rejection")
+
+
+def check_residual(residual: str) -> None:
+    """Raise ValueError unless `residual` names one of the residual samplers."""
+    if residual not in RESIDUALS:
+        raise ValueError(f"residual must be one of {RESIDUALS} (how a rejected row samples max(0, p - q)), "
+                         f"got {residual!r}")

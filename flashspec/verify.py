@@ -11,11 +11,11 @@ from dataclasses import dataclass
 import torch
 
 from flashspec import rng
-from flashspec.sampling import (NEG_INF, PROPOSAL_POSITION, REJECTION_PROPOSALS, SamplingParams, block_race,
-                                rejection_proposals, residual_by_rejection, warp_logits)
+from flashspec.sampling import (NEG_INF, PROPOSAL_POSITION, REJECTION_PROPOSALS, RESIDUALS, SamplingParams,
+                                block_race, check_residual, rejection_proposals, residual_by_rejection,
+                                warp_logits)
 
 BACKENDS = ("auto", "torch", "triton")
-RESIDUALS = ("race", "rejection")
 FLOAT_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 INT_DTYPES = (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8)
 
@@ -111,13 +111,6 @@ def verify_with_key(
                                              draft_is_log_probs=draft_is_log_probs, residual=residual)
         return VerifyOutput(tokens=tokens, num_accepted=num_accepted)
     return verify_reference(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs, residual)
-
-
-def check_residual(residual: str) -> None:
-    """Raise ValueError unless `residual` names one of the residual samplers."""
-    if residual not in RESIDUALS:
-        raise ValueError(f"residual must be one of {RESIDUALS} (how a rejected row samples max(0, p - q)), "
-                         f"got {residual!r}")
 
 
 def _triton_available() -> bool:

@@ -49,7 +49,7 @@ from flashspec.kernels.shims import SCALE_DIVIDE, SCALE_MULTIPLY, SCALE_NONE, in
 from flashspec.kernels.step import (_ACCEPT, _BASE, _DRAFT, _SAMPLE, _TARGET, _TOKENS, _WARM_STEPS, PreparedVerify,
                                     _Slot, _WarmStep, _warm_key, _warm_step, _work_layout, warm_options)
 from flashspec.sampling import SamplingParams, truncate_logits
-from flashspec.verify import check_residual
+from flashspec.sampling import check_residual
 
 
 @functools.lru_cache(maxsize=64)
