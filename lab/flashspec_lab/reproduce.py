@@ -19,6 +19,7 @@ number measured elsewhere than on a T4 is not a T4 number.
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -41,6 +42,11 @@ PROMPTS = (
     "What are the main differences between Python lists and tuples?",
     "Give three tips for writing clear technical documentation.",
 )
+
+
+def progress(message: str, since: float) -> None:
+    """One line on stderr: what finished and how long it took (a first run on a T4 is minutes of compiling)."""
+    print(f"flashspec reproduce: {message} ({time.perf_counter() - since:.1f} s)", file=sys.stderr, flush=True)
 
 
 @dataclass
@@ -114,7 +120,10 @@ def decode(pool: Pool, prompts: list[torch.Tensor], new_tokens: int, gamma: int,
     plain = fs.FastPlainDecoder(pool.target, graphs=graphs)
     runs: dict[str, Any] = {}
     for name, decoder in (("speculative", speculative), ("plain", plain)):
+        began = time.perf_counter()
         decoder.generate(prompts[0], max_new_tokens=new_tokens, sampling=sampling, seed=1000, ignore_eos=True)
+        progress(f"{name} decoder warmed up", began)
+        began = time.perf_counter()
         steps, tokens, seconds = [], 0, 0.0
         accepted = drafted = rejections = 0
         for index, prompt in enumerate(prompts):
@@ -127,6 +136,7 @@ def decode(pool: Pool, prompts: list[torch.Tensor], new_tokens: int, gamma: int,
                 accepted += sum(step.num_accepted)
                 drafted += step.gamma * len(step.num_accepted)
                 rejections += sum(n < step.gamma for n in step.num_accepted)
+        progress(f"{name}: {len(prompts)} prompts decoded", began)
         runs[name] = {"tokens": tokens, "seconds": seconds, "tokens_per_s": tokens / seconds,
                       "p50_step_ms": 1e3 * statistics.median(steps), "steps": len(steps)}
         if name == "speculative":
@@ -185,15 +195,16 @@ def run(source: str = "hub", new_tokens: int = 128, prompts: int = 4, gamma: int
     """The whole table: decoding and the verify step (module docstring); settings and results for a record."""
     where = torch.device(device) if device is not None else models.default_device()
     smoke = source == "smoke"
+    began = time.perf_counter()
     pool = load_pool(source, where)
+    progress(f"models loaded: {pool.description}", began)
     chats = chat_prompts(pool.tokenizer, prompts, where)
-    results = {
-        "gpu": torch.cuda.get_device_name(where) if where.type == "cuda" else None,
-        "models": pool.description,
-        "decode": decode(pool, chats, new_tokens, gamma, graphs=where.type == "cuda"),
-        "verify": verify_step((1, 8), 512 if smoke else 32000, gamma, repeats, where),
-        "paper_t4": PAPER_T4,
-    }
+    decoded = decode(pool, chats, new_tokens, gamma, graphs=where.type == "cuda")
+    began = time.perf_counter()
+    verified = verify_step((1, 8), 512 if smoke else 32000, gamma, repeats, where)
+    progress("verify step timed", began)
+    results = {"gpu": torch.cuda.get_device_name(where) if where.type == "cuda" else None,
+               "models": pool.description, "decode": decoded, "verify": verified, "paper_t4": PAPER_T4}
     settings = {"source": source, "new_tokens": new_tokens, "prompts": prompts, "gamma": gamma, "repeats": repeats,
                 "temperature": 1.0, "device": str(where)}
     return {"settings": settings, "results": results}
