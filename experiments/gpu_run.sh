@@ -19,6 +19,8 @@ export PYTHONUNBUFFERED=1 MPLBACKEND=Agg
 if [ -z "${FLASHSPEC_INSTALLED:-}" ]; then  # gpu_lanes.sh installs once for its lanes
   pip install -q --no-deps --no-build-isolation -e . -e lab >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
 fi
+# the checkout and its lab first on the path as well: the device's pip can serve another interpreter than `python`
+export PYTHONPATH="$PWD:$PWD/lab${PYTHONPATH:+:$PYTHONPATH}"
 if [ -n "${TRITON_TARBALL:-}" ]; then
   mkdir -p "$HOME/triton_alt" && tar xJf "$TRITON_TARBALL" -C "$HOME/triton_alt" || exit 1
   # a tarball trimmed to fit a carry: no AMD backend (drop its entry point) and one ptxas (Triton >= 3.9 asks for
