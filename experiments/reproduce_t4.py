@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.source == "hub":
         print("flashspec: loading TinyLlama-1.1B-Chat (NF4) and llama-68m from the hub; the first run also compiles "
-              "the Triton kernels and captures CUDA graphs (a minute or more on a T4)", file=sys.stderr)
+              "the Triton kernels and captures CUDA graphs (minutes; Triton caches the kernels for the next run)",
+              file=sys.stderr)
     record = provenance.record(["flashspec", "reproduce", "t4", *argv], git_sha=args.git_sha)
     try:
         measured = reproduce.run(args.source, args.new_tokens, args.prompts, repeats=args.repeats,

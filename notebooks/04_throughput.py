@@ -146,7 +146,9 @@ glue("paper_step_ms", step_ms, display=False)
 # the paper's kernel claim. The record it writes under `results/` names its GPU. On Colab (Runtime → GPU), run
 # the next cell; the book's build has neither a GPU nor the hub, so it skips it (tags `skip-execution` and
 # `nbval-skip`). Where there is no hub, `--source random` measures the same shapes with random weights (every
-# cost real, the acceptance meaningless), and `--source smollm2` the offline SmolLM2 with prompt lookup.
+# cost real, the acceptance meaningless), and `--source smollm2` the offline SmolLM2 with prompt lookup. A first
+# run spends minutes compiling the Triton kernels (the command says on stderr what finished and how long it took);
+# Triton keeps them in its cache (`~/.triton`), so a second run in the same runtime starts in seconds.
 
 # %% tags=["skip-execution", "nbval-skip"]
 import subprocess

@@ -111,6 +111,20 @@ def gpu_planner(monkeypatch):
     plan_module.make_plan.cache_clear()
 
 
+@pytest.fixture
+def t4_planner(monkeypatch):
+    """`make_plan`'s GPU branch for a Colab T4: 40 SMs, compute capability 7.5 (so no programmatic dependent
+    launch and no thread-block clusters, decided by the planner's own capability checks)."""
+    from flashspec.kernels import plan as plan_module
+
+    monkeypatch.setattr(plan_module, "interpreting", lambda: False)
+    monkeypatch.setattr(plan_module, "_num_sms", lambda index: 40)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index=None: (7, 5))
+    plan_module.make_plan.cache_clear()
+    yield plan_module
+    plan_module.make_plan.cache_clear()
+
+
 # ----------------------------------------------------------------------------- token-for-token checks
 def check_every_temperature(temperature: float, with_draft: bool, options: dict) -> None:
     params = SamplingParams(temperature)
@@ -517,7 +531,7 @@ def check_warm_launch(cases: list[tuple], monkeypatch: pytest.MonkeyPatch) -> No
 
 # ----------------------------------------------------------------------------- Triton's compiler front end
 FRONT_END = r"""
-import importlib, inspect, json, sys
+import importlib, inspect, json, os, sys
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler.compiler import make_backend
@@ -526,7 +540,7 @@ from triton._C.libtriton import ir
 modules = [importlib.import_module(name) for name in sys.argv[1:]]
 kernels = {name: getattr(module, name) for module in modules
            for name in dir(module) if name.endswith("_kernel") or name.startswith("_chain_")}
-target = GPUTarget("cuda", 90, 32)
+target = GPUTarget("cuda", int(os.environ.get("FRONT_END_CAPABILITY", "90")), 32)
 backend = make_backend(target)
 takes_target = "target" in inspect.signature(ASTSource.make_ir).parameters  # Triton versions differ here
 failures = []
@@ -555,9 +569,9 @@ def structure_of(launch: dict) -> str:
     return json.dumps([launch["kernel"], launch["signature"], flags], sort_keys=True)
 
 
-def lower(launches: list[dict], modules: list[str]) -> list[dict]:
-    """The launches that fail Triton's front end for sm_90 (a subprocess with the interpreter off)."""
-    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="0")
+def lower(launches: list[dict], modules: list[str], capability: int = 90) -> list[dict]:
+    """The launches that fail Triton's front end for sm_`capability` (a subprocess with the interpreter off)."""
+    env = dict(os.environ, TRITON_INTERPRET="0", TRITON_DEFAULT_FP_FUSION="0", FRONT_END_CAPABILITY=str(capability))
     done = subprocess.run([sys.executable, "-c", FRONT_END, *modules], input=json.dumps(launches), env=env,
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from flashspec.sampling import SamplingParams
-from kernel_cases import LIBRARY_TUNINGS, REJECTION_TUNINGS, gpu_planner, lower, structure_of  # noqa: F401
+from kernel_cases import LIBRARY_TUNINGS, REJECTION_TUNINGS, gpu_planner, lower, structure_of, t4_planner  # noqa: F401
 
 COMPILER_OPTIONS = {"num_warps", "num_ctas", "enable_fp_fusion", "launch_cooperative_grid", "launch_pdl"}
 TYPES = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16", torch.int64: "i64", torch.int32: "i32"}
@@ -49,7 +49,7 @@ def describe(launch, precise: bool) -> dict:
 
 
 def bind_for_gpu(plan, batch: int, gamma: int, vocab: int, params: SamplingParams, with_draft: bool,
-                 device_key: bool) -> tuple:
+                 device_key: bool, dtype: torch.dtype = torch.bfloat16) -> tuple:
     """The launches of one step under a GPU `plan`, bound to tiny CPU tensors of the GPU dtypes (a launch's types
     and constexprs do not depend on the sizes, which the plan and the shape carry). Nothing runs."""
     from flashspec import rng
@@ -58,8 +58,8 @@ def bind_for_gpu(plan, batch: int, gamma: int, vocab: int, params: SamplingParam
     from flashspec.kernels.step import _work_layout
     from flashspec.kernels.verify import _prefixes, device_prefixes
 
-    target = torch.zeros(1, gamma + 1, 8, dtype=torch.bfloat16)
-    draft = torch.zeros(1, gamma, 8, dtype=torch.bfloat16) if with_draft else target
+    target = torch.zeros(1, gamma + 1, 8, dtype=dtype)
+    draft = torch.zeros(1, gamma, 8, dtype=dtype) if with_draft else target
     tokens = torch.zeros(1, gamma, dtype=torch.int64)
     layout = _work_layout(batch, gamma, plan, params.greedy, vocab)
     memory = torch.empty(layout.words // 2, dtype=torch.int64)
@@ -99,4 +99,27 @@ def test_every_gpu_launch_passes_the_compiler_front_end(gpu_planner) -> None:
                                                         "_one_pass_kernel"}
     failures = lower(list(launches.values()), ["flashspec.kernels.one_pass", "flashspec.kernels.sample_pass",
                                                "flashspec.kernels.stats_pass"])
+    assert not failures, json.dumps(failures[:3], indent=1)
+
+
+def test_a_t4_gets_the_default_launches_without_hopper_features(t4_planner) -> None:
+    """A Colab T4 (sm_75, 40 SMs): the default structures (none of the lab's), no programmatic dependent launch
+    and no clusters; and every launch it makes, with the fp16 logits a T4 runs (no bf16 units), passes the
+    compiler's front end for sm_75."""
+    import flashspec_lab.kernels  # noqa: F401  (the lab's structures registered: none may be chosen on a T4)
+
+    gpu = torch.device("cuda", 0)
+    launches: dict[str, dict] = {}
+    for batch in (1, 8, 64):
+        for residual, structure in (("race", "two_launch"), ("rejection", "one_pass")):
+            for params, with_draft in ((SamplingParams(1.0), True), (SamplingParams(0.7), False),
+                                       (SamplingParams(0.0), False)):
+                plan = t4_planner.make_plan(batch, 4, 32000, gpu, params.greedy, residual=residual)
+                assert plan.structure == structure and not plan.pdl, (batch, residual, plan)
+                for launch in bind_for_gpu(plan, batch, 4, 32000, params, with_draft, True, torch.float16):
+                    described = describe(launch, plan.precise)
+                    launches.setdefault(structure_of(described), described)
+    assert not t4_planner._has_pdl(0) and not t4_planner._has_clusters(0)  # both need compute capability 9
+    failures = lower(list(launches.values()), ["flashspec.kernels.one_pass", "flashspec.kernels.sample_pass",
+                                               "flashspec.kernels.stats_pass"], capability=75)
     assert not failures, json.dumps(failures[:3], indent=1)
