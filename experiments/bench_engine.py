@@ -60,7 +60,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
     device = torch.device(args.device) if args.device else models.default_device()
-    dtype = models.resolve_dtype(args.dtype) if args.dtype else (torch.bfloat16 if device.type == "cuda" else torch.float32)
+    dtype = models.resolve_dtype(args.dtype) if args.dtype else (models.half_dtype(device) if device.type == "cuda" else torch.float32)
     batch_sizes = args.batch_sizes or ([1, 2] if args.tiny else [1, 8])
     max_new_tokens = args.max_new_tokens or (12 if args.tiny else 128)
     repeats = args.repeats or (1 if args.tiny else 3)

@@ -103,7 +103,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def build(args: argparse.Namespace, device: torch.device) -> tuple[torch.nn.Module, list[torch.nn.Module], Any]:
     """(target, model drafts, zoo or None): the first draft is the one HF assisted generation uses."""
-    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    dtype = models.half_dtype(device) if device.type == "cuda" else torch.float32
     if args.pair == "zoo-gpu":
         from flashspec_lab import zoo as zoo_module
 

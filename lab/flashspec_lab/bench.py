@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 import flashspec as fs
-from flashspec import rng
+from flashspec import models, rng
 from flashspec_lab.baseline import verify_pytorch
 from flashspec.sampling import SamplingParams, warp_logits
 from flashspec.verify import verify_reference
@@ -451,7 +451,7 @@ def correctness_checks(smoke: bool = False) -> list[dict]:
     for vocab in ((40,) if smoke else (32000, 128256)):
         params = SamplingParams(1.0)
         batch = 4 if smoke else 64
-        dtype = torch.float32 if smoke else torch.bfloat16
+        dtype = torch.float32 if smoke else models.half_dtype(device)
         target, _, tokens = make_inputs(batch, gamma, vocab, dtype, params, seed=7, with_draft=False, device=device)
         out = fs.verify(target, target[:, :gamma].contiguous(), tokens, params, generator=3, backend="triton")
         results.append({
@@ -1086,7 +1086,7 @@ def honest_graph_timings(points: list[dict], sampler: str, device: str | None = 
             point[f"{prefix}_error"] = f"not tried: the capture failed at B={failed[0]}, V={failed[1]}"
             continue
         params = SamplingParams(1.0)
-        dtype = torch.bfloat16 if _on_gpu() else torch.float32
+        dtype = models.half_dtype(device) if _on_gpu() else torch.float32
         target, draft, tokens = make_inputs(point["batch"], point["gamma"], point["vocab"], dtype, params,
                                             seed=point["batch"] * 7 + point["vocab"], device=device)
         step = lambda: verify_pytorch(target, draft, tokens, params, None, sampler=sampler)  # noqa: E731

@@ -150,7 +150,7 @@ def load_zoo(size: str | ZooConfig = "cpu", device: str | None = None, dtype: to
     manifest = check_zoo_dir(folder)
     device_ = torch.device(device) if device is not None else models.default_device()
     if dtype is None:
-        dtype = torch.bfloat16 if device_.type == "cuda" else torch.float32
+        dtype = models.half_dtype(device_) if device_.type == "cuda" else torch.float32  # fp16 on a T4
     domains = tuple(manifest["config"]["domains"])
 
     def load(name: str) -> torch.nn.Module:

@@ -123,7 +123,7 @@ def train_model(model: torch.nn.Module, streams: list[torch.Tensor], steps: int,
                 loss: Callable[[torch.nn.Module, torch.Tensor], torch.Tensor] = next_token_loss) -> list[float]:
     """Train the model's trainable parameters on random windows of `streams` (a balanced mixture) to
     minimise `loss(model, window batch)` (default: next-token cross-entropy) with AdamW, warm-up then
-    cosine; bf16 autocast on CUDA. Returns the loss of every step."""
+    cosine; bf16 autocast on a GPU that computes bf16 (fp32 on older ones). Returns the loss of every step."""
     from tqdm.auto import tqdm
 
     model.to(device).train()
@@ -134,7 +134,9 @@ def train_model(model: torch.nn.Module, streams: list[torch.Tensor], steps: int,
         lr=peak_lr, betas=(0.9, 0.95), eps=1e-8, fused=True,
     )
     generator = torch.Generator().manual_seed(seed)
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else contextlib.nullcontext()
+    # bf16 autocast where the GPU computes bf16; fp32 where it would be emulated (a T4: fp16 would need loss scaling)
+    bf16 = device.type == "cuda" and models.half_dtype(device) == torch.bfloat16
+    autocast = torch.autocast("cuda", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     losses = []
     bar = tqdm(range(steps), desc=desc, disable=not progress, mininterval=1.0, leave=False)
     for step in bar:
