@@ -27,6 +27,9 @@ from flashspec import models  # noqa: E402
 # The suite runs thousands of tiny tensor ops; on a 2-core CI machine intra-op threads only add
 # contention (one small matmul measured 37 ms with 2 threads against 0.4 ms with 1).
 torch.set_num_threads(1)
+# the same for the subprocesses tests start (the CLI, torchrun ranks, notebooks): each would take every core
+for _name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_name, "1")
 
 
 def pytest_report_header(config: pytest.Config) -> str:
