@@ -28,6 +28,11 @@ def micro_corpora() -> dict[str, corpora.DomainCorpus]:
     return corpora.assemble(zoo.SIZES["micro"].train_chars_per_domain)
 
 
+# The trained CPU zoo is built on a cache miss (minutes): the tests that use it share one xdist worker
+# (`--dist loadgroup`, in pyproject's addopts), so two workers never build it side by side.
+CPU_ZOO_WORKER = pytest.mark.xdist_group("cpu_zoo")
+
+
 @pytest.fixture(scope="module")
 def cpu_zoo() -> zoo.Zoo:
     return zoo.load_zoo("cpu", device="cpu", progress=False)
@@ -72,6 +77,7 @@ def test_cache_hit_corrupt_and_missing(micro_cache: Path, monkeypatch: pytest.Mo
     zoo.load_zoo("micro", device="cpu", progress=False)  # loads from the repaired cache
 
 
+@CPU_ZOO_WORKER
 def test_models_load_through_flashspec_load_model(cpu_zoo: zoo.Zoo) -> None:
     from flashspec import load_model
     from flashspec.models import load_tokenizer
@@ -86,6 +92,7 @@ def test_models_load_through_flashspec_load_model(cpu_zoo: zoo.Zoo) -> None:
     assert torch.equal(target.model.embed_tokens.weight, cpu_zoo.target.model.embed_tokens.weight)
 
 
+@CPU_ZOO_WORKER
 def test_cpu_zoo_drafts_specialise(cpu_zoo: zoo.Zoo) -> None:
     """The zoo's target on the cpu size: each specialist's acceptance on its own domain beats every other
     draft's, generalist included, by >= 0.10 (exact Σ min(p, q), T = 1, held-out text), and each specialist
@@ -101,6 +108,7 @@ def test_cpu_zoo_drafts_specialise(cpu_zoo: zoo.Zoo) -> None:
         assert min(perplexities, key=perplexities.get) == domain, perplexities
 
 
+@CPU_ZOO_WORKER
 def test_engine_acceptance_on_cpu_zoo(cpu_zoo: zoo.Zoo) -> None:
     own = zoo.engine_acceptance(cpu_zoo, "cpp", "cpp", gamma=4, max_new_tokens=16, num_prompts=4)
     foreign = zoo.engine_acceptance(cpu_zoo, "prose", "cpp", gamma=4, max_new_tokens=16, num_prompts=4)
