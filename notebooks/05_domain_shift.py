@@ -296,10 +296,10 @@ zoo_path = zoo.cache_path(zoo.get_config("cpu"))
 try:
     zoo.check_zoo_dir(zoo_path)
     ZOO_READY = True
-except ValueError as reason:
+except ValueError:
     ZOO_READY = False
-    print_wrapped(f"The CPU zoo is not built on this machine ({reason}); "
-                  "`flashspec zoo build --size cpu` builds it.", indent="")
+    print_wrapped("The CPU zoo is not built on this machine; `flashspec zoo build --size cpu` "
+                  "builds it, and this cell then serves the stream live.", indent="")
 
 if ZOO_READY:
     from flashspec import bandits
