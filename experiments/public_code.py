@@ -117,7 +117,8 @@ _NETWORK_MARKERS = (
 
 def _pip_download(version: str, dest: Path, kind: str) -> Path:
     """`pip download --no-deps` of one archive kind ("wheel" or "sdist") into `dest`; returns its path."""
-    binary = ["--only-binary", ":all:"] if kind == "wheel" else ["--no-binary", ":all:"]
+    # the sdist: only flashspec from source (":all:" would build its build backend from source too, for minutes)
+    binary = ["--only-binary", ":all:"] if kind == "wheel" else ["--no-binary", "flashspec"]
     command = [sys.executable, "-m", "pip", "download", "--no-deps", *binary, "--retries", "1", "--timeout", "30",
                f"flashspec=={version}", "-d", str(dest)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=600)

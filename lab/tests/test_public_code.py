@@ -14,6 +14,8 @@ import pytest
 from experiments import public_code
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+# one worker downloads and runs the public package (`--dist loadgroup`): two would fetch it side by side
+pytestmark = pytest.mark.xdist_group("public_code")
 
 
 @pytest.fixture(scope="module")
