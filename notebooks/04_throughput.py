@@ -162,7 +162,8 @@ subprocess.run([sys.executable, "-m", "flashspec", "reproduce", "t4"], check=Tru
 # %%
 from flashspec_lab import reproduce
 
-t4_records = [path for path in sorted(provenance.results_dir().glob("reproduce_t4_*.json"))
+t4_records = [path for path
+              in sorted(provenance.results_dir().glob("reproduce_t4_*.json"))
               if "smoke" not in path.name]
 if t4_records:
     t4_record = provenance.load_result(t4_records[-1].name)

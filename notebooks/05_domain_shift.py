@@ -298,8 +298,9 @@ try:
     ZOO_READY = True
 except ValueError:
     ZOO_READY = False
-    print_wrapped("The CPU zoo is not built on this machine; `flashspec zoo build --size cpu` "
-                  "builds it, and this cell then serves the stream live.", indent="")
+    print_wrapped("The CPU zoo is not built on this machine; `flashspec zoo build "
+                  "--size cpu` builds it, and this cell then serves the stream live.",
+                  indent="")
 
 if ZOO_READY:
     from flashspec import bandits

@@ -110,7 +110,7 @@ def combined(*judged: str) -> str:
     return FROM_STATS.get(stats.overall_verdict(list(judged)), "inconclusive")
 
 
-CHAPTERS = ("01_theorem1", "02_kernel", "03_bandits", "04_throughput", "05_domain_shift")
+CHAPTERS = "01_theorem1 02_kernel 03_bandits 04_throughput 05_domain_shift".split()
 
 
 def where(number: int, *files: str, also: str = "") -> str:
@@ -149,8 +149,7 @@ controls = suite["negative_controls"]
 grid_passes, caught = sum(r["passes"] for r in grid), sum(r["caught"] for r in controls)
 exact_ok = (joint["round-robin"].passes(0.01)
             and (grid_passes, caught) == (len(grid), len(controls)))
-add_claim(
-    "A draft chosen online keeps exactly the target's distribution (Theorem 1)",
+add_claim("A draft chosen online keeps exactly the target's distribution (Theorem 1)",
     "paper", "holds" if exact_ok else "fails",
     f"{grid_passes} of {len(grid)} χ² configurations pass; {caught} of "
     f"{len(controls)} broken verifiers caught", where(1, "exactness_cpu.json"),
@@ -297,8 +296,9 @@ T4_ON_H200 = "reproduce_t4_h200_random.json"  # `flashspec reproduce t4 --source
 t4_on_h200 = load_result(T4_ON_H200)["results"]
 t4_verify = t4_on_h200["verify"]["batches"]
 add_claim(
-    "The verify kernel is 1.6× faster than a PyTorch reference at B = 8 on a T4, and slower "
-    "at B = 1", "paper", "not measurable here", "no T4 record", where(4, T4_ON_H200),
+    "The verify kernel is 1.6× faster than a PyTorch reference at B = 8 on a T4, and "
+    "slower at B = 1", "paper", "not measurable here", "no T4 record",
+    where(4, T4_ON_H200),
     "No T4 here; `flashspec reproduce t4` (chapter 4) measures it on a Colab T4. "
     f"The same command on the H200: {t4_verify['8']['speedup']:.1f}× at B = 8 and "
     f"{t4_verify['1']['speedup']:.1f}× at B = 1, an H200 number, not a T4 one.")
@@ -378,10 +378,10 @@ add_claim(
     f"{1 + 4 * 0.75:.2f} as the acceptance rate; 1 / 44.2 tokens/s = "
     f"{1e3 / 44.2:.1f} ms, so the 22.1 ms may be a time per token.")
 add_claim(
-    "T4 throughput itself (44.2 tokens/s)", "paper", "not measurable here", "no T4 record",
-    where(4, T4_ON_H200),
-    "No T4 and no hub here; on Colab `flashspec reproduce t4` (chapter 4) decodes it on "
-    "the T4. On the H200, with random weights of the same shapes: "
+    "T4 throughput itself (44.2 tokens/s)", "paper", "not measurable here",
+    "no T4 record", where(4, T4_ON_H200),
+    "No T4 and no hub here; on Colab `flashspec reproduce t4` (chapter 4) decodes "
+    "it on the T4. On the H200, with random weights of the same shapes: "
     f"{t4_on_h200['decode']['speculative']['tokens_per_s']:.0f} tokens/s.")
 
 

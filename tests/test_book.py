@@ -282,6 +282,31 @@ def test_chapter_fits_its_length(path: Path) -> None:
                                         "evidence to the lab notebook (book/lab/)")
 
 
+MAX_CODE_COLUMNS = 88  # what the column holds at 1366 px in the code font of _static/code.css (89 characters)
+
+
+def wide_code_lines(source: str) -> list[int]:
+    """Line numbers of a jupytext chapter's code cells longer than MAX_CODE_COLUMNS (Markdown cells wrap)."""
+    wide, markdown = [], False
+    for number, line in enumerate(source.splitlines(), 1):
+        if line.startswith("# %%"):
+            markdown = "[markdown]" in line
+        elif not markdown and len(line) > MAX_CODE_COLUMNS:
+            wide.append(number)
+    return wide
+
+
+def test_the_width_check_reads_cells() -> None:
+    source = "# %% [markdown]\n# " + "m" * 100 + "\n\n# %%\nx = 1\n" + "y" * 89 + "\n"
+    assert wide_code_lines(source) == [6]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.name)
+def test_chapter_code_fits_the_column(path: Path) -> None:
+    wide = wide_code_lines(path.read_text())
+    assert not wide, f"{path.name}: code lines {wide} are wider than {MAX_CODE_COLUMNS} columns and would be cut"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.name)
 def test_chapter_tells_no_project_history(path: Path) -> None:
     found = history_found(path.read_text())

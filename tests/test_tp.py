@@ -155,11 +155,16 @@ def run_ranks(scenario: str, folder: Path, timeout_s: float = TIMEOUT_S) -> list
 # ------------------------------------------------------------------------------------------- tests
 
 
+# the tests of the "small" scenario share one xdist worker (`--dist loadgroup`): each worker would start its ranks
+SMALL_WORKER = pytest.mark.xdist_group("tp_small")
+
+
 @pytest.fixture(scope="module")
 def small(tmp_path_factory) -> list[dict[str, Any]]:
     return run_ranks("small", tmp_path_factory.mktemp("tp_small"))
 
 
+@SMALL_WORKER
 def test_sharded_greedy_equals_unsharded_generate_on_every_rank(small):
     target = gqa_target()
     expected = target.generate(PROMPTS, attention_mask=MASK, max_new_tokens=20, do_sample=False, eos_token_id=2,
@@ -174,12 +179,14 @@ def test_sharded_greedy_equals_unsharded_generate_on_every_rank(small):
     assert torch.equal(first["sampled"], second["sampled"]) and first["sampled_steps"] == second["sampled_steps"]
 
 
+@SMALL_WORKER
 def test_ranks_with_different_requests_or_tokens_raise(small):
     for result in small:
         assert "different prompt" in result["prompt_error"] and "[[0], [1]]" in result["prompt_error"], result
         assert "diverged by step 1" in result["token_error"] and "[1]" in result["token_error"], result
 
 
+@SMALL_WORKER
 def test_world_size_must_divide_the_heads(small):
     for result in small:
         message = result["size_error"]
