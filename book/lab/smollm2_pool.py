@@ -27,7 +27,6 @@
 # %% tags=["remove-input"]
 import json
 import re
-import textwrap
 import warnings
 from pathlib import Path
 
@@ -36,6 +35,7 @@ from IPython.display import Markdown, display
 import flashspec as fs
 from flashspec import rewards, stats
 from flashspec_lab import plots, provenance
+from flashspec_lab.pages import list_records, print_wrapped, result_file
 
 # %matplotlib inline
 
@@ -43,38 +43,6 @@ RESULTS = provenance.results_dir()
 # tqdm's notebook bars need ipywidgets, which the book does not install
 warnings.filterwarnings("ignore", message="IProgress not found")
 
-
-def print_wrapped(text: str, indent: str = "  ") -> None:
-    """Print `text` in lines that fit the page (84 characters)."""
-    print(textwrap.fill(text, 84, subsequent_indent=indent, break_on_hyphens=False))
-
-
-def body(record: dict) -> dict:
-    """A results file's payload."""
-    return record["results"]
-
-
-def result_file(name: str) -> dict | None:
-    """A committed results file (".json" optional), or None when it is not there."""
-    name = name if name.endswith(".json") else f"{name}.json"
-    return provenance.load_result(name) if (RESULTS / name).exists() else None
-
-
-committed_result = result_file
-
-
-def list_records(names: list[str]) -> None:
-    """Each results file of this page, newest first: date, path, where it was measured."""
-    names = [name.removeprefix("results/") for name in names]
-    found = [(result_file(name), name) for name in names]
-    dated = sorted(((record["provenance"].get("date_utc", ""), name, record)
-                    for record, name in found if record), reverse=True)
-    for date, name, record in dated:
-        gpu = record["provenance"].get("hardware", {}).get("gpu") or "CPU"
-        print(f"{date[:16].replace('T', ' ')}  results/{name}  ({gpu})")
-    for record, name in found:
-        if record is None:
-            print(f"not committed: results/{name}")
 
 import torch
 
@@ -212,9 +180,7 @@ def print_switching(name: str, blocks: dict, new_tokens: int) -> list:
 # number of the other.
 
 # %% tags=["hide-input"]
-def committed_result(name: str) -> dict | None:
-    """A committed results file, or None when it is not there."""
-    return provenance.load_result(name) if (RESULTS / f"{name}.json").exists() else None
+committed_result = result_file
 
 
 def draft_hashes(record: dict) -> dict:
