@@ -28,7 +28,6 @@
 
 # %% tags=["hide-input"]
 import sys
-import textwrap
 import warnings
 
 # the Colab copy of this chapter installs the package first
@@ -45,17 +44,12 @@ from flashspec_lab import provenance, switching, zoo
 # tqdm's notebook bars need ipywidgets, which the book does not install
 warnings.filterwarnings("ignore", message="IProgress not found")
 
-from flashspec_lab.pages import glue  # numbers in the prose come from the cells
+from flashspec_lab.pages import glue, print_wrapped  # glue: numbers in the prose
 
 RESULTS = provenance.results_dir()
 device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
 print(f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
       f"{device_name}{' (Colab)' if ON_COLAB else ''}")
-
-
-def print_wrapped(text: str, indent: str = "  ") -> None:
-    """Print `text` in lines that fit the page (84 characters)."""
-    print(textwrap.fill(text, 84, subsequent_indent=indent, break_on_hyphens=False))
 
 
 # %% [markdown]
