@@ -475,13 +475,20 @@ def write_tiny_gguf(path: Path) -> tuple[torch.nn.Module, list[str]]:
     return model, tokens
 
 
-def test_a_real_gguf_file_round_trips_through_the_cache(cache, tmp_path, monkeypatch):
+def tiny_gguf_spec(tmp_path: Path) -> tuple[torch.nn.Module, Path, real.GgufModel]:
+    """A tiny GGUF file written under `tmp_path`, the model it holds and a spec naming it (skips without the
+    optional GGUF reader)."""
     pytest.importorskip("gguf", reason='the GGUF reader is optional: pip install "flashspec[real]"')
     pytest.importorskip("accelerate", reason='the GGUF reader is optional: pip install "flashspec[real]"')
     path = tmp_path / "tiny.gguf"
     original, _ = write_tiny_gguf(path)
     spec = dataclasses.replace(real.SMOLLM2, name="tiny", filename=path.name, sha256=real.file_sha256(path),
                                cache_name="tiny-f32")
+    return original, path, spec
+
+
+def test_a_real_gguf_file_round_trips_through_the_cache(cache, tmp_path, monkeypatch):
+    original, path, spec = tiny_gguf_spec(tmp_path)
     model, tokenizer = real.load_gguf_model(spec, device="cpu", gguf_path=path)
     assert model.config.tie_word_embeddings and not hasattr(model.config, "quantization_config")
     ids = tokenizer("the hat and the cat").input_ids
@@ -497,12 +504,7 @@ def test_a_real_gguf_file_round_trips_through_the_cache(cache, tmp_path, monkeyp
 
 def test_a_real_conversion_missing_its_tokenizer_is_converted_again(cache, tmp_path):
     """What made transformers ask for sentencepiece or tiktoken: the tokenizer.json of a GGUF conversion gone."""
-    pytest.importorskip("gguf", reason='the GGUF reader is optional: pip install "flashspec[real]"')
-    pytest.importorskip("accelerate", reason='the GGUF reader is optional: pip install "flashspec[real]"')
-    path = tmp_path / "tiny.gguf"
-    original, _ = write_tiny_gguf(path)
-    spec = dataclasses.replace(real.SMOLLM2, name="tiny", filename=path.name, sha256=real.file_sha256(path),
-                               cache_name="tiny-f32")
+    original, path, spec = tiny_gguf_spec(tmp_path)
     _, tokenizer = real.load_gguf_model(spec, device="cpu", gguf_path=path)
     (cache / spec.cache_name / "tokenizer.json").unlink()
     with pytest.warns(real.RealCacheWarning, match="tokenizer.json is missing"):
