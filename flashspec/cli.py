@@ -9,6 +9,7 @@
     flashspec bench engine ...   -> experiments.bench_engine.main(argv)
     flashspec bench fast ...     -> experiments.bench_fast.main(argv)
     flashspec bench tp ...       -> experiments.bench_tp.main(argv)   (under torchrun)
+    flashspec bench peers ...    -> experiments.bench_peers.main(argv)
     flashspec zoo ...            -> experiments.zoo.main(argv)
     flashspec bandits ...        -> experiments.bandits.main(argv)
     flashspec reproduce t4 ...   -> experiments.reproduce_t4.main(argv)
@@ -40,6 +41,7 @@ DISPATCH = {
     ("bench", "engine"): "experiments.bench_engine",
     ("bench", "fast"): "experiments.bench_fast",
     ("bench", "tp"): "experiments.bench_tp",
+    ("bench", "peers"): "experiments.bench_peers",
     ("zoo",): "experiments.zoo",
     ("bandits",): "experiments.bandits",
     ("reproduce", "t4"): "experiments.reproduce_t4",
@@ -69,13 +71,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def usage() -> str:
     return (
-        "usage: flashspec {generate,bench verify,bench engine,bench fast,bench tp,zoo,bandits,reproduce t4} "
+        "usage: flashspec {generate,bench verify,bench engine,bench fast,bench tp,bench peers,zoo,bandits,reproduce t4} "
         "[options]\n"
         "  generate      speculative generation (default: tiny random models, no download)\n"
         "  bench verify  verification kernel benchmark\n"
         "  bench engine  engine benchmark: FlashSpec vs HF assisted vs plain decoding\n"
         "  bench fast    fast-path benchmark: HF, eager engine, fast plain and speculative\n"
         "  bench tp      tensor-parallel benchmark (torchrun --nproc-per-node N -m flashspec bench tp)\n"
+        "  bench peers   the fast path beside gpt-fast and Hugging Face, same weights (--gpt-fast CHECKOUT)\n"
         "  zoo           build or inspect the offline model zoo\n"
         "  bandits       bandit simulations\n"
         "  reproduce t4  the paper's T4 table on the GPU at hand (flashspec reproduce t4 --help)\n"
@@ -155,9 +158,12 @@ def generate_parser() -> argparse.ArgumentParser:
                              "forwards; auto: fast on a CUDA device when the models allow it, else eager")
     parser.add_argument("--compile", nargs="?", const="default", default=None,
                         choices=["default", "max-autotune-no-cudagraphs"],
-                        help="fast path: torch.compile each layer's dense work before capturing graphs "
+                        help="fast path: torch.compile the decode and verify forwards before capturing graphs "
                              "(seconds to minutes once per shape; max-autotune-no-cudagraphs is slower to "
                              "compile and faster to run)")
+    parser.add_argument("--compile-scope", default="forward", choices=["forward", "regions"],
+                        help="with --compile: forward = each model's whole forward as one graph (fastest steps); "
+                             "regions = each layer's dense work (quicker to compile)")
     parser.add_argument("--draft-sync", default="lazy", choices=["lazy", "all"],
                         help="fast path: lazy = only the chosen draft runs and catches up after a switch; "
                              "all = every draft reads every step's tokens")
@@ -463,6 +469,8 @@ def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any], tp: 
     options: dict[str, Any] = dict(policy=args.policy, gamma=args.gamma, gammas=args.gammas)
     if args.compile is not None:
         options["compile"] = args.compile
+    if args.compile_scope != "forward":
+        options["compile_scope"] = args.compile_scope
     if args.draft_sync != "lazy":
         options["draft_sync"] = args.draft_sync
     if tp is not None:
@@ -471,6 +479,7 @@ def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any], tp: 
         return make_decoder(target, drafts, engine=args.engine, **options)
     except ValueError as error:
         text = str(error).replace("engine='fast'", "--engine fast").replace("engine='auto'", "--engine auto")
+        text = text.replace("compile_scope apply", "--compile-scope applies")
         text = text.replace("compile apply", "--compile applies").replace("draft_sync apply", "--draft-sync applies")
         raise ValueError(f"--engine {args.engine}: {text}") from None
 

@@ -15,8 +15,9 @@ the host taken off the critical path (the step itself lives in `flashspec.fast_s
   no draft ever lags (a switch is free, every step pays for every draft). The step's key comes from a
   step counter in a device buffer (`rng.step_key`), advanced inside the step, so a replay draws
   fresh uniforms.
-- `compile=True` fuses each model's per-layer dense work with torch.compile
-  (`runner.compile_regions`) before the graphs are captured.
+- `compile=True` compiles each model's decode and verify forwards with torch.compile before the graphs
+  are captured: by default the whole forward as one graph with fused projections (`compile_scope="forward"`),
+  or each layer's dense regions (`"regions"`, quicker to compile); see `runner.LlamaRunner`.
 - On CUDA, each (arm, attention bucket) step is captured once as a CUDA graph and replayed, and so is
   each runner's prefill per (batch, width bucket) (`runner.LlamaRunner.prefill(graphed=True)`).
 - Adaptive γ (`gammas=`): the arms are (draft, γ) pairs. Each arm's step graph has its own query
@@ -53,7 +54,8 @@ from flashspec.stats import GenerationStats
 DRAFT_SYNC_MODES = ("lazy", "all")
 ENGINES = ("auto", "fast", "eager")
 # The options only the fast engine takes, with their defaults (`make_decoder` refuses them for the eager one).
-FAST_OPTIONS = {"graphs": None, "lag": 2, "draft_sync": "lazy", "compile": False, "tp": None}
+FAST_OPTIONS = {"graphs": None, "lag": 2, "draft_sync": "lazy", "compile": False, "compile_scope": "forward",
+                "tp": None}
 
 
 class FastSpeculativeDecoder(Front):
@@ -83,8 +85,11 @@ class FastSpeculativeDecoder(Front):
         draft_sync: "lazy" (only the chosen draft runs; a draft chosen after k steps away catches
             up over the at most k·(γ+1) tokens it missed in one forward) or "all" (every model
             draft re-reads the last γ+1 tokens every step).
-        compile: torch.compile the models' dense regions and the draft sampler (True, or a mode
+        compile: torch.compile the models' forwards and the step's small pieces (True, or a mode
             in `runner.COMPILE_MODES`); costs seconds to minutes per new shape, once per process.
+        compile_scope: what `compile` compiles, one of `runner.COMPILE_SCOPES`: "forward" (default: each
+            model's whole decode/verify forward as one graph, q/k/v and gate/up fused, attention over the
+            whole cache) or "regions" (per-layer dense regions). A sharded target compiles regions.
         tp: a `flashspec.tp.TensorParallel` when the target is sharded over its ranks
             (`flashspec.tp.shard_target`); every rank then runs the same `generate`, and the ranks
             check on the host that they got the same request and emit the same tokens (`tp.guard_*`).
@@ -98,7 +103,7 @@ class FastSpeculativeDecoder(Front):
                  policy_kwargs: dict[str, Any] | None = None, graphs: bool | None = None, lag: int = 2,
                  backend: str = "auto", draft_sync: str = "lazy", compile: bool | str = False, *,
                  tp: Any = None, gammas: Sequence[int] | None = None, arm_costs: Sequence[float] | None = None,
-                 _plain: bool = False) -> None:
+                 compile_scope: str = "forward", _plain: bool = False) -> None:
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
             raise ValueError(f"lag must be an int >= 1 (steps before the host reads an outcome), got {lag!r}")
         if graphs is not None and not isinstance(graphs, bool):
@@ -107,6 +112,8 @@ class FastSpeculativeDecoder(Front):
             raise ValueError(f"draft_sync must be one of {DRAFT_SYNC_MODES}, got {draft_sync!r}")
         if not isinstance(compile, bool) and compile not in runner.COMPILE_MODES:
             raise ValueError(f"compile must be True, False or one of {runner.COMPILE_MODES}, got {compile!r}")
+        if compile_scope not in runner.COMPILE_SCOPES:
+            raise ValueError(f"compile_scope must be one of {runner.COMPILE_SCOPES}, got {compile_scope!r}")
         if isinstance(target, torch.nn.Module) and hasattr(target, "config"):
             runner.check_supported(target)
         sharded_over = int(getattr(target, "flashspec_tp_size", 1))
@@ -119,6 +126,7 @@ class FastSpeculativeDecoder(Front):
         self.graphs = graphs
         self.draft_sync = draft_sync
         self.compile = compile
+        self.compile_scope = "regions" if sharded_over > 1 else compile_scope  # collectives stay outside a graph
         super().__init__(target, drafts, policy, gamma, policy_kwargs, backend, gammas, arm_costs, plain=_plain)
         read = {draft.feature_layers for draft in self.drafts if isinstance(draft, FeatureDraft)}
         if len(read) > 1:
@@ -182,7 +190,7 @@ class FastSpeculativeDecoder(Front):
         if use_graphs and device.type != "cuda":
             raise ValueError("graphs=True needs the target on a CUDA device")
         key = (batch, capacity, request.sampling, tuple(sorted(request.stop_ids)), use_graphs, self.draft_sync,
-               self.compile)
+               self.compile, self.compile_scope)
         if self._session is None or self._session.key != key:
             self._session = Session(self, key, batch, capacity, request.sampling, set(request.stop_ids), use_graphs)
         session = self._session
@@ -205,9 +213,9 @@ class FastPlainDecoder(FastSpeculativeDecoder):
     forward and one on-device sample per token. The baseline a fast engine must beat (as gpt-fast)."""
 
     def __init__(self, target: torch.nn.Module, graphs: bool | None = None, lag: int = 2,
-                 compile: bool | str = False, *, tp: Any = None) -> None:
+                 compile: bool | str = False, *, tp: Any = None, compile_scope: str = "forward") -> None:
         super().__init__(target, [], policy="fixed", gamma=1, graphs=graphs, lag=lag, compile=compile, tp=tp,
-                         _plain=True)
+                         compile_scope=compile_scope, _plain=True)
 
 
 def unsupported_draft(draft: torch.nn.Module) -> str | None:
@@ -267,7 +275,8 @@ def make_decoder(target: torch.nn.Module, drafts: Sequence[Any], fast: bool | st
     """The decoder for this pool: a `FastSpeculativeDecoder` or the eager `SpeculativeDecoder`, chosen by
     `choose_engine` (the CLI's `--engine` calls this too). `engine` ("auto", "fast", "eager") or, as before,
     `fast` (True = "fast", False = "eager", "auto"). `options` go to the decoder; the fast-only ones (`graphs`,
-    `lag`, `draft_sync`, `compile`, `tp`) are refused for the eager engine unless left at their defaults."""
+    `lag`, `draft_sync`, `compile`, `compile_scope`, `tp`) are refused for the eager engine unless left at their
+    defaults."""
     if engine is None:
         if fast not in (True, False, "auto"):
             raise ValueError(f"fast must be True, False or 'auto', got {fast!r}")

@@ -148,7 +148,7 @@ class Session:
         gammas = sorted({arm_gamma for _, arm_gamma in self.arms})
         verify_lengths = (1, *(g + 1 for g in gammas))
         catch_ups = tuple(dict.fromkeys(catch_up_length(2, g, capacity) for g in gammas))
-        options = {"logits_dtype": torch.float32, "compile": decoder.compile}
+        options = {"logits_dtype": torch.float32, "compile": decoder.compile, "compile_scope": decoder.compile_scope}
         self.target = runner.LlamaRunner(decoder.target, batch, capacity, compile_lengths=verify_lengths,
                                          state_layers=decoder.state_layers, **options)
 

@@ -263,7 +263,8 @@ class FeatureRunner(runner.LlamaRunner):
                                                                                  len(source.layers)):
             raise ValueError(f"the target's runner must write the states this draft reads "
                              f"(state_layers={draft.feature_layers})")
-        super().__init__(draft.body, max_batch, max_len, **kwargs)
+        # regions, not the whole forward: `fed` and `last_hidden` pass between forwards outside the graph
+        super().__init__(draft.body, max_batch, max_len, **{**kwargs, "compile_scope": "regions"})
         self.draft = draft
         self.source = source
         self.fed: torch.Tensor | None = None

@@ -15,7 +15,7 @@ Nothing in `forward` turns a device value into a host int, so it replays inside 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -202,24 +202,81 @@ def stored_state(x: torch.Tensor, dtype: torch.dtype, norm: torch.nn.Module | No
     return rms_normalise(x if norm is None else norm(x)).to(dtype)
 
 
+class Fused(NamedTuple):
+    """One layer's projections as single matmuls: q/k/v rows stacked (`qkv`, `qkv_bias` or None) and
+    gate/up rows stacked (`gate_up`). The model's own q/k/v and gate/up weights are views of them."""
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    gate_up: torch.Tensor
+
+
+def _plain_linears(*modules: Any) -> bool:
+    """Whether every module is a plain `nn.Linear` whose weight is an ordinary float tensor on one device."""
+    weights = [getattr(module, "weight", None) for module in modules]
+    return (all(type(module) is torch.nn.Linear for module in modules)
+            and all(type(weight.data) is torch.Tensor and weight.is_floating_point() for weight in weights)
+            and len({(weight.dtype, weight.device, weight.shape[1]) for weight in weights}) == 1
+            and len({module.bias is None for module in modules}) == 1)
+
+
+def _stack_in_place(linears: tuple[torch.nn.Linear, ...], name: str) -> torch.Tensor:
+    """`cat` of the modules' `name` tensors along rows; each module's tensor becomes a view of it (same
+    values, the old storage freed: no extra memory once done)."""
+    stacked = torch.cat([getattr(linear, name).detach() for linear in linears])
+    start = 0
+    for linear in linears:
+        tensor = getattr(linear, name)
+        rows = tensor.shape[0]
+        tensor.data = stacked[start:start + rows]
+        start += rows
+    return stacked
+
+
+@torch.no_grad()
+def fuse_layer(layer: torch.nn.Module) -> Fused | None:
+    """Stack `layer`'s q/k/v and gate/up weights into one tensor each (`Fused`), re-pointing the
+    model's weights at views of them; None when they are not plain float `nn.Linear`s (quantized,
+    sharded) or the MLP is not gate/up/down. Fewer, larger matmuls: what a launch-bound decode step needs."""
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv = (attn.q_proj, attn.k_proj, attn.v_proj)
+    if not all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn")):
+        return None
+    gate_up = (mlp.gate_proj, mlp.up_proj)
+    if not (_plain_linears(*qkv) and _plain_linears(*gate_up)) or mlp.gate_proj.bias is not None:
+        return None
+    bias = _stack_in_place(qkv, "bias") if attn.q_proj.bias is not None else None
+    return Fused(_stack_in_place(qkv, "weight"), bias, _stack_in_place(gate_up, "weight"))
+
+
 def project_qkv(layer: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                heads: tuple[int, int, int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One decoder layer up to attention: input norm, q/k/v projections, RoPE on q and k.
-    x [B, q, hidden] -> q [B, q, Hq, D], k and v [B, q, Hkv, D]; `heads` = (Hq, Hkv, D)."""
+                heads: tuple[int, int, int], fused: Fused | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One decoder layer up to attention: input norm, q/k/v projections (one matmul with `fused`),
+    RoPE on q and k. x [B, q, hidden] -> q [B, q, Hq, D], k and v [B, q, Hkv, D]; `heads` = (Hq, Hkv, D)."""
     num_heads, num_kv_heads, head_dim = heads
     batch, length = x.shape[:2]
     attn = layer.self_attn
     h = layer.input_layernorm(x)
-    q = rotate(attn.q_proj(h).view(batch, length, num_heads, head_dim), cos, sin)
-    k = rotate(attn.k_proj(h).view(batch, length, num_kv_heads, head_dim), cos, sin)
-    v = attn.v_proj(h).view(batch, length, num_kv_heads, head_dim)
-    return q, k, v
+    if fused is None:
+        q, k, v = attn.q_proj(h), attn.k_proj(h), attn.v_proj(h)
+    else:
+        sizes = (num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim)
+        q, k, v = F.linear(h, fused.qkv, fused.qkv_bias).split(sizes, dim=-1)
+    q = rotate(q.reshape(batch, length, num_heads, head_dim), cos, sin)
+    k = rotate(k.reshape(batch, length, num_kv_heads, head_dim), cos, sin)
+    return q, k, v.reshape(batch, length, num_kv_heads, head_dim)
 
 
-def finish_layer(layer: torch.nn.Module, x: torch.Tensor, attended: torch.Tensor) -> torch.Tensor:
-    """One decoder layer after attention: output projection and residual, post norm, MLP and residual."""
+def finish_layer(layer: torch.nn.Module, x: torch.Tensor, attended: torch.Tensor,
+                 fused: Fused | None = None) -> torch.Tensor:
+    """One decoder layer after attention: output projection and residual, post norm, MLP (gate and
+    up in one matmul with `fused`) and residual."""
     x = x + layer.self_attn.o_proj(attended)
-    return x + layer.mlp(layer.post_attention_layernorm(x))
+    h = layer.post_attention_layernorm(x)
+    if fused is None:
+        return x + layer.mlp(h)
+    gate, up = F.linear(h, fused.gate_up).chunk(2, dim=-1)
+    return x + layer.mlp.down_proj(layer.mlp.act_fn(gate) * up)
 
 
 def project_logits(norm: torch.nn.Module, lm_head: torch.nn.Module, x: torch.Tensor,
@@ -230,6 +287,14 @@ def project_logits(norm: torch.nn.Module, lm_head: torch.nn.Module, x: torch.Ten
 
 
 COMPILE_MODES = ("default", "max-autotune-no-cudagraphs")
+# What `LlamaRunner(compile=...)` compiles: "forward", the whole forward of a compiled query length as one
+# graph (every layer, attention over the whole cache, q/k/v and gate/up fused: the fewest kernels per
+# step, one compile per model and (B, q)); "regions", each layer's dense work around an eager attention
+# over the step's bucket (one compile per model width and (B, q), shared by every layer: faster to compile).
+COMPILE_SCOPES = ("forward", "regions")
+# Inductor settings of a whole-forward compile: coordinate-descent tuning of the generated kernels' launch
+# parameters (small reductions and pointwise kernels are most of a decode step's kernels).
+FORWARD_OPTIONS = {"coordinate_descent_tuning": True}
 # Distinct static shapes one compiled region may see in a process: (model width) x (q) x (batch)
 # across runners. Dynamo's default (8) would silently fall back to eager past it.
 RECOMPILE_LIMIT = 128
@@ -247,16 +312,20 @@ def compile_regions(mode: str = "default") -> tuple[Any, Any, Any, Any]:
     return tuple(compile_region(fn, mode) for fn in (project_qkv, finish_layer, project_logits, stored_state))
 
 
-def compile_region(fn: Any, mode: str = "default") -> Any:
-    """`fn` through torch.compile as every region is compiled here: whole graph, static shapes, `mode`,
-    Dynamo's recompile limit raised to `RECOMPILE_LIMIT`."""
+def compile_region(fn: Any, mode: str = "default", options: dict[str, Any] | None = None) -> Any:
+    """`fn` through torch.compile as every region is compiled here: whole graph, static shapes, `mode`
+    (plus inductor `options`, e.g. `FORWARD_OPTIONS`), Dynamo's recompile limit raised to `RECOMPILE_LIMIT`."""
     if mode not in COMPILE_MODES:
         raise ValueError(f"compile mode must be one of {COMPILE_MODES}, got {mode!r}")
     config = torch._dynamo.config
     for name in ("recompile_limit", "cache_size_limit"):
         if hasattr(config, name) and getattr(config, name) < RECOMPILE_LIMIT:
             setattr(config, name, RECOMPILE_LIMIT)
-    return torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
+    if not options:
+        return torch.compile(fn, fullgraph=True, dynamic=False, mode=mode)
+    # torch.compile takes a mode or options, not both: a mode is its inductor settings
+    settings = {"max_autotune": True, "triton.cudagraphs": False} if mode == "max-autotune-no-cudagraphs" else {}
+    return torch.compile(fn, fullgraph=True, dynamic=False, options={**settings, **options})
 
 
 class LlamaRunner:
@@ -270,11 +339,15 @@ class LlamaRunner:
         attention: "fold" (GQA folded into the query length), "gqa" (SDPA enable_gqa, torch >= 2.5)
             or "auto" (fold for decode/verify calls with B*q > FOLD_ABOVE or where enable_gqa is
             missing, else gqa); chosen per call shape, so each graph has one.
-        compile: torch.compile the per-layer dense regions (`compile_regions`): True or a mode
-            in COMPILE_MODES. Compiling happens on the first call of each shape (seconds to
-            minutes); capture graphs after it.
-        compile_lengths: the query lengths q that use the compiled regions (the decode and
-            verify shapes); other calls (prefill, draft catch-up) run the same code eagerly.
+        compile: torch.compile the forwards of `compile_lengths` (True or a mode in COMPILE_MODES).
+            Compiling happens on the first call of each shape (seconds to minutes); capture graphs after it.
+        compile_scope: what is compiled (COMPILE_SCOPES): "forward" (default), the whole forward as
+            one graph: attention over all max_len + 1 slots whatever the bucket, and each layer's
+            q/k/v and gate/up projections fused (`fuse_layer`: the model's weights become views of
+            the stacked ones); "regions", the per-layer dense regions (`compile_regions`) around an
+            eager attention over the bucket.
+        compile_lengths: the query lengths q that run compiled (the decode and verify shapes);
+            other calls (prefill, draft catch-up) run the same code eagerly.
         state_layers: hidden states every forward also writes, RMS-normalised and concatenated, into
             `states` [max_batch, max_len + 1, len(state_layers) * hidden] at the call's positions, for drafts
             that read the target's states (`flashspec.features`). Indices as in HF's `hidden_states`: 0 the
@@ -285,7 +358,7 @@ class LlamaRunner:
     def __init__(self, model: torch.nn.Module, max_batch: int, max_len: int,
                  logits_dtype: torch.dtype | None = None, attention: str = "auto",
                  compile: bool | str = False, compile_lengths: tuple[int, ...] = (1,),
-                 state_layers: tuple[int, ...] = ()) -> None:
+                 state_layers: tuple[int, ...] = (), compile_scope: str = "forward") -> None:
         check_supported(model, max_len)
         if attention not in ATTENTION_MODES or (attention == "gqa" and not HAS_ENABLE_GQA):
             raise ValueError(f"attention must be one of {ATTENTION_MODES} ('gqa' needs torch >= 2.5), "
@@ -320,8 +393,19 @@ class LlamaRunner:
         self.captures = 0  # GraphedSteps built (each a CUDA graph capture on a GPU)
         if not isinstance(compile, bool) and compile not in COMPILE_MODES:
             raise ValueError(f"compile must be True, False or one of {COMPILE_MODES}, got {compile!r}")
+        if compile_scope not in COMPILE_SCOPES:
+            raise ValueError(f"compile_scope must be one of {COMPILE_SCOPES}, got {compile_scope!r}")
         self.compile_lengths = tuple(compile_lengths)
-        self._compiled = None if compile is False else compile_regions("default" if compile is True else compile)
+        mode = "default" if compile is True else compile
+        self._compiled = None  # the compiled regions (scope "regions")
+        self._whole = None     # the compiled forward (scope "forward")
+        self.fused: list[Fused | None] = [None] * len(self.layers)
+        if compile is not False and compile_scope == "regions":
+            self._compiled = compile_regions(mode)
+        elif compile is not False:
+            if tp == 1:
+                self.fused = [fuse_layer(layer) for layer in self.layers]
+            self._whole = compile_region(self._layers, mode, FORWARD_OPTIONS)
         depth = len(self.layers)
         self.state_layers = state_indices(state_layers, depth)
         if not all(0 <= index <= depth for index in self.state_layers):
@@ -350,10 +434,18 @@ class LlamaRunner:
         ints in [0, q)) computes the head only at those columns (e.g. each row's last prompt token).
         Returns logits [B, q or k, V] in `logits_dtype` (default: the model dtype).
         """
+        length = tokens.shape[1]
+        if self._whole is not None and length in self.compile_lengths:
+            return self._whole(tokens, positions, self.max_len + 1, logits_index)
+        compiled = self._compiled is not None and length in self.compile_lengths
+        return self._layers(tokens, positions, bucket, logits_index, compiled)
+
+    def _layers(self, tokens: torch.Tensor, positions: torch.Tensor, bucket: int,
+                logits_index: torch.Tensor | None = None, compiled: bool = False) -> torch.Tensor:
+        """`forward`'s work, through the compiled regions when `compiled` (also what scope "forward" compiles)."""
         batch, length = tokens.shape
         fold = self.attention == "fold" or (self.attention == "auto" and (
             not HAS_ENABLE_GQA or (batch * length > FOLD_ABOVE and length <= FOLD_MAX_Q)))
-        compiled = self._compiled is not None and length in self.compile_lengths
         x = self.inputs(tokens, positions, compiled)                    # [B, q, hidden]
         cos = self.cos[positions].unsqueeze(2)                          # [B, q, 1, D]
         sin = self.sin[positions].unsqueeze(2)
@@ -365,11 +457,11 @@ class LlamaRunner:
                                                                      stored_state)
         heads = (self.num_heads, self.num_kv_heads, self.head_dim)
         self._write_state(state, 0, x, rows, positions)
-        for index, layer in enumerate(self.layers):
-            q, k, v = qkv(layer, x, cos, sin, heads)
+        for index, (layer, fused) in enumerate(zip(self.layers, self.fused)):
+            q, k, v = qkv(layer, x, cos, sin, heads, fused)
             self.cache.write(index, rows, positions, k, v)
             keys, values = self.cache.read(index, batch, bucket)
-            x = finish(layer, x, attend(q, keys, values, mask, self.scale, fold))
+            x = finish(layer, x, attend(q, keys, values, mask, self.scale, fold), fused)
             if index + 1 < len(self.layers):
                 self._write_state(state, index + 1, x, rows, positions)
         self._write_state(state, len(self.layers), x, rows, positions, self.norm)

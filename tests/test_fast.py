@@ -207,12 +207,13 @@ SYNC_CASES = [(params, "lazy") for params in SETTINGS] + [(SETTINGS[0], "all")]
 
 
 def chi2_calls(decoder: FastSpeculativeDecoder, params: fs.SamplingParams, device: str = "cpu",
-               calls: int = 64) -> tuple[torch.Tensor, list[int], list[int]]:
-    """The χ² runs: `calls` requests of ROWS_PER_CALL copies of PROMPT, seeds 1000...; returns the
-    continuations [calls * rows, LENGTH], the arm of every step and every row's kept count per step."""
+               calls: int = 64, rows: int = ROWS_PER_CALL) -> tuple[torch.Tensor, list[int], list[int]]:
+    """The χ² runs: `calls` requests of `rows` copies of PROMPT, seeds 1000...; returns the
+    continuations [calls * rows, LENGTH], the arm of every step and every row's kept count per step.
+    Fewer, wider calls draw as many samples in fewer steps (where a step's fixed cost dominates)."""
     continuations, arms, kept = [], [], []
     for call in range(calls):
-        result = decoder.generate(PROMPT.expand(ROWS_PER_CALL, -1).to(device), max_new_tokens=LENGTH,
+        result = decoder.generate(PROMPT.expand(rows, -1).to(device), max_new_tokens=LENGTH,
                                   sampling=params, seed=1000 + call, ignore_eos=True)
         continuations.append(result.sequences[:, -LENGTH:].cpu())
         arms += [step.arm for step in result.stats.steps]
@@ -237,7 +238,7 @@ def test_fast_output_matches_exact_target_distribution(pool, params, sync):
 
 
 def test_compiled_regions_match_target_greedy_generate():
-    """compile=True (torch.compile of the per-layer dense regions and the draft sampler) changes
+    """compile=True with compile_scope="regions" (torch.compile of the per-layer dense regions and the draft sampler) changes
     no greedy token, and the compiled regions really run (Dynamo traces new graphs)."""
     from torch._dynamo.utils import counters
 
@@ -246,7 +247,8 @@ def test_compiled_regions_match_target_greedy_generate():
     prompts = torch.tensor([[0, 0, 5, 6, 7], [0, 3, 7, 3, 9]])
     mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1]])
     before = counters["stats"]["unique_graphs"]
-    decoder = FastSpeculativeDecoder(target, [draft, PromptLookupDrafter()], policy="exp3", gamma=3, compile=True)
+    decoder = FastSpeculativeDecoder(target, [draft, PromptLookupDrafter()], policy="exp3", gamma=3, compile=True,
+                                     compile_scope="regions")  # the whole-forward scope: tests/test_runner.py
     result = decoder.generate(prompts, attention_mask=mask, max_new_tokens=12, sampling=fs.SamplingParams(0.0))
     expected = target.generate(prompts, attention_mask=mask, max_new_tokens=12, do_sample=False, eos_token_id=2,
                                pad_token_id=2)
@@ -254,6 +256,8 @@ def test_compiled_regions_match_target_greedy_generate():
     assert counters["stats"]["unique_graphs"] - before >= 3
     with pytest.raises(ValueError, match="compile must be"):
         FastSpeculativeDecoder(target, [draft], compile="fastest")
+    with pytest.raises(ValueError, match="compile_scope must be one of"):
+        FastSpeculativeDecoder(target, [draft], compile=True, compile_scope="layer")
     with pytest.raises(ValueError, match="draft_sync"):
         FastSpeculativeDecoder(target, [draft], draft_sync="sometimes")
 

@@ -113,16 +113,17 @@ def test_a_saved_feature_draft_loads_back(tmp_path, feature_draft):
 
 
 @pytest.mark.parametrize("sync,gammas,compile", [("lazy", None, False), ("all", None, False), ("lazy", [1, 3], False),
-                                                  ("lazy", None, True)])
+                                                  ("lazy", None, "regions"), ("lazy", None, "forward")])
 def test_greedy_with_a_feature_draft_equals_the_targets_greedy_generate(target, feature_draft, sync, gammas, compile,
                                                                          monkeypatch):
-    """Greedy equals the target's greedy generate (eager, or with every region compiled: the target's stored
-    states, the draft's inputs and head), and after the steps the states buffer holds the target's states."""
+    """Greedy equals the target's greedy generate (eager; with every region compiled: the target's stored
+    states, the draft's inputs and head; or with the target's whole forward compiled, which then writes the
+    states inside its graph), and after the steps the states buffer holds the target's states."""
     calls: collections.Counter[str] = collections.Counter()
     compile_region = runner.compile_region
 
-    def counted(fn, mode="default"):  # each compiled region, counting its calls
-        compiled = compile_region(fn, mode)
+    def counted(fn, mode="default", options=None):  # each compiled region, counting its calls
+        compiled = compile_region(fn, mode, options)
 
         def call(*args, **kwargs):
             calls[fn.__name__] += 1
@@ -132,7 +133,7 @@ def test_greedy_with_a_feature_draft_equals_the_targets_greedy_generate(target, 
     token_draft = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2)
     decoder = FastSpeculativeDecoder(target, [feature_draft, token_draft, PromptLookupDrafter()], policy="exp3",
                                      gamma=3, gammas=gammas, draft_sync=sync, policy_kwargs={"seed": 0},
-                                     compile=compile)
+                                     compile=bool(compile), compile_scope=compile or "forward")
     result = decoder.generate(PROMPTS, attention_mask=MASK, max_new_tokens=20, sampling=fs.SamplingParams(0.0))
     expected = target.generate(PROMPTS, attention_mask=MASK, max_new_tokens=20, do_sample=False, eos_token_id=2,
                                pad_token_id=2)
@@ -154,6 +155,8 @@ def test_greedy_with_a_feature_draft_equals_the_targets_greedy_generate(target, 
         assert torch.allclose(logits[row], expected[0, -1], atol=1e-4), row
     # compiled, the target's stored states and the feature draft's own pieces ran compiled, beside the body's regions
     expected_calls = {"stored_state", "window_inputs", "fed_inputs", "hidden_and_logits", "project_qkv"}
+    if compile == "forward":  # the target's forward whole; a feature draft always compiles regions
+        expected_calls = {"_layers", "window_inputs", "fed_inputs", "hidden_and_logits", "project_qkv"}
     assert expected_calls <= set(calls) if compile else not calls, calls
 
 

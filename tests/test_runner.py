@@ -107,7 +107,7 @@ def test_configurations_build_what_they_claim():
 
 
 def check_against_hf(model: torch.nn.Module, graphed: bool = False, tol: float = TOL, attention: str = "auto",
-                     graphed_prefill: bool | None = None) -> None:
+                     graphed_prefill: bool | None = None, **options) -> LlamaRunner:
     """Rows of different lengths; q=1 decode steps and q=4 verify steps that keep only part of what
     they wrote (the rest is stale until overwritten). Every step's logits equal HF on each row's
     compact sequence. `graphed` runs the steps through `GraphedStep`s (CUDA graphs on a GPU), and the
@@ -115,7 +115,7 @@ def check_against_hf(model: torch.nn.Module, graphed: bool = False, tol: float =
     extra pad tokens write slots the steps later overwrite."""
     device = next(model.parameters()).device
     rows = random_rows([5, 9, 2], seed=1)
-    runner = LlamaRunner(model, max_batch=3, max_len=MAX_LEN, attention=attention)
+    runner = LlamaRunner(model, max_batch=3, max_len=MAX_LEN, attention=attention, **options)
     input_ids, mask = left_pad(rows)
     logits, lengths = runner.prefill(input_ids.to(device), mask.to(device),
                                      graphed=graphed if graphed_prefill is None else graphed_prefill)
@@ -139,6 +139,7 @@ def check_against_hf(model: torch.nn.Module, graphed: bool = False, tol: float =
             expected = hf_logits(model, row + new[r].tolist())[-q:]
             assert max_error(out[r], expected) <= tol, (q, keep, r)
             row.extend(new[r, : keep[r]].tolist())
+    return runner
 
 
 @pytest.mark.parametrize("graphed_prefill", [False, True])
@@ -165,6 +166,27 @@ def test_graphed_prefill_pads_to_its_bucket_and_is_memoised():
     assert runner.captures == 2
     with pytest.raises(ValueError, match="logits_index"):
         step(step.tokens, step.positions)
+
+
+def test_whole_forward_compile_matches_hf():
+    """compile_scope="forward" (the default scope): the q=1 decode and q=4 verify forwards each compiled as
+    one graph over the whole cache, q/k/v (with Qwen2's biases) and gate/up each one matmul: every step still
+    equals HF, and HF's own forward reads the stacked weights through views (no second copy)."""
+    from torch._dynamo.utils import counters
+
+    model = BUILDERS["qwen2-bias"]()
+    before = {name: parameter.clone() for name, parameter in model.named_parameters()}
+    graphs = counters["stats"]["unique_graphs"]
+    runner = check_against_hf(model, compile=True, compile_lengths=(1, 4))
+    assert counters["stats"]["unique_graphs"] - graphs == 2, "one graph per compiled query length"
+    attn, mlp, fused = model.model.layers[1].self_attn, model.model.layers[1].mlp, runner.fused[1]
+    assert all(fused is not None for fused in runner.fused)
+    assert attn.k_proj.weight.data_ptr() == fused.qkv[attn.q_proj.weight.shape[0]:].data_ptr()
+    assert attn.v_proj.bias.data_ptr() == fused.qkv_bias[-attn.v_proj.bias.shape[0]:].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == fused.gate_up[mlp.gate_proj.weight.shape[0]:].data_ptr()
+    assert all(torch.equal(parameter, before[name]) for name, parameter in model.named_parameters())
+    with pytest.raises(ValueError, match="compile_scope must be one of"):
+        LlamaRunner(model, max_batch=1, max_len=MAX_LEN, compile=True, compile_scope="model")
 
 
 @pytest.mark.parametrize("attention", ["fold", "gqa"])

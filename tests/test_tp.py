@@ -25,13 +25,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import flashspec as fs
-from flashspec import models
+from flashspec import cli, models
 from flashspec.drafters import PromptLookupDrafter
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder, make_decoder
 from flashspec.tp import TensorParallel, check_shardable, shard_target
 
 from test_fast import chi2_calls
-from test_engine_exact import SETTINGS, VOCAB, exact_continuations, fit_p_values, passes
+from test_engine_exact import ROWS_PER_CALL, SETTINGS, VOCAB, exact_continuations, fit_p_values, passes
 
 WORLD = 2
 TIMEOUT_S = 120
@@ -103,8 +103,10 @@ def scenario_chi2(tp: TensorParallel) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for index, params in enumerate(CHI2_SETTINGS):
         decoder = FastSpeculativeDecoder(target, [near, far, PromptLookupDrafter()], policy="exp3", gamma=3,
-                                         policy_kwargs={"seed": 0}, tp=tp)
-        continuations, arms, kept = chi2_calls(decoder, params)
+                                         policy_kwargs={"seed": 0, "exploration_rate": 0.5}, tp=tp)
+        # as many samples as test_fast's run in a quarter of the steps (each step all-reduces over gloo);
+        # EXP3 explores more so that every arm still plays in fewer steps
+        continuations, arms, kept = chi2_calls(decoder, params, calls=16, rows=4 * ROWS_PER_CALL)
         out[index] = {"continuations": continuations, "arms": arms, "max_kept": max(kept)}
     return out
 
@@ -159,7 +161,7 @@ def run_ranks(scenario: str, folder: Path, timeout_s: float = TIMEOUT_S) -> list
 SMALL_WORKER = pytest.mark.xdist_group("tp_small")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")  # once per worker, even when other modules' tests run between its tests
 def small(tmp_path_factory) -> list[dict[str, Any]]:
     return run_ranks("small", tmp_path_factory.mktemp("tp_small"))
 
@@ -260,12 +262,10 @@ def test_cli_generate_tp_prints_the_unsharded_greedy_text_once():
     assert sharded.stderr.count("generated tokens") == 1  # one summary table, from rank 0
 
 
-def test_cli_generate_tp_errors_name_the_fix():
+def test_cli_generate_tp_errors_name_the_fix(capsys):
     """Outside torchrun, and with a world size that does not divide the heads, --tp exits 2 with one line."""
-    alone = subprocess.run([sys.executable, "-m", "flashspec", "generate", "--tp", "--no-progress"],
-                           capture_output=True, text=True, timeout=TIMEOUT_S)
-    assert alone.returncode == 2
-    assert "torchrun --nproc-per-node N -m flashspec generate --tp" in alone.stderr
+    assert cli.main(["generate", "--tp", "--no-progress"]) == 2
+    assert "torchrun --nproc-per-node N -m flashspec generate --tp" in capsys.readouterr().err
     three = torchrun(["-m", "flashspec", "generate", "--tp", *GREEDY_CLI], world=3)
     assert three.returncode != 0
     assert "flashspec generate: error: --tp: tensor parallelism over 3 ranks" in three.stderr

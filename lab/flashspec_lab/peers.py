@@ -1,0 +1,326 @@
+"""Peers side by side: FlashSpec's fast path beside gpt-fast and Hugging Face on the same weights.
+
+Each system runs in its own process (`run_system`), on random-weight bf16 models of a named shape
+(`SHAPES`: TinyLlama-1.1B with a llama-68m draft, SmolLM2-135M, Llama-2-7B), drawn from one seed on the
+device so every process holds the same weights. One request: a `prompt_tokens` prompt, batch 1, T = 1
+(no top-k or top-p), `new_tokens` new tokens with EOS ignored. A request's tok/s is its new tokens over its
+wall time (prefill included, the device synchronised at both ends): what gpt-fast's own `generate.py`
+reports. The first request compiles and captures (its wall time is recorded as `first_request_s`); the
+next `repeats` are timed.
+
+gpt-fast is not part of this repository: pass the path of a checkout of pytorch-labs/gpt-fast. Its
+`generate.py` and `model.py` are imported from there (its tokenizer module is replaced by a stub: the
+prompt is token ids), its decode step compiled as its own `main` does (`mode="reduce-overhead"`,
+`fullgraph=True`, with the inductor settings `generate.py` sets at import). `gpt_fast_state_dict` is the
+weight conversion: gpt-fast rotates interleaved pairs, Hugging Face rotates halves, so the q and k rows of
+each head are permuted; q/k/v are stacked into `wqkv`; gate, up and down become w1, w3 and w2. The
+converted model's logits are compared with Hugging Face's before any timing (`logits_cosine`).
+"""
+from __future__ import annotations
+
+import contextlib
+import inspect
+import math
+import sys
+import time
+import types
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import flashspec as fs
+from flashspec import models
+from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder
+
+# shape -> (target config builder, draft config builder or None)
+SHAPES: dict[str, tuple[Callable[..., Any], Callable[..., Any] | None]] = {
+    "tinyllama-1.1b": (models.tinyllama_1b_config, models.llama_68m_config),
+    "smollm2-135m": (models.smollm2_135m_config, None),
+    "llama-2-7b": (models.llama_7b_config, None),
+}
+SYSTEMS = ("flashspec", "gpt-fast", "hf")
+MIN_COSINE = 0.99  # converted gpt-fast logits against Hugging Face's, below which nothing is timed
+
+
+# ------------------------------------------------------------------------------------------ models
+
+
+def smoke_config(builder: Callable[..., Any]) -> Any:
+    """A few-layer, narrow version of a shape (CPU smoke runs): its head layout and tying kept."""
+    config = builder()
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    groups = heads // kv_heads
+    config.num_hidden_layers, config.vocab_size = 2, 256
+    config.num_key_value_heads = 2
+    config.num_attention_heads = 2 * groups
+    config.hidden_size, config.intermediate_size = 16 * config.num_attention_heads, 64
+    config.head_dim = 16
+    return config
+
+
+def build_models(shape: str, device: torch.device, smoke: bool = False
+                 ) -> tuple[torch.nn.Module, torch.nn.Module | None]:
+    """The shape's target (seed 1) and draft (seed 2, or None), random weights, on `device` in its half dtype
+    (float32 on a CPU): the same weights in every process on one machine."""
+    if shape not in SHAPES:
+        raise ValueError(f"shape must be one of {sorted(SHAPES)}, got {shape!r}")
+    dtype = models.half_dtype(device) if device.type == "cuda" else torch.float32
+    built = []
+    for seed, builder in ((1, SHAPES[shape][0]), (2, SHAPES[shape][1])):
+        if builder is None:
+            built.append(None)
+            continue
+        config = smoke_config(builder) if smoke else builder()
+        built.append(models.model_from_config(config, seed=seed, dtype=dtype, device=device))
+    return built[0], built[1]
+
+
+def prompt_ids(tokens: int, vocab: int, seed: int = 0) -> torch.Tensor:
+    """[1, tokens] random ids below min(vocab, 1000), from `seed` (the same prompt for every system)."""
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, min(vocab, 1000), (1, tokens), generator=generator)
+
+
+# ---------------------------------------------------------------------------------------- gpt-fast
+
+
+def interleave_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
+    """q or k rows from Hugging Face's rotate-half order to interleaved pairs: within each head, row 2j
+    is HF row j and row 2j + 1 is HF row j + head_dim / 2."""
+    rows, columns = weight.shape
+    head_dim = rows // heads
+    return weight.view(heads, 2, head_dim // 2, columns).transpose(1, 2).reshape(rows, columns)
+
+
+def gpt_fast_args(config: Any, block_size: int) -> dict[str, Any]:
+    """gpt-fast `ModelArgs` keywords for a Llama config."""
+    params = getattr(config, "rope_parameters", None) or {}
+    return dict(block_size=block_size, vocab_size=config.vocab_size, n_layer=config.num_hidden_layers,
+                n_head=config.num_attention_heads, dim=config.hidden_size,
+                intermediate_size=config.intermediate_size, n_local_heads=config.num_key_value_heads,
+                rope_base=float(params.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+                norm_eps=config.rms_norm_eps)
+
+
+@torch.no_grad()
+def gpt_fast_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A Hugging Face Llama's weights in gpt-fast's names and layout (q/k rows interleaved per head)."""
+    config = model.config
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    body = model.model
+    state = {"tok_embeddings.weight": body.embed_tokens.weight, "norm.weight": body.norm.weight,
+             "output.weight": model.lm_head.weight}
+    for index, layer in enumerate(body.layers):
+        attn, mlp, name = layer.self_attn, layer.mlp, f"layers.{index}."
+        state[name + "attention.wqkv.weight"] = torch.cat([interleave_rows(attn.q_proj.weight, heads),
+                                                           interleave_rows(attn.k_proj.weight, kv_heads),
+                                                           attn.v_proj.weight])
+        state[name + "attention.wo.weight"] = attn.o_proj.weight
+        state[name + "feed_forward.w1.weight"] = mlp.gate_proj.weight
+        state[name + "feed_forward.w3.weight"] = mlp.up_proj.weight
+        state[name + "feed_forward.w2.weight"] = mlp.down_proj.weight
+        state[name + "attention_norm.weight"] = layer.input_layernorm.weight
+        state[name + "ffn_norm.weight"] = layer.post_attention_layernorm.weight
+    return state
+
+
+@contextlib.contextmanager
+def gpt_fast_path(checkout: Path) -> Iterator[None]:
+    """`checkout` on sys.path, with a stub `tokenizer` module (its real one imports sentencepiece and
+    tiktoken; the prompt here is token ids)."""
+    if not (checkout / "generate.py").is_file() or not (checkout / "model.py").is_file():
+        raise ValueError(f"--gpt-fast must be a checkout of pytorch-labs/gpt-fast (generate.py, model.py); "
+                         f"{checkout} has none")
+    stub = types.ModuleType("tokenizer")
+    stub.get_tokenizer = None
+    saved = sys.modules.get("tokenizer")
+    sys.modules["tokenizer"] = stub
+    sys.path.insert(0, str(checkout))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(checkout))
+        if saved is not None:
+            sys.modules["tokenizer"] = saved
+
+
+def gpt_fast_model(module: Any, hf: torch.nn.Module, block_size: int) -> torch.nn.Module:
+    """gpt-fast's `Transformer` holding `hf`'s weights (converted; the tensors HF keeps as they are are shared)."""
+    args = module.ModelArgs(**gpt_fast_args(hf.config, block_size))
+    with torch.device("meta"):
+        model = module.Transformer(args)
+    model.load_state_dict(gpt_fast_state_dict(hf), assign=True)
+    return model.eval()
+
+
+@torch.no_grad()
+def logits_cosine(hf: torch.nn.Module, ours: torch.nn.Module, prompt: torch.Tensor) -> float:
+    """Cosine similarity of every position's logits, Hugging Face against gpt-fast's model (lowest position)."""
+    device = next(hf.parameters()).device
+    prompt = prompt.to(device)
+    expected = hf(prompt).logits.float()[0]
+    ours.setup_caches(max_batch_size=1, max_seq_length=prompt.shape[1])
+    got = ours(prompt, torch.arange(prompt.shape[1], device=device)).float()[0]
+    return float(torch.nn.functional.cosine_similarity(got, expected, dim=-1).min())
+
+
+# ------------------------------------------------------------------------------------------ timing
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(request: Callable[[], int], device: torch.device, repeats: int) -> dict[str, Any]:
+    """Run `request` (returns the tokens it generated) once untimed-as-steady (compiles, captures), then
+    `repeats` times; tok/s of each timed one."""
+    sync(device)
+    start = time.perf_counter()
+    request()
+    sync(device)
+    first = time.perf_counter() - start
+    rates = []
+    for _ in range(repeats):
+        sync(device)
+        start = time.perf_counter()
+        tokens = request()
+        sync(device)
+        rates.append(tokens / (time.perf_counter() - start))
+    ordered = sorted(rates)
+    return {"tok_s": rates, "tok_s_median": ordered[len(ordered) // 2], "tok_s_min": ordered[0],
+            "tok_s_max": ordered[-1], "first_request_s": first}
+
+
+def run_flashspec(shape: str, device: torch.device, settings: dict[str, Any]) -> dict[str, Any]:
+    """FlashSpec's fast path: plain, and speculative where the shape has a draft."""
+    target, draft = build_models(shape, device, settings["smoke"])
+    prompt = prompt_ids(settings["prompt_tokens"], target.config.vocab_size).to(device)
+    sampling = fs.SamplingParams(1.0)
+    compile_option = settings["compile"] or False
+    out: dict[str, Any] = {}
+    decoders = {"plain": FastPlainDecoder(target, compile=compile_option, compile_scope=settings["compile_scope"])}
+    if draft is not None:
+        decoders["speculative"] = FastSpeculativeDecoder(target, [draft], gamma=settings["gamma"],
+                                                         compile=compile_option,
+                                                         compile_scope=settings["compile_scope"])
+    for method, decoder in decoders.items():
+        steps: list[int] = []
+
+        def request(decoder: Any = decoder, steps: list[int] = steps) -> int:
+            result = decoder.generate(prompt, max_new_tokens=settings["new_tokens"], sampling=sampling, seed=0,
+                                      ignore_eos=True)
+            steps.append(len(result.stats.steps))
+            return int(result.num_generated.sum())
+
+        out[method] = timed(request, device, settings["repeats"])
+        out[method]["tokens_per_step"] = settings["new_tokens"] / steps[-1]
+    return out
+
+
+def run_gpt_fast(shape: str, device: torch.device, settings: dict[str, Any]) -> dict[str, Any]:
+    """gpt-fast's `generate`: plain, or speculative with `--gpt-fast-speculative`'s checkout."""
+    out: dict[str, Any] = {}
+    for method, key in (("plain", "gpt_fast"), ("speculative", "gpt_fast_speculative")):
+        checkout = settings.get(key)
+        if checkout is None or (method == "speculative" and SHAPES[shape][1] is None):
+            continue
+        out[method] = _gpt_fast_method(shape, device, settings, Path(checkout), method == "speculative")
+    return out
+
+
+def _gpt_fast_method(shape: str, device: torch.device, settings: dict[str, Any], checkout: Path,
+                     speculative: bool) -> dict[str, Any]:
+    with gpt_fast_path(checkout):
+        for name in ("generate", "model"):
+            sys.modules.pop(name, None)
+        import generate as gen  # noqa: PLC0415 - gpt-fast's, from the checkout
+        import model as gpt_model  # noqa: PLC0415
+    hf_target, hf_draft = build_models(shape, device, settings["smoke"])
+    prompt = prompt_ids(settings["prompt_tokens"], hf_target.config.vocab_size)[0].to(device)
+    block = settings["prompt_tokens"] + settings["new_tokens"] + settings["gamma"] + 1
+    target = gpt_fast_model(gpt_model, hf_target, block)
+    cosine = {"target": logits_cosine(hf_target, target, prompt[None])}
+    draft = None
+    if speculative:
+        draft = gpt_fast_model(gpt_model, hf_draft, block)
+        cosine["draft"] = logits_cosine(hf_draft, draft, prompt[None])
+    del hf_target, hf_draft
+    if min(cosine.values()) < MIN_COSINE:
+        return {"error": f"converted logits disagree with Hugging Face's: cosine {cosine}", "logits_cosine": cosine}
+    if settings["compile"] and device.type == "cuda":  # as gpt-fast's main() does
+        gen.decode_one_token = torch.compile(gen.decode_one_token, mode="reduce-overhead", fullgraph=True)
+        if speculative:
+            gen.model_forward = torch.compile(gen.model_forward, mode="reduce-overhead", fullgraph=True)
+    extra = {"batch_size": 1} if "batch_size" in inspect.signature(gen.generate).parameters else {}
+    accepted: list[list[int]] = []
+
+    def request() -> int:
+        sequence, stats = gen.generate(target, prompt, settings["new_tokens"], **extra, interactive=False,
+                                       draft_model=draft, speculate_k=settings["gamma"], temperature=1.0,
+                                       top_k=None)
+        accepted.append(stats["accept_counts"])
+        return sequence.shape[-1] - prompt.shape[0]
+
+    torch.manual_seed(1234)
+    record = timed(request, device, settings["repeats"])
+    record["logits_cosine"] = cosine
+    if speculative:
+        counts = accepted[-1]
+        record["tokens_per_step"] = sum((i + 1) * c for i, c in enumerate(counts)) / max(1, sum(counts))
+    return record
+
+
+def run_hf(shape: str, device: torch.device, settings: dict[str, Any]) -> dict[str, Any]:
+    """Hugging Face `generate` (pure sampling at T = 1) and assisted generation with the draft."""
+    target, draft = build_models(shape, device, settings["smoke"])
+    prompt = prompt_ids(settings["prompt_tokens"], target.config.vocab_size).to(device)
+    sampling = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0,
+                    max_new_tokens=settings["new_tokens"], min_new_tokens=settings["new_tokens"])
+    out: dict[str, Any] = {}
+    methods = {"plain": {}}
+    if draft is not None:
+        methods["assisted"] = {"assistant_model": draft, "num_assistant_tokens": settings["gamma"],
+                               "num_assistant_tokens_schedule": "constant"}
+    for method, options in methods.items():
+        def request(options: dict[str, Any] = options) -> int:
+            sequence = target.generate(prompt, attention_mask=torch.ones_like(prompt), **sampling, **options)
+            return sequence.shape[1] - prompt.shape[1]
+
+        torch.manual_seed(0)
+        out[method] = timed(request, device, settings["hf_repeats"])
+    return out
+
+
+RUNNERS = {"flashspec": run_flashspec, "gpt-fast": run_gpt_fast, "hf": run_hf}
+
+
+def run_system(system: str, shape: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """One system at one shape, in this process: its methods' records, or {"error": text}."""
+    device = torch.device(settings["device"])
+    try:
+        return RUNNERS[system](shape, device, settings)
+    except Exception as error:  # noqa: BLE001 - recorded, the other systems still run
+        return {"error": f"{type(error).__name__}: {error}"[:2000]}
+
+
+def hbm_floor_ms(shape: str, copy_bytes_per_s: float | None, filled: int) -> float | None:
+    """A one-token forward's floor: its weights (all but the embedding table, unless tied) and `filled` K/V
+    slots per layer, read once at the measured copy bandwidth (bytes read + written per second)."""
+    if not copy_bytes_per_s:
+        return None
+    config = SHAPES[shape][0]()
+    head_dim = config.hidden_size // config.num_attention_heads
+    layer = (config.hidden_size * head_dim * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
+             + 3 * config.hidden_size * config.intermediate_size + 2 * config.hidden_size)
+    weights = config.num_hidden_layers * layer + config.hidden_size * (config.vocab_size + 1)
+    kv = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * filled
+    return 2 * (weights + kv) / copy_bytes_per_s * 1e3  # bf16: 2 bytes a value
+
+
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    if not numerator or not denominator or math.isnan(numerator) or math.isnan(denominator):
+        return None
+    return numerator / denominator
