@@ -116,10 +116,10 @@ def main(argv: list[str] | None = None) -> int:
                            str(out)]
                 print(f"bench_peers: {system} at {shape} ...", file=sys.stderr, flush=True)
                 try:
-                    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout,
-                                          env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                    # the child's progress and errors go to this process's stderr as they happen
+                    done = subprocess.run(command, timeout=args.timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
                     cells[shape][system] = (json.loads(out.read_text()) if out.is_file() else
-                                            {"error": f"exit {done.returncode}: {done.stderr[-2000:]}"})
+                                            {"error": f"exit {done.returncode} (its stderr is above)"})
                 except subprocess.TimeoutExpired:
                     cells[shape][system] = {"error": f"no result within {args.timeout} s"}
             print(f"bench_peers: {system} at {shape}: {summary(cells[shape][system])}", file=sys.stderr, flush=True)

@@ -161,7 +161,8 @@ def logits_cosine(hf: torch.nn.Module, ours: torch.nn.Module, prompt: torch.Tens
     device = next(hf.parameters()).device
     prompt = prompt.to(device)
     expected = hf(prompt).logits.float()[0]
-    ours.setup_caches(max_batch_size=1, max_seq_length=prompt.shape[1])
+    with torch.device(device):  # gpt-fast makes its caches on the default device
+        ours.setup_caches(max_batch_size=1, max_seq_length=prompt.shape[1])
     got = ours(prompt, torch.arange(prompt.shape[1], device=device)).float()[0]
     return float(torch.nn.functional.cosine_similarity(got, expected, dim=-1).min())
 
@@ -174,14 +175,15 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def timed(request: Callable[[], int], device: torch.device, repeats: int) -> dict[str, Any]:
-    """Run `request` (returns the tokens it generated) once untimed-as-steady (compiles, captures), then
-    `repeats` times; tok/s of each timed one."""
+def timed(request: Callable[[], int], device: torch.device, repeats: int, label: str = "") -> dict[str, Any]:
+    """Run `request` (returns the tokens it generated) once (compiles, captures), then `repeats` times;
+    tok/s of each timed one. Progress goes to stderr under `label`."""
     sync(device)
     start = time.perf_counter()
     request()
     sync(device)
     first = time.perf_counter() - start
+    print(f"  {label}: first request {first:.1f} s", file=sys.stderr, flush=True)
     rates = []
     for _ in range(repeats):
         sync(device)
@@ -189,6 +191,7 @@ def timed(request: Callable[[], int], device: torch.device, repeats: int) -> dic
         tokens = request()
         sync(device)
         rates.append(tokens / (time.perf_counter() - start))
+        print(f"  {label}: {rates[-1]:.1f} tok/s", file=sys.stderr, flush=True)
     ordered = sorted(rates)
     return {"tok_s": rates, "tok_s_median": ordered[len(ordered) // 2], "tok_s_min": ordered[0],
             "tok_s_max": ordered[-1], "first_request_s": first}
@@ -215,7 +218,7 @@ def run_flashspec(shape: str, device: torch.device, settings: dict[str, Any]) ->
             steps.append(len(result.stats.steps))
             return int(result.num_generated.sum())
 
-        out[method] = timed(request, device, settings["repeats"])
+        out[method] = timed(request, device, settings["repeats"], f"flashspec {method}")
         out[method]["tokens_per_step"] = settings["new_tokens"] / steps[-1]
     return out
 
@@ -265,7 +268,7 @@ def _gpt_fast_method(shape: str, device: torch.device, settings: dict[str, Any],
         return sequence.shape[-1] - prompt.shape[0]
 
     torch.manual_seed(1234)
-    record = timed(request, device, settings["repeats"])
+    record = timed(request, device, settings["repeats"], f"gpt-fast {'speculative' if speculative else 'plain'}")
     record["logits_cosine"] = cosine
     if speculative:
         counts = accepted[-1]
@@ -290,7 +293,7 @@ def run_hf(shape: str, device: torch.device, settings: dict[str, Any]) -> dict[s
             return sequence.shape[1] - prompt.shape[1]
 
         torch.manual_seed(0)
-        out[method] = timed(request, device, settings["hf_repeats"])
+        out[method] = timed(request, device, settings["hf_repeats"], f"hf {method}")
     return out
 
 
