@@ -42,6 +42,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--compile", default="default", choices=["default", "max-autotune-no-cudagraphs", "none"],
                         help="FlashSpec's compile mode (none: graphs only); gpt-fast always compiles as its main does")
     parser.add_argument("--compile-scope", default="forward", choices=["forward", "regions"])
+    parser.add_argument("--plain-only", action="store_true", help="leave out the speculative and assisted runs")
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--gamma", type=int, default=4)
@@ -73,6 +74,7 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
 
     return {"device": "cuda" if torch.cuda.is_available() and not args.smoke else "cpu", "smoke": args.smoke,
             "compile": None if args.compile == "none" else args.compile, "compile_scope": args.compile_scope,
+            "plain_only": args.plain_only,
             "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens, "gamma": args.gamma,
             "repeats": args.repeats, "hf_repeats": args.hf_repeats, "temperature": 1.0, "batch": 1,
             "gpt_fast": str(args.gpt_fast) if args.gpt_fast else None,

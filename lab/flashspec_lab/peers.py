@@ -205,7 +205,7 @@ def run_flashspec(shape: str, device: torch.device, settings: dict[str, Any]) ->
     compile_option = settings["compile"] or False
     out: dict[str, Any] = {}
     decoders = {"plain": FastPlainDecoder(target, compile=compile_option, compile_scope=settings["compile_scope"])}
-    if draft is not None:
+    if draft is not None and not settings.get("plain_only"):
         decoders["speculative"] = FastSpeculativeDecoder(target, [draft], gamma=settings["gamma"],
                                                          compile=compile_option,
                                                          compile_scope=settings["compile_scope"])
@@ -228,7 +228,7 @@ def run_gpt_fast(shape: str, device: torch.device, settings: dict[str, Any]) -> 
     out: dict[str, Any] = {}
     for method, key in (("plain", "gpt_fast"), ("speculative", "gpt_fast_speculative")):
         checkout = settings.get(key)
-        if checkout is None or (method == "speculative" and SHAPES[shape][1] is None):
+        if checkout is None or (method == "speculative" and (SHAPES[shape][1] is None or settings.get("plain_only"))):
             continue
         out[method] = _gpt_fast_method(shape, device, settings, Path(checkout), method == "speculative")
     return out
@@ -284,7 +284,7 @@ def run_hf(shape: str, device: torch.device, settings: dict[str, Any]) -> dict[s
                     max_new_tokens=settings["new_tokens"], min_new_tokens=settings["new_tokens"])
     out: dict[str, Any] = {}
     methods = {"plain": {}}
-    if draft is not None:
+    if draft is not None and not settings.get("plain_only"):
         methods["assisted"] = {"assistant_model": draft, "num_assistant_tokens": settings["gamma"],
                                "num_assistant_tokens_schedule": "constant"}
     for method, options in methods.items():
