@@ -12,7 +12,7 @@ import torch
 import flashspec as fs
 from flashspec import models, runner
 from flashspec.drafters import PromptLookupDrafter
-from flashspec.fast import FastSpeculativeDecoder, make_decoder
+from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder, make_decoder
 from flashspec.fast_session import capture_fill, catch_up_length, session_capacity
 from flashspec_lab.simulate import Blocks
 
@@ -346,6 +346,26 @@ def test_graphs_captured_ahead_serve_a_stream_without_capturing_and_change_no_to
     as_it_went, _ = serve(make(), False)
     assert captured == 0
     assert all(torch.equal(a, b) for a, b in zip(ahead, as_it_went))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("scope", ["forward", "regions"])
+def test_compiled_graphed_greedy_equals_generate_on_gpu(scope):
+    """Greedy through compiled forwards replayed from CUDA graphs, speculative and plain, equals the target's
+    greedy generate (fp32 on the GPU)."""
+    target = variant("gqa").cuda()
+    draft = models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2).cuda()
+    prompts = torch.tensor([[0, 0, 5, 6, 7], [0, 3, 7, 3, 9]], device="cuda")
+    mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1]], device="cuda")
+    expected = target.generate(prompts, attention_mask=mask, max_new_tokens=24, do_sample=False, eos_token_id=2,
+                               pad_token_id=2)
+    greedy = fs.SamplingParams(0.0)
+    for decoder in (FastSpeculativeDecoder(target, [draft, PromptLookupDrafter()], policy="exp3", gamma=3,
+                                           compile=True, compile_scope=scope),
+                    FastPlainDecoder(target, compile=True, compile_scope=scope)):
+        result = decoder.generate(prompts, attention_mask=mask, max_new_tokens=24, sampling=greedy)
+        assert torch.equal(result.sequences.cpu(), expected.cpu()), (scope, type(decoder).__name__)
 
 
 @pytest.mark.gpu
