@@ -38,6 +38,10 @@ SUPERSEDED: dict[str, tuple[str, str]] = {
     "verify_ncu_h200_40ffb85.json": ("verify_ncu_h200_ced19fd.json", "the counters before the per-lane stats pass"),
     "verify_sass_sm90_7cdf841.json": ("verify_sass_sm90.json", "the instruction counts before the two-level race"),
     "verify_host_profile_h200_02c4a26.json": ("verify_host_profile_h200.json", "an earlier run of the same profile"),
+    "peers_h200_first_attempt_db46199.json": ("peers_h200_flashspec_plain.json",
+                                              "the first run: FlashSpec's child cut at its 400 s limit (compiles "
+                                              "and the verify kernels' first build), gpt-fast's caches made on "
+                                              "the CPU; its Hugging Face rows stand"),
     **{f"verify_host_profile_{point}_h200_triton39_{tag}.json": (
         f"verify_host_profile_{point}_h200_triton39_5a69dae.json",
         "the eager step's host time before it launched straight from its binding")
