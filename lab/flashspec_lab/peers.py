@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import math
 import sys
 import time
 import types
@@ -322,8 +321,3 @@ def hbm_floor_ms(shape: str, copy_bytes_per_s: float | None, filled: int) -> flo
     kv = 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * filled
     return 2 * (weights + kv) / copy_bytes_per_s * 1e3  # bf16: 2 bytes a value
 
-
-def ratio(numerator: float | None, denominator: float | None) -> float | None:
-    if not numerator or not denominator or math.isnan(numerator) or math.isnan(denominator):
-        return None
-    return numerator / denominator
