@@ -55,6 +55,17 @@ def rows() -> list[tuple[str, str, list[str]]]:
                   f"{fast['fast_speculative_one_draft'] / fast['fast_plain']:.2f}× fast plain (random weights)",
                   ["bench_fast_b1_b8_compile_h200.json"]))
 
+    peers = {}
+    for name in ("peers_h200_flashspec_plain.json", "peers_h200_gptfast_plain.json", "peers_h200_7b_plain.json"):
+        for shape, systems in _load(name)["results"]["cells"].items():
+            for system, methods in systems.items():
+                peers[(shape, system)] = methods["plain"]["tok_s_median"]
+    labels = {"smollm2-135m": "SmolLM2-135M", "tinyllama-1.1b": "TinyLlama-1.1B", "llama-2-7b": "Llama-2-7B"}
+    found.append(("The fast path's plain step against gpt-fast's, same random weights, B = 1, T = 1 (H200)",
+                  ", ".join(f"{label} {peers[(shape, 'flashspec')] / peers[(shape, 'gpt-fast')]:.2f}×"
+                            for shape, label in labels.items()) + " gpt-fast's tok/s",
+                  ["peers_h200_flashspec_plain.json", "peers_h200_gptfast_plain.json", "peers_h200_7b_plain.json"]))
+
     lookup = _load("real_pool_prompt_lookup_h200.json")["results"]["speed"]
     ratio = {label: lookup[label]["adaptive"]["fast_speculative"]["median"] / lookup[label]["fast_plain"]["median"]
              for label in ("greedy", "t1")}
