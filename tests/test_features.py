@@ -113,7 +113,7 @@ def test_a_saved_feature_draft_loads_back(tmp_path, feature_draft):
 
 
 @pytest.mark.parametrize("sync,gammas,compile", [("lazy", None, False), ("all", None, False), ("lazy", [1, 3], False),
-                                                  ("lazy", None, "regions"), ("lazy", None, "forward")])
+                                                  ("lazy", None, "forward")])
 def test_greedy_with_a_feature_draft_equals_the_targets_greedy_generate(target, feature_draft, sync, gammas, compile,
                                                                          monkeypatch):
     """Greedy equals the target's greedy generate (eager; with every region compiled: the target's stored
