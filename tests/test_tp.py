@@ -111,7 +111,12 @@ def scenario_chi2(tp: TensorParallel) -> dict[str, Any]:
     return out
 
 
-SCENARIOS = {"small": scenario_small, "chi2": scenario_chi2}
+def scenario_all(tp: TensorParallel) -> dict[str, Any]:
+    """Both scenarios in one launch of the ranks (each launch imports torch and transformers on every rank)."""
+    return {"small": scenario_small(tp), "chi2": scenario_chi2(tp)}
+
+
+SCENARIOS = {"small": scenario_small, "chi2": scenario_chi2, "all": scenario_all}
 
 
 def _worker(rank: int, port: int, scenario: str, folder: str) -> None:
@@ -157,13 +162,18 @@ def run_ranks(scenario: str, folder: Path, timeout_s: float = TIMEOUT_S) -> list
 # ------------------------------------------------------------------------------------------- tests
 
 
-# the tests of the "small" scenario share one xdist worker (`--dist loadgroup`): each worker would start its ranks
+# the tests of the ranks' scenarios share one xdist worker (`--dist loadgroup`): each worker would start its ranks
 SMALL_WORKER = pytest.mark.xdist_group("tp_small")
 
 
 @pytest.fixture(scope="session")  # once per worker, even when other modules' tests run between its tests
-def small(tmp_path_factory) -> list[dict[str, Any]]:
-    return run_ranks("small", tmp_path_factory.mktemp("tp_small"))
+def ranks(tmp_path_factory) -> list[dict[str, Any]]:
+    return run_ranks("all", tmp_path_factory.mktemp("tp_ranks"), timeout_s=3 * TIMEOUT_S)
+
+
+@pytest.fixture(scope="session")
+def small(ranks) -> list[dict[str, Any]]:
+    return [result["small"] for result in ranks]
 
 
 @SMALL_WORKER
@@ -211,11 +221,11 @@ def test_a_sharded_target_needs_its_group():
 
 
 @pytest.mark.slow
-def test_sharded_target_output_matches_exact_target_distribution(tmp_path):
-    ranks = run_ranks("chi2", tmp_path)
+@SMALL_WORKER
+def test_sharded_target_output_matches_exact_target_distribution(ranks):
     target = chi2_pool()[0]
     for index, params in enumerate(CHI2_SETTINGS):
-        first, second = (result[index] for result in ranks)
+        first, second = (result["chi2"][index] for result in ranks)
         assert torch.equal(first["continuations"], second["continuations"]) and first["arms"] == second["arms"]
         p_values = fit_p_values(first["continuations"], exact_continuations(target, params))
         assert passes(p_values), (params, p_values)
