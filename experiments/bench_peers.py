@@ -81,17 +81,6 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
             "gpt_fast_speculative": str(args.gpt_fast_speculative) if args.gpt_fast_speculative else None}
 
 
-def checkout_commit(path: Path | None) -> str | None:
-    """The commit a gpt-fast checkout is at (git, else its .git folder), or None."""
-    if path is None:
-        return None
-    try:
-        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return provenance._sha_from_git_folder(path / ".git")
-
-
 def child(args: argparse.Namespace) -> int:
     system, shape, out = args.child
     record = peers.run_system(system, shape, settings_of(args))
@@ -104,8 +93,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         return child(args)
     settings = settings_of(args)
-    settings["gpt_fast_commit"] = checkout_commit(args.gpt_fast)
-    settings["gpt_fast_speculative_commit"] = checkout_commit(args.gpt_fast_speculative)
+    settings["gpt_fast_commit"] = peers.checkout_commit(args.gpt_fast)
+    settings["gpt_fast_speculative_commit"] = peers.checkout_commit(args.gpt_fast_speculative)
     record = provenance.record(git_sha=args.git_sha)
     cells: dict[str, dict[str, Any]] = {}
     forwarded = list(argv if argv is not None else sys.argv[1:])

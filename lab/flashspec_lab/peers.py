@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import subprocess
 import sys
 import time
 import types
@@ -32,6 +33,7 @@ import torch
 import flashspec as fs
 from flashspec import models
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder
+from flashspec_lab import provenance
 
 # shape -> (target config builder, draft config builder or None)
 SHAPES: dict[str, tuple[Callable[..., Any], Callable[..., Any] | None]] = {
@@ -123,6 +125,17 @@ def gpt_fast_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         state[name + "attention_norm.weight"] = layer.input_layernorm.weight
         state[name + "ffn_norm.weight"] = layer.post_attention_layernorm.weight
     return state
+
+
+def checkout_commit(path: Path | None) -> str | None:
+    """The commit a gpt-fast checkout is at (git, else its .git folder), or None."""
+    if path is None:
+        return None
+    try:
+        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return provenance._sha_from_git_folder(path / ".git")
 
 
 @contextlib.contextmanager

@@ -1,0 +1,103 @@
+"""Kernel-by-kernel profile of the plain decode step: FlashSpec's fast plain step (and its variants) beside gpt-fast's.
+
+One process per (system, shape, variant), all started together so they compile side by side; each times and
+profiles alone once every process is warm (see `flashspec_lab.step_profile`).
+
+    python experiments/profile_plain.py --gpt-fast ~/gpt-fast --out results/profile_plain_h200.json   # on a GPU
+    python experiments/profile_plain.py --smoke --systems flashspec --out /tmp/profile.json           # CPU: it runs
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from flashspec_lab import cli_checks, peers, provenance, step_profile  # noqa: E402
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", default=None, help="JSON file to write (rewritten as processes finish)")
+    parser.add_argument("--shapes", nargs="+", default=list(peers.SHAPES), choices=list(peers.SHAPES))
+    parser.add_argument("--systems", nargs="+", default=["flashspec", "gpt-fast"], choices=["flashspec", "gpt-fast"])
+    parser.add_argument("--variants", nargs="+", default=list(step_profile.VARIANTS), choices=step_profile.VARIANTS)
+    parser.add_argument("--gpt-fast", type=Path, default=None, help="a checkout of pytorch-labs/gpt-fast")
+    parser.add_argument("--compile", default="default", choices=["default", "max-autotune-no-cudagraphs", "none"])
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--prompt-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--timeout", type=float, default=540, help="seconds the whole run may take")
+    parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU: checks it runs")
+    parser.add_argument("--child", nargs=6, metavar=("SYSTEM", "SHAPE", "VARIANT", "FOLDER", "PARTIES", "OUT"),
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--git-sha", default=None)
+    args = parser.parse_args(argv)
+    cli_checks.output_file(parser, "--out", args.out)
+    if "gpt-fast" in args.systems and args.gpt_fast is None:
+        args.systems = [system for system in args.systems if system != "gpt-fast"]
+        print("profile_plain: no --gpt-fast checkout given: gpt-fast left out", file=sys.stderr)
+    if args.smoke:
+        args.new_tokens, args.prompt_tokens, args.repeats = 8, 6, 1
+    return args
+
+
+def settings_of(args: argparse.Namespace) -> dict:
+    import torch
+
+    return {"device": "cuda" if torch.cuda.is_available() and not args.smoke else "cpu", "smoke": args.smoke,
+            "compile": None if args.compile == "none" else args.compile, "new_tokens": args.new_tokens,
+            "prompt_tokens": args.prompt_tokens, "repeats": args.repeats, "temperature": 1.0, "batch": 1,
+            "gpt_fast": str(args.gpt_fast) if args.gpt_fast else None,
+            "gpt_fast_commit": peers.checkout_commit(args.gpt_fast)}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.child:
+        system, shape, name, folder, parties, out = args.child
+        step_profile.run_child(system, shape, name, settings_of(args), Path(folder), int(parties), Path(out))
+        return 0
+    settings = settings_of(args)
+    record = provenance.record(git_sha=args.git_sha)
+    jobs = [(system, shape, name) for shape in args.shapes for system in args.systems
+            for name in (args.variants if system == "flashspec" else ["default"])]
+    forwarded = list(argv if argv is not None else sys.argv[1:])
+    cells: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as folder:
+        children = []
+        for system, shape, name in jobs:
+            out = Path(folder) / f"{system}-{shape}-{name}.json"
+            command = [sys.executable, str(Path(__file__).resolve()), *forwarded, "--child", system, shape, name,
+                       folder, str(len(jobs)), str(out)]
+            children.append((system, shape, name, out, subprocess.Popen(
+                command, env={**os.environ, "PYTHONUNBUFFERED": "1"})))
+        deadline = time.perf_counter() + args.timeout
+        for system, shape, name, out, child in children:
+            try:
+                child.wait(timeout=max(1.0, deadline - time.perf_counter()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+            cell = json.loads(out.read_text()) if out.is_file() else {"error": f"exit {child.returncode}"}
+            cells.setdefault(shape, {})[f"{system}/{name}"] = cell
+            print(f"profile_plain: {system}/{name} at {shape}: "
+                  f"{cell.get('tok_s_median', cell.get('error', ''))}", file=sys.stderr, flush=True)
+            if args.out:
+                provenance.write_result(args.out, record, {**settings, "jobs": jobs}, {"cells": cells})
+    for shape, systems in cells.items():
+        for label, cell in systems.items():
+            if "profile" in cell:
+                profile = cell["profile"]
+                print(f"{shape:16s} {label:22s} {cell['tok_s_median']:8.1f} tok/s  "
+                      f"{profile['kernel_us_per_step']:8.1f} us kernels/step  {profile['kernels_per_step']:6.1f} kernels")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
