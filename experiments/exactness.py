@@ -90,6 +90,10 @@ LOG_PROB_CONFIGS = [c for c in TRITON_CONFIGS if c.name in ("two-g2-T0.5", "two-
 REJECTION_CONFIGS = [c for c in TRITON_CONFIGS if c.name in (
     "two-g1-T1.0", "two-g2-T0.5", "two-g4-T1.7", "two-g7-T1.0", "topk4-topp0.9-g2", "topp0.8-g4",
     "deterministic-g3-T0.5", "deterministic-g2-T1-topk", "same-g4-T1.7", "disjoint-g2-T1")]
+# block verification (`method="block"`), on both backends: the greedy case is token verification's
+BLOCK_CONFIGS = [c for c in TRITON_CONFIGS if c.name in (
+    "two-g1-T1.0", "two-g2-T1.0", "two-g4-T0.5", "two-g4-T1.7", "two-g7-T1.0", "two-g3-T1.2", "topk3-g2",
+    "topk4-topp0.9-g4", "deterministic-g3-T0.5", "deterministic-g2-T1-topk", "same-g4-T1.7", "disjoint-g2-T1")]
 NEGATIVE_CONFIGS = {
     # the bug, and the configurations on which it must be caught
     "post_rejection_leak": ("two-g2-T1.0", "two-g4-T0.5"),
@@ -98,9 +102,12 @@ NEGATIVE_CONFIGS = {
     "residual_reuses_draft_noise": ("two-g2-T1.0", "two-g2-T0.5"),
     "temperature_after_log_softmax": ("two-g2-T0.5", "two-g2-T1.7"),
     "residual_from_target": ("two-g2-T1.0", "two-g4-T1.7"),
+    "block_token_residual": ("topp0.8-g4", "topk3-g4"),  # caught where truncation makes w·p and p differ most
+    "block_ratio_threshold": ("two-g3-T1.2", "deterministic-g3-T0.5"),
 }
 # Bonferroni: every χ² test of the suite shares a family-wise level of 0.01.
 NUM_TESTS = (len(CONFIGS) + len(TRITON_CONFIGS) + 2 * len(LOG_PROB_CONFIGS) + 2 * len(REJECTION_CONFIGS)
+             + 2 * len(BLOCK_CONFIGS)
              + sum(len(v) for v in NEGATIVE_CONFIGS.values()) + 1)
 ALPHA_EACH = 0.01 / NUM_TESTS
 
@@ -171,7 +178,8 @@ def main(argv: list[str] | None = None) -> int:
         report["grid"][backend] = rows
         # the same exactness with the draft's log-probs given, and with the residual drawn by rejection
         modes = (("draft_log_probs", {"draft_log_probs": True}, LOG_PROB_CONFIGS, 2),
-                 ("residual_rejection", {"residual": "rejection"}, REJECTION_CONFIGS, 3))
+                 ("residual_rejection", {"residual": "rejection"}, REJECTION_CONFIGS, 3),
+                 ("block", {"method": "block"}, BLOCK_CONFIGS, 4))
         for suffix, options, mode_configs, seed in modes:
             mode_verifier = library_verifier(backend, args.device if backend == "triton" else None, **options)
             rows = []

@@ -222,3 +222,19 @@ def check_residual(residual: str) -> None:
     if residual not in RESIDUALS:
         raise ValueError(f"residual must be one of {RESIDUALS} (how a rejected row samples max(0, p - q)), "
                          f"got {residual!r}")
+
+
+# How the drafted chain is judged (`flashspec.verify`'s `method`): "token", each draft by its own ratio p/q up to the
+# first rejection (Leviathan et al.); "block", the chain as a whole by its capped cumulative ratio and the residual
+# mass left after each prefix (Sun et al., block verification): exact too, never fewer accepted tokens in expectation.
+METHODS = ("token", "block")
+
+
+def check_method(method: str, residual: str = "race") -> None:
+    """Raise ValueError unless `method` names a verification method that can draw with `residual`."""
+    check_residual(residual)
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS} (how the drafted chain is judged), got {method!r}")
+    if method == "block" and residual != "race":
+        raise ValueError("method='block' draws its correction from the block residual by race; residual="
+                         f"{residual!r} applies to method='token' only (pass residual='race')")

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import torch
 
 from flashspec import rng
-from flashspec.sampling import (NEG_INF, PROPOSAL_POSITION, REJECTION_PROPOSALS, RESIDUALS, SamplingParams,
-                                block_race, check_residual, rejection_proposals, residual_by_rejection,
+from flashspec.sampling import (METHODS, NEG_INF, PROPOSAL_POSITION, REJECTION_PROPOSALS, RESIDUALS, SamplingParams,
+                                block_race, check_method, check_residual, rejection_proposals, residual_by_rejection,
                                 warp_logits)
 
 BACKENDS = ("auto", "torch", "triton")
@@ -48,6 +48,7 @@ def verify(
     validate: bool | None = None,
     draft_is_log_probs: bool = False,
     residual: str = "race",
+    method: str = "token",
 ) -> VerifyOutput:
     """Verify γ drafted tokens per row against the target (book/design.md §1).
 
@@ -71,13 +72,18 @@ def verify(
             "rejection" draws `sampling.REJECTION_PROPOSALS` proposals from p and accepts each with probability
             max(0, 1 - q/p), racing the whole residual only if all fail (`sampling.residual_by_rejection`), so a
             GPU verifies in one launch (kernels/one_pass.py).
+        method: "token" (default) accepts each draft by its own ratio up to the first rejection; "block" judges the
+            chain as a whole (`block_acceptance`): it may keep a prefix past a draft that token verification would
+            reject, emits its correction from max(0, w·p - q) (w the prefix's capped cumulative ratio), and accepts
+            at least as many tokens in expectation. Both emit exactly the target's distribution; at T = 0 they are
+            the same. "block" samples its correction by race (`residual` must stay "race").
     """
     params = SamplingParams() if params is None else params
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a flashspec.SamplingParams, got {type(params).__name__}")
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    check_residual(residual)
+    check_method(method, residual)
     check_shapes(target_logits, draft_logits, draft_tokens)
     if draft_is_log_probs and draft_logits is None:
         raise ValueError("draft_is_log_probs=True needs draft_logits (the draft's log-probs); pass them, or "
@@ -87,7 +93,7 @@ def verify(
     if validate:
         check_values(target_logits, draft_logits, draft_tokens, params, draft_is_log_probs)
     return verify_with_key(target_logits, draft_logits, draft_tokens, params, rng.key_from_generator(generator),
-                           backend, draft_is_log_probs, residual)
+                           backend, draft_is_log_probs, residual, method)
 
 
 def verify_with_key(
@@ -99,6 +105,7 @@ def verify_with_key(
     backend: str = "auto",
     draft_is_log_probs: bool = False,
     residual: str = "race",
+    method: str = "token",
 ) -> VerifyOutput:
     """`verify` drawing from `key` (a host `rng.Key` or a device key [2]) with no checks: for the engines, whose
     step key comes from their run's seed (`rng.step_key`) and whose inputs they built themselves."""
@@ -108,9 +115,10 @@ def verify_with_key(
         from flashspec.kernels import verify_triton
 
         tokens, num_accepted = verify_triton(target_logits, draft_logits, draft_tokens, params, key,
-                                             draft_is_log_probs=draft_is_log_probs, residual=residual)
+                                             draft_is_log_probs=draft_is_log_probs, residual=residual, method=method)
         return VerifyOutput(tokens=tokens, num_accepted=num_accepted)
-    return verify_reference(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs, residual)
+    return verify_reference(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs, residual,
+                            method)
 
 
 def _triton_available() -> bool:
@@ -240,12 +248,13 @@ def verify_reference(
     key: rng.Key | torch.Tensor,
     draft_is_log_probs: bool = False,
     residual: str = "race",
+    method: str = "token",
 ) -> VerifyOutput:
     """Vectorised PyTorch verification: the ground truth for every other backend. `key` may be a
     device tensor [2] (see `rng.step_key`): then nothing here leaves the device (graph-safe).
-    `draft_is_log_probs`: `draft_logits` holds the draft's warped log-probs (read as given); `residual`: as
-    `verify`'s."""
-    check_residual(residual)
+    `draft_is_log_probs`: `draft_logits` holds the draft's warped log-probs (read as given); `residual`, `method`:
+    as `verify`'s (greedy, both methods accept the prefix that matches the target's argmax)."""
+    check_method(method, residual)
     batch, gamma = draft_tokens.shape
     vocab = target_logits.shape[2]
     device = target_logits.device
@@ -260,7 +269,11 @@ def verify_reference(
         log_q_x = log_q.gather(-1, tokens_in.unsqueeze(-1)).squeeze(-1)
         accept_u = rng.uniforms(key, rng.STREAM_ACCEPT, batch, gamma, 1, device=device)[..., 0]
         accepted = torch.log(accept_u) <= log_p_x - log_q_x
-    num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # index of the first rejection, or γ
+    if method == "block" and not params.greedy:
+        num_accepted, log_weight = block_acceptance(log_p, log_q, log_p_x, log_q_x, accept_u)
+    else:
+        num_accepted = accepted.long().cumprod(dim=1).sum(dim=1)  # index of the first rejection, or γ
+        log_weight = None
 
     log_p_n = log_p[rows, num_accepted]  # [B, V]: the position whose token we emit
     if params.greedy:
@@ -269,6 +282,8 @@ def verify_reference(
         log_q_n = log_q[rows, num_accepted.clamp(max=gamma - 1)]
         rejected = (num_accepted < gamma).unsqueeze(-1)
         p_n = log_p_n.exp()
+        # the block residual is max(0, w·p - q): the target's row scaled by the kept prefix's weight (1: token)
+        p_scaled = p_n if log_weight is None else (log_p_n + log_weight[:, None]).exp()
         base = rng.base_hash(key, rng.STREAM_SAMPLE, rows.view(batch, 1), num_accepted.view(batch, 1))
         from_target, _ = block_race(p_n, log_p_n, base)  # the bonus (and, racing, the limit below)
         if residual == "rejection":
@@ -277,7 +292,7 @@ def verify_reference(
             emitted = torch.where(rejected[:, 0], from_residual, from_target)
         else:
             # the residual max(0, p - q) in linear space: its block sums are what the two-level race weighs
-            weights = torch.where(rejected, (p_n - log_q_n.exp()).clamp(min=0.0), p_n)
+            weights = torch.where(rejected, (p_scaled - log_q_n.exp()).clamp(min=0.0), p_n)
             log_weights = torch.where(rejected, weights.log(), log_p_n)
             from_residual, has_mass = block_race(weights, log_weights, base)
             # max(0, p - q) can round to zero everywhere when p == q; then any rejection had
@@ -289,6 +304,33 @@ def verify_reference(
     out[:, :gamma] = torch.where(positions[:, :gamma] < num_accepted.view(batch, 1), tokens_in, -1)
     out[rows, num_accepted] = emitted
     return VerifyOutput(tokens=out, num_accepted=num_accepted)
+
+
+def block_acceptance(log_p: torch.Tensor, log_q: torch.Tensor, log_p_x: torch.Tensor, log_q_x: torch.Tensor,
+                     accept_u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Block verification's accept test: (τ [B] in [0, γ], log w_τ [B], 0 where τ = γ).
+
+    w_0 = 1 and w_{n+1} = min(w_n · p_n(x_n) / q_n(x_n), 1): the capped cumulative ratio of the first n+1 drafts
+    (in log space L_n = S_n - max_{k <= n} S_k, S_n the sum of the first n log-ratios). Z_n = sum_x max(0, w_n p_n(x)
+    - q_n(x)) is the residual mass left after prefix n. Prefix n in 1..γ-1 passes with probability
+    h_n = Z_n / (Z_n + 1 - w_n) (1 where w_n = 1 and Z_n = 0), prefix γ with h_γ = w_γ, each on its own uniform
+    (`accept_u[:, n - 1]`), and τ is the longest prefix that passed (0 if none): a failure does not end the scan.
+    These thresholds make P(τ >= n | drafts) = w_n, which is what the book's proof needs. `log_p` [B, γ+1, V] and
+    `log_q` [B, γ, V] are the warped log-probs, `log_p_x`, `log_q_x` [B, γ] theirs at the drafted tokens."""
+    batch, gamma = log_p_x.shape
+    device = log_p_x.device
+    sums = torch.cat([torch.zeros(batch, 1, device=device), torch.cumsum(log_p_x - log_q_x, dim=1)], dim=1)
+    log_w = sums - torch.cummax(sums, dim=1).values                          # [B, γ+1], log w_0 = 0
+    inner = log_w[:, 1:gamma]                                                # n = 1..γ-1
+    mass = ((inner[..., None] + log_p[:, 1:gamma]).exp() - log_q[:, 1:gamma].exp()).clamp(min=0.0).sum(-1)
+    denominator = mass + 1.0 - inner.exp()
+    h = torch.where(denominator > 0, mass / denominator.clamp(min=torch.finfo(mass.dtype).tiny), 1.0)
+    log_h = torch.cat([h.log(), log_w[:, gamma:]], dim=1)                    # [B, γ]: n = 1..γ
+    passed = torch.log(accept_u) <= log_h
+    prefix = torch.arange(1, gamma + 1, device=device).view(1, gamma)
+    tau = torch.where(passed, prefix, 0).max(dim=1).values
+    rows = torch.arange(batch, device=device)
+    return tau, torch.where(tau < gamma, log_w[rows, tau], 0.0)
 
 
 def proposal_bases(key: rng.Key | torch.Tensor, num_accepted: torch.Tensor) -> torch.Tensor:

@@ -66,6 +66,16 @@ def make_case(batch: int, gamma: int, vocab: int, params: SamplingParams, with_d
     return target.to(device), (draft.to(device) if with_draft else None), tokens.to(device)
 
 
+def reference_options(options: dict) -> dict:
+    """The reference's keywords for a plan's options: its residual sampler and its verification method."""
+    return {"residual": options.get("residual", "race"), "method": options.get("method", "token")}
+
+
+def sampler_of(options: dict, greedy: bool) -> str:
+    """The structures' sampler key `make_plan` takes for a plan's options (`flashspec.kernels.verify`'s mapping)."""
+    return "block" if options.get("method") == "block" and not greedy else options.get("residual", "race")
+
+
 def assert_backends_agree(target, draft, tokens, params, seed, draft_is_log_probs=False, validate=None,
                           **plan) -> fs.VerifyOutput:
     """The Triton backend's tokens and counts equal the reference's (`fs.verify`'s default plan, or
@@ -74,7 +84,7 @@ def assert_backends_agree(target, draft, tokens, params, seed, draft_is_log_prob
 
     expected = fs.verify(target, draft, tokens, params, generator=seed, backend="torch",
                          draft_is_log_probs=draft_is_log_probs, validate=validate,
-                         residual=plan.get("residual", "race"))
+                         **reference_options(plan))
     if plan:
         got_tokens, got_accepted = verify_triton(target, draft, tokens, params, rng.key_from_generator(seed),
                                                  draft_is_log_probs=draft_is_log_probs, **plan)
@@ -94,7 +104,7 @@ def plan_of(batch: int, gamma: int, vocab: int, greedy: bool, options: dict, **s
 
     return make_plan(batch, gamma, vocab, DEVICE, greedy, shape.get("block_b"), shape.get("block_v"),
                      shape.get("num_splits"), options.get("fused"), options.get("tuning"),
-                     options.get("residual", "race"))
+                     sampler_of(options, greedy))
 
 
 @pytest.fixture
@@ -215,12 +225,11 @@ def check_device_key(with_draft: bool, options: dict) -> None:
     draft = (torch.randn(batch, gamma, vocab, generator=generator) * 2).to(DEVICE) if with_draft else None
     tokens = torch.randint(0, vocab, (batch, gamma), generator=generator).to(DEVICE)
     params = fs.SamplingParams(temperature=0.8)
-    residual = options.get("residual", "race")
     for step in range(3):
         key = rng.step_key_host(rng.Key.from_seed(99), step)
         device_key = rng.step_key(rng.key_tensor(rng.Key.from_seed(99), DEVICE), torch.tensor([step], device=DEVICE))
-        expected = verify_reference(target, draft, tokens, params, key, residual=residual)
-        by_device = verify_reference(target, draft, tokens, params, device_key, residual=residual)
+        expected = verify_reference(target, draft, tokens, params, key, **reference_options(options))
+        by_device = verify_reference(target, draft, tokens, params, device_key, **reference_options(options))
         tokens_t, accepted_t = verify_triton(target, draft, tokens, params, device_key, **options)
         assert torch.equal(expected.tokens, by_device.tokens)
         assert torch.equal(expected.tokens, tokens_t) and torch.equal(expected.num_accepted, accepted_t)
@@ -242,7 +251,6 @@ def check_warm_steps(options: dict, temperature: float, monkeypatch: pytest.Monk
     from flashspec.verify import verify_reference
 
     params = SamplingParams(temperature)
-    residual = options.get("residual", "race")
     target, draft, tokens = make_case(8, 4, 32000, params, True, torch.bfloat16, seed=11)
     shifted = torch.cat([target.reshape(-1), target.reshape(-1)[:1]])[1:].view(target.shape)
     launched = []
@@ -253,7 +261,7 @@ def check_warm_steps(options: dict, temperature: float, monkeypatch: pytest.Monk
             # cold; then by address, keeping the binding; then that binding, with other keys
             for call, seed in enumerate((5, 5, 6, 7)):
                 key = rng.key_tensor(rng.Key.from_seed(seed), DEVICE) if device_key else rng.Key.from_seed(seed)
-                expected = verify_reference(logits, draft, tokens, params, rng.Key.from_seed(seed), residual=residual)
+                expected = verify_reference(logits, draft, tokens, params, rng.Key.from_seed(seed), **reference_options(options))
                 prepared = prepare_verify(logits, draft, tokens, params, key, **options)
                 out_tokens, out_accepted = prepared.run()
                 assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)
@@ -269,7 +277,7 @@ def check_warm_steps(options: dict, temperature: float, monkeypatch: pytest.Monk
             assert warm_key in kstep._WARM_STEPS, "the later steps should reuse one binding"
             assert prepared.direct, "a warm step should launch its cached binaries directly"
     # a strided input is copied inside prepare_verify and bound by address: the step must keep the copy alive
-    expected = verify_reference(target, draft, tokens, params, rng.Key.from_seed(5), residual=residual)
+    expected = verify_reference(target, draft, tokens, params, rng.Key.from_seed(5), **reference_options(options))
     strided = torch.stack([target, torch.zeros_like(target)], dim=-1)[..., 0]
     prepared = prepare_verify(strided, draft, tokens, params, rng.Key.from_seed(5), **options)
     del strided
@@ -314,7 +322,7 @@ def check_launch_hooks(options: dict) -> None:
             runtime.launch_enter_hook = chain
     assert len(seen) == 2 * prepared.plan.launches, "both the prepared step and verify_triton must feed the hook"
     expected = verify_reference(target, draft, tokens, params, rng.Key.from_seed(1),
-                                residual=options.get("residual", "race")).tokens
+                                **reference_options(options)).tokens
     assert torch.equal(out_tokens, expected) and torch.equal(straight_tokens, expected)
 
 
@@ -347,7 +355,7 @@ def check_captured_step(options: dict, temperature: float) -> None:
         key.copy_(rng.step_key(base, torch.tensor([value], device=DEVICE)))
         graph.replay()
         expected = verify_reference(target, draft, tokens, params, rng.step_key_host(rng.Key.from_seed(7), value),
-                                    residual=options.get("residual", "race"))
+                                    **reference_options(options))
         assert torch.equal(out_tokens, expected.tokens) and torch.equal(out_accepted, expected.num_accepted)
 
 
@@ -397,7 +405,7 @@ def check_work_layout(plans: list[dict], used_by) -> set[str]:
     for batch, gamma, splits, greedy, options in itertools.product([1, 5, 64], [1, 4], [1, 3], [False, True], plans):
         # the layout is a pure function of the plan: planned for the CPU's interpreter
         plan = make_plan(batch, gamma, 4096, torch.device("cpu"), greedy, None, None, splits, options.get("fused"),
-                         options.get("tuning"), options.get("residual", "race"))
+                         options.get("tuning"), sampler_of(options, greedy))
         structures.add(plan.structure)
         layout = _work_layout(batch, gamma, plan, greedy, 4096)
         memory = torch.empty(layout.words // 2, dtype=torch.int64)
@@ -444,7 +452,7 @@ def check_warm_binding(plans: dict[str, dict]) -> set[str]:
         gamma, vocab = 4, 4096
         options = plans[name]
         plan = make_plan(batch, gamma, vocab, device, greedy, None, None, splits, options.get("fused"),
-                         options.get("tuning"), options.get("residual", "race"))
+                         options.get("tuning"), sampler_of(options, greedy))
         seen.add(plan.structure)
         layout = kstep._work_layout(batch, gamma, plan, greedy, vocab)
         shape, flags = (batch, gamma, vocab), dict(SCALE_MODE=SCALE_MULTIPLY, HAS_DRAFT=not greedy, GREEDY=greedy)
@@ -498,7 +506,7 @@ def check_warm_launch(cases: list[tuple], monkeypatch: pytest.MonkeyPatch) -> No
     for options, greedy, in_memory in cases:
         batch, gamma, vocab = 3, 4, 4096
         plan = make_plan(batch, gamma, vocab, device, greedy, None, None, 3, options.get("fused"),
-                         options.get("tuning"), options.get("residual", "race"))
+                         options.get("tuning"), sampler_of(options, greedy))
         layout = kstep._work_layout(batch, gamma, plan, greedy, vocab)
         shape, flags = (batch, gamma, vocab), dict(SCALE_MODE=SCALE_MULTIPLY, HAS_DRAFT=not greedy, GREEDY=greedy)
         template = _slot_binding(plan, layout, shape, flags, in_memory, device)

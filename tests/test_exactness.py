@@ -17,6 +17,7 @@ import torch
 
 from experiments.exactness import (
     ALPHA_EACH,
+    BLOCK_CONFIGS,
     CONFIGS,
     LOG_PROB_CONFIGS,
     NEGATIVE_CONFIGS,
@@ -69,6 +70,17 @@ def test_joint_distribution_residual_by_rejection(config: ChiSquareCase, backend
         pytest.importorskip("triton")
     verifier = ex.library_verifier(backend, TRITON_DEVICE if backend == "triton" else None, residual="rejection")
     result = run_config(config, verifier, seed=3)
+    assert result.passes(ALPHA_EACH), f"{config.name}: {result} (alpha {ALPHA_EACH:.2e})"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("config", BLOCK_CONFIGS, ids=lambda c: c.name)
+def test_joint_distribution_block_verification(config: ChiSquareCase, backend: str):
+    """Block verification (`method="block"`): the chain judged as a whole, the same exactness."""
+    if backend == "triton":
+        pytest.importorskip("triton")
+    verifier = ex.library_verifier(backend, TRITON_DEVICE if backend == "triton" else None, method="block")
+    result = run_config(config, verifier, seed=4)
     assert result.passes(ALPHA_EACH), f"{config.name}: {result} (alpha {ALPHA_EACH:.2e})"
 
 

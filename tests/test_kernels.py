@@ -79,17 +79,19 @@ TRUNCATIONS = [(0, 1.0), (3, 1.0), (0, 0.8), (4, 0.9)]
     with_draft=st.booleans(),
     dtype=st.sampled_from([torch.float32, torch.float16]),
     seed=st.integers(0, 2**40),
-    residual=st.sampled_from(["race", "rejection"]),
+    sampler=st.sampled_from(["race", "rejection", "block"]),
 )
-def test_triton_equals_torch_reference(batch, gamma, vocab, temperature, truncation, with_draft, dtype, seed, residual):
+def test_triton_equals_torch_reference(batch, gamma, vocab, temperature, truncation, with_draft, dtype, seed, sampler):
     params = SamplingParams(temperature, *truncation)
     target, draft, tokens = make_case(batch, gamma, vocab, params, with_draft, dtype, seed % 10_000)
-    assert_backends_agree(target, draft, tokens, params, seed, **({"residual": residual} if residual != "race" else {}))
+    options = {"race": {}, "rejection": {"residual": "rejection"}, "block": {"method": "block"}}[sampler]
+    assert_backends_agree(target, draft, tokens, params, seed, **options)
 
 
-# the launch plans every kernel test runs: the default (two launches, and fs.verify's own call) and the one launch
-# that draws the residual by rejection from p (its own reference: residual="rejection")
-PLANS = {"default": {}, "one_pass": {"residual": "rejection"}}
+# the launch plans every kernel test runs: the default (two launches, and fs.verify's own call), the one launch
+# that draws the residual by rejection from p (its own reference: residual="rejection") and block verification's
+# three launches (method="block")
+PLANS = {"default": {}, "one_pass": {"residual": "rejection"}, "block": {"method": "block"}}
 # and, where programs loop over several tiles or the accept test's place matters, the race that keeps per-lane
 # winners (GPU_PLAN["lanes"]) and the accept test run once per row block by the stats launch ("accept_once")
 TILED_PLANS = {**PLANS, "lanes": {"tuning": (("lanes", 1),)},
@@ -134,8 +136,9 @@ def test_long_rows_split_into_several_chunks(params: SamplingParams, with_draft:
     ticket counter; called twice to check the counter resets itself."""
     chosen = cases.plan_of(5, 3, 100, params.greedy, TILED_PLANS[plan], **SHAPE)
     one_pass = plan == "one_pass"
-    assert chosen.structure == ("one_pass" if one_pass else "two_launch")
-    assert chosen.launches == (1 if one_pass else 2)
+    block = plan == "block" and not params.greedy  # greedy block verification is the two launches'
+    assert chosen.structure == ("one_pass" if one_pass else "block_pass" if block else "two_launch")
+    assert chosen.launches == (1 if one_pass else 3 if block else 2)
     if plan in ("lanes", "accept_once"):  # elsewhere the shape's SHAPE_PLANS entry decides (on a GPU)
         assert chosen.lanes
         assert chosen.accept_once == (plan == "accept_once" and not params.greedy)
@@ -220,9 +223,10 @@ def test_plan_spreads_one_long_row_over_the_gpu() -> None:
     assert plan.block_b == 1 and plan.sample_splits >= 64 and plan.stats_splits * 5 >= 64
 
 
+@pytest.mark.parametrize("method", ["token", "block"])
 @pytest.mark.parametrize("greedy", [False, True])
 @pytest.mark.parametrize("with_draft", [True, False])
-def test_nan_and_inf_logits_never_give_ids_out_of_range(greedy: bool, with_draft: bool) -> None:
+def test_nan_and_inf_logits_never_give_ids_out_of_range(greedy: bool, with_draft: bool, method: str) -> None:
     batch, gamma, vocab = 6, 3, 20
     params = SamplingParams(0.0 if greedy else 1.0)
     target, draft, tokens = make_case(batch, gamma, vocab, params, with_draft, torch.float32, seed=9)
@@ -236,7 +240,7 @@ def test_nan_and_inf_logits_never_give_ids_out_of_range(greedy: bool, with_draft
         draft[4] = float("nan")
     tokens = tokens.clone()
     tokens[5, 0] = vocab + 3  # out of range (validate=False lets it through)
-    out = fs.verify(target, draft, tokens, params, generator=0, backend="triton", validate=False)
+    out = fs.verify(target, draft, tokens, params, generator=0, backend="triton", validate=False, method=method)
     emitted = out.tokens.gather(1, out.num_accepted.view(-1, 1)).squeeze(1)
     assert bool(((out.num_accepted >= 0) & (out.num_accepted <= gamma)).all())
     assert bool(((emitted >= 0) & (emitted < vocab)).all()), emitted

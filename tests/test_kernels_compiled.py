@@ -84,11 +84,14 @@ def test_every_gpu_launch_passes_the_compiler_front_end(gpu_planner) -> None:
     launches: dict[str, dict] = {}
     tunings = [(tuple(sorted(t.items())), "race") for t in [{}, *LIBRARY_TUNINGS]]
     tunings += [(tuple(sorted(t.items())), "rejection") for t in REJECTION_TUNINGS]
+    tunings += [(tuple(sorted(t.items())), "block") for t in [{}, *LIBRARY_TUNINGS[:3]]]
     for batch in (1, 8, 64):
         for vocab in (32000, 128256):
             for tuning, residual in tunings:
                 for params, with_draft in ((SamplingParams(1.0), True), (SamplingParams(0.7), False),
                                            (SamplingParams(0.0), False)):
+                    if residual == "block" and params.greedy:  # greedy block verification is the two launches'
+                        continue
                     plan = gpu_planner.make_plan(batch, gamma, vocab, gpu, params.greedy, tuning=tuning,
                                                  residual=residual)
                     for device_key in (False, True):
@@ -96,9 +99,9 @@ def test_every_gpu_launch_passes_the_compiler_front_end(gpu_planner) -> None:
                             described = describe(launch, plan.precise)
                             launches.setdefault(structure_of(described), described)
     assert {d["kernel"] for d in launches.values()} == {"_stats_kernel", "_stats_accept_kernel", "_sample_kernel",
-                                                        "_one_pass_kernel"}
+                                                        "_one_pass_kernel", "_block_mass_kernel"}
     failures = lower(list(launches.values()), ["flashspec.kernels.one_pass", "flashspec.kernels.sample_pass",
-                                               "flashspec.kernels.stats_pass"])
+                                               "flashspec.kernels.stats_pass", "flashspec.kernels.block_pass"])
     assert not failures, json.dumps(failures[:3], indent=1)
 
 
@@ -111,9 +114,11 @@ def test_a_t4_gets_the_default_launches_without_hopper_features(t4_planner) -> N
     gpu = torch.device("cuda", 0)
     launches: dict[str, dict] = {}
     for batch in (1, 8, 64):
-        for residual, structure in (("race", "two_launch"), ("rejection", "one_pass")):
+        for residual, structure in (("race", "two_launch"), ("rejection", "one_pass"), ("block", "block_pass")):
             for params, with_draft in ((SamplingParams(1.0), True), (SamplingParams(0.7), False),
                                        (SamplingParams(0.0), False)):
+                if residual == "block" and params.greedy:  # greedy block verification is the two launches'
+                    continue
                 plan = t4_planner.make_plan(batch, 4, 32000, gpu, params.greedy, residual=residual)
                 assert plan.structure == structure and not plan.pdl, (batch, residual, plan)
                 for launch in bind_for_gpu(plan, batch, 4, 32000, params, with_draft, True, torch.float16):
@@ -121,5 +126,6 @@ def test_a_t4_gets_the_default_launches_without_hopper_features(t4_planner) -> N
                     launches.setdefault(structure_of(described), described)
     assert not t4_planner._has_pdl(0) and not t4_planner._has_clusters(0)  # both need compute capability 9
     failures = lower(list(launches.values()), ["flashspec.kernels.one_pass", "flashspec.kernels.sample_pass",
-                                               "flashspec.kernels.stats_pass"], capability=75)
+                                               "flashspec.kernels.stats_pass", "flashspec.kernels.block_pass"],
+                     capability=75)
     assert not failures, json.dumps(failures[:3], indent=1)

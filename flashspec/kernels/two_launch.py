@@ -14,14 +14,14 @@ from flashspec.kernels.stats_pass import _stats_accept_kernel, _stats_kernel
 from flashspec.kernels.structures import Launch, PlanContext, Structure, Work
 
 NAME = "two_launch"
-_STATS_LAUNCHER = _Launcher(_stats_kernel)
+STATS_LAUNCHER = _Launcher(_stats_kernel)
 _STATS_ACCEPT_LAUNCHER = _Launcher(_stats_accept_kernel)
-_SAMPLE_LAUNCHER = _Launcher(_sample_kernel)
+SAMPLE_LAUNCHER = _Launcher(_sample_kernel)
 
 
 def launchers(plan) -> tuple[_Launcher, _Launcher]:
     """The stats launch's launcher (the one that also runs the accept test, `plan.accept_once`), the sample's."""
-    return (_STATS_ACCEPT_LAUNCHER if plan.accept_once else _STATS_LAUNCHER, _SAMPLE_LAUNCHER)
+    return (_STATS_ACCEPT_LAUNCHER if plan.accept_once else STATS_LAUNCHER, SAMPLE_LAUNCHER)
 
 
 def work(plan, batch: int, gamma: int, greedy: bool, vocab: int) -> Work:
@@ -36,9 +36,12 @@ def plan(context: PlanContext) -> tuple:
 
 
 def bind(plan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int, int], scale: float, flags: dict,
-         prefix: tuple, device: torch.device, addresses: bool) -> tuple[Launch, Launch]:
+         prefix: tuple, device: torch.device, addresses: bool, accept_test: bool | None = None
+         ) -> tuple[Launch, Launch]:
     """The stats launch and the sample launch, bound to fresh work buffers (`work`: views, or, `addresses`, raw
-    addresses once the binaries are cached, or a warm step's `_Slot`s)."""
+    addresses once the binaries are cached, or a warm step's `_Slot`s). `accept_test` False: the stats launch
+    computes partials only even where the sample launch reads a stored outcome (`plan.accept_once`: another
+    launch between the two stores it, as block verification's does); None: `plan.accept_once`."""
     target, draft, tokens_in = inputs
     out_tokens, out_accepted = outputs
     batch, gamma, vocab = shape
@@ -49,7 +52,8 @@ def bind(plan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int,
         work[name] for name in ("part_max", "part_sum", "part_idx", "race_val", "race_idx", "info"))
     counter = _ticket_counter(device, row_blocks, addresses) if split or plan.accept_once else work["ints"]
     precise = plan.precise and not interpreting()
-    if plan.accept_once:  # the stats launch's last program per row block runs the accept test (same tickets:
+    accept_test = plan.accept_once if accept_test is None else accept_test
+    if accept_test:  # the stats launch's last program per row block runs the accept test (same tickets:
         # it resets them before the sampling launch starts)
         stats_args = (target, draft, tokens_in, part_max, part_sum, counter, info,
                       batch, gamma, vocab, plan.stats_splits, scale, accept_prefix)
@@ -74,9 +78,9 @@ def bind(plan, inputs: tuple, outputs: tuple, work: dict, shape: tuple[int, int,
                        BLOCK_B=plan.block_b, BLOCK_P=plan.block_p, BLOCK_S=plan.block_s, BLOCK_S2=plan.block_s2,
                        BLOCK_V=plan.sample_block_v, PDL=plan.pdl, num_warps=plan.sample_warps, **_COMPILE_OPTIONS,
                        **({"launch_pdl": True} if plan.pdl else {}))
-    stats_launcher, sample_launcher = launchers(plan)
+    stats_launcher = _STATS_ACCEPT_LAUNCHER if accept_test else STATS_LAUNCHER
     return (Launch("stats", stats_launcher, (row_blocks, gamma + 1, plan.stats_splits), stats_args, stats_meta),
-            Launch("sample", sample_launcher, (row_blocks, plan.sample_splits), sample_args, sample_meta))
+            Launch("sample", SAMPLE_LAUNCHER, (row_blocks, plan.sample_splits), sample_args, sample_meta))
 
 
 STRUCTURE = Structure(name=NAME, residual="race", launches=2, launchers=launchers, bind=bind, work=work, plan=plan,

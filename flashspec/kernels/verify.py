@@ -42,14 +42,14 @@ import torch
 
 from flashspec import rng
 from flashspec.kernels import rng as krng
-from flashspec.kernels import structures
+from flashspec.kernels import block_pass, structures
 from flashspec.kernels.launcher import FAST_LAUNCH, _current_device, _launch_hooks
 from flashspec.kernels.plan import LaunchPlan, make_plan
 from flashspec.kernels.shims import SCALE_DIVIDE, SCALE_MULTIPLY, SCALE_NONE, interpreting
 from flashspec.kernels.step import (_ACCEPT, _BASE, _DRAFT, _SAMPLE, _TARGET, _TOKENS, _WARM_STEPS, PreparedVerify,
                                     _Slot, _WarmStep, _warm_key, _warm_step, _work_layout, warm_options)
 from flashspec.sampling import SamplingParams, truncate_logits
-from flashspec.sampling import check_residual
+from flashspec.sampling import check_method
 
 
 @functools.lru_cache(maxsize=64)
@@ -120,6 +120,7 @@ def verify_triton(
     tuning: tuple[tuple[str, int], ...] | None = None,
     draft_is_log_probs: bool = False,
     residual: str = "race",
+    method: str = "token",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Triton backend of `flashspec.verify` (shapes already checked there): (tokens [B, γ+1], num_accepted [B]).
     `draft_is_log_probs`: `draft_logits` holds the draft's warped log-probs (as `flashspec.verify`'s argument):
@@ -136,13 +137,16 @@ def verify_triton(
     registered is refused (ValueError).
     `residual`: as `flashspec.verify`'s; "rejection" runs the one-pass plan (`kernels/one_pass.py`) whatever the
     shape, `fused` and the launch-structure keys of `tuning` (its tile and grid keys still apply; a structure
-    they name must still be registered).
+    they name must still be registered). `method`: as `flashspec.verify`'s; "block" at T > 0 runs block
+    verification's three launches (`kernels/block_pass.py`) whatever `fused` and the structure keys say.
     """
+    check_method(method, residual)
+    sampler = block_pass.SAMPLER if method == "block" and not params.greedy else residual
     in_memory = isinstance(key, torch.Tensor)
     if in_memory and prefixes is None:
         prefixes = device_prefixes(key)  # once, for the warm lookup and, if cold, for prepare_verify
     step = _warm_step(target_logits, draft_logits, draft_tokens, params, prefixes if in_memory else None,
-                      warm_options(block_b, block_v, num_splits, fused, tuning, draft_is_log_probs, residual))
+                      warm_options(block_b, block_v, num_splits, fused, tuning, draft_is_log_probs, sampler))
     if step is not None and step.calls and _launch_hooks() == (None, None):
         if in_memory:  # the kernels read the device key's prefixes (int32) at these addresses
             accept = prefixes.data_ptr()
@@ -152,7 +156,7 @@ def verify_triton(
         return step.launch(target_logits, draft_logits, draft_tokens, accept, sample)
     return prepare_verify(target_logits, draft_logits, draft_tokens, params, key, block_b=block_b, block_v=block_v,
                           num_splits=num_splits, prefixes=prefixes, fused=fused, tuning=tuning,
-                          draft_is_log_probs=draft_is_log_probs, residual=residual).run()
+                          draft_is_log_probs=draft_is_log_probs, residual=residual, method=method).run()
 
 
 def prepare_verify(
@@ -170,6 +174,7 @@ def prepare_verify(
     tuning: tuple[tuple[str, int], ...] | None = None,
     draft_is_log_probs: bool = False,
     residual: str = "race",
+    method: str = "token",
 ) -> PreparedVerify:
     """Allocate outputs and work buffers and bind the plan's launches (see `verify_triton`). `tuning`: (key, value)
     pairs of `GPU_PLAN` and of the registered structures' keys that replace this shape's `SHAPE_PLANS` entry (the
@@ -191,8 +196,9 @@ def prepare_verify(
     if draft_is_log_probs and draft_logits is None:
         raise ValueError("draft_is_log_probs=True needs draft_logits (the draft's log-probs); pass them, or "
                          "draft_is_log_probs=False for deterministic proposals")
-    check_residual(residual)
-    options = warm_options(block_b, block_v, num_splits, fused, tuning, draft_is_log_probs, residual)
+    check_method(method, residual)
+    sampler = block_pass.SAMPLER if method == "block" and not params.greedy else residual  # its structures' key
+    options = warm_options(block_b, block_v, num_splits, fused, tuning, draft_is_log_probs, sampler)
     warm_key = _warm_key(target_logits, draft_logits, draft_tokens, params, prefixes if prefix_in_memory else None,
                          options)
     if warm_key is not None:
@@ -221,7 +227,7 @@ def prepare_verify(
     draft = draft_logits.contiguous() if has_draft else target
     tokens_in = draft_tokens.contiguous()
 
-    plan = make_plan(batch, gamma, vocab, device, greedy, block_b, block_v, num_splits, fused, tuning, residual)
+    plan = make_plan(batch, gamma, vocab, device, greedy, block_b, block_v, num_splits, fused, tuning, sampler)
     inputs = (target, draft, tokens_in)
     shape = (batch, gamma, vocab)
     # HAS_DRAFT: 0 no draft logits (deterministic proposals, or greedy), 1 logits, 2 warped log-probs

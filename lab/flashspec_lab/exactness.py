@@ -20,7 +20,7 @@ import torch
 
 from flashspec import rng
 from flashspec.sampling import SamplingParams, gumbel_argmax, sample_from_logits, warp_logits
-from flashspec.verify import VerifyOutput, draft_log_probs, residual_log_weights, verify
+from flashspec.verify import VerifyOutput, block_acceptance, draft_log_probs, residual_log_weights, verify
 
 CONTEXT_PERIOD = 3  # toy logits depend on the last two tokens and the position modulo this
 
@@ -135,12 +135,12 @@ class Verifier(Protocol):
 
 
 def library_verifier(backend: str = "torch", device: str | torch.device | None = None,
-                     draft_log_probs: bool = False, residual: str = "race") -> Verifier:
+                     draft_log_probs: bool = False, residual: str = "race", method: str = "token") -> Verifier:
     """The real `flashspec.verify` on one backend, in the harness's verifier signature.
 
     `device` moves the inputs there (e.g. "cuda" for the compiled Triton kernels) and the
     outputs back to the CPU, where the harness keeps its state. `draft_log_probs`: the draft's
-    warped log-probs are passed in place of its logits (`draft_is_log_probs=True`). `residual`: `verify`'s.
+    warped log-probs are passed in place of its logits (`draft_is_log_probs=True`). `residual`, `method`: `verify`'s.
     """
 
     def run(target_logits, draft_logits, draft_tokens, params, generator, draft_noise):
@@ -151,7 +151,7 @@ def library_verifier(backend: str = "torch", device: str | torch.device | None =
             target_logits, draft_tokens = target_logits.to(device), draft_tokens.to(device)
             draft_logits = None if draft_logits is None else draft_logits.to(device)
         out = verify(target_logits, draft_logits, draft_tokens, params, generator=generator, backend=backend,
-                     draft_is_log_probs=given, residual=residual)
+                     draft_is_log_probs=given, residual=residual, method=method)
         return VerifyOutput(tokens=out.tokens.cpu(), num_accepted=out.num_accepted.cpu())
 
     return run
@@ -518,6 +518,48 @@ def residual_from_target_verifier(target_logits, draft_logits, draft_tokens, par
     return _emit(draft_tokens, num_accepted, emitted, gamma)
 
 
+def _block_verifier(correction_weight: bool, residual_mass: bool) -> Verifier:
+    """Block verification with one of its two pieces dropped: `correction_weight` False draws the correction from
+    the token residual max(0, p - q) instead of max(0, w·p - q); `residual_mass` False accepts prefix n < γ with
+    probability w_n itself instead of Z_n / (Z_n + 1 - w_n)."""
+
+    def run(target_logits, draft_logits, draft_tokens, params, generator, draft_noise):
+        key = rng.Key.from_seed(generator)
+        batch, gamma = draft_tokens.shape
+        tokens = draft_tokens.long()
+        u = rng.uniforms(key, rng.STREAM_ACCEPT, batch, gamma, 1)[..., 0]
+        log_p = warp_logits(target_logits, params)
+        log_q = draft_log_probs(draft_logits, tokens, params, target_logits.shape[2])
+        log_p_x = log_p[:, :gamma].gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        log_q_x = log_q.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+        if residual_mass:
+            num_accepted, log_weight = block_acceptance(log_p, log_q, log_p_x, log_q_x, u)
+        else:
+            sums = torch.cat([torch.zeros(batch, 1), torch.cumsum(log_p_x - log_q_x, 1)], 1)
+            log_w = sums - torch.cummax(sums, 1).values
+            prefix = torch.arange(1, gamma + 1).view(1, gamma)
+            num_accepted = torch.where(torch.log(u) <= log_w[:, 1:], prefix, 0).max(1).values
+            log_weight = torch.where(num_accepted < gamma, log_w[torch.arange(batch), num_accepted], 0.0)
+        if not correction_weight:
+            log_weight = torch.zeros_like(log_weight)
+        rows = torch.arange(batch)
+        scaled = log_p.clone()
+        scaled[rows, num_accepted] = log_p[rows, num_accepted] + log_weight[:, None]
+        weights = _residual_or_bonus(scaled, log_q, num_accepted, gamma)
+        emitted = _sample_rows(weights, key, num_accepted, rng.STREAM_SAMPLE)
+        return _emit(draft_tokens, num_accepted, emitted, gamma)
+
+    return run
+
+
+block_token_residual_verifier = _block_verifier(correction_weight=False, residual_mass=True)
+block_token_residual_verifier.__doc__ = ("BUG: block verification whose correction is drawn from the token residual "
+                                         "max(0, p - q) instead of the block residual max(0, w·p - q).")
+block_ratio_threshold_verifier = _block_verifier(correction_weight=True, residual_mass=False)
+block_ratio_threshold_verifier.__doc__ = ("BUG: block verification that accepts every prefix with probability w_n, "
+                                          "its capped cumulative ratio, without the residual-mass threshold.")
+
+
 NEGATIVE_CONTROLS: dict[str, Verifier] = {
     "post_rejection_leak": leaky_verifier,
     "bonus_from_residual": residual_bonus_verifier,
@@ -525,6 +567,8 @@ NEGATIVE_CONTROLS: dict[str, Verifier] = {
     "residual_reuses_draft_noise": draft_noise_residual_verifier,
     "temperature_after_log_softmax": late_temperature_verifier,
     "residual_from_target": residual_from_target_verifier,
+    "block_token_residual": block_token_residual_verifier,
+    "block_ratio_threshold": block_ratio_threshold_verifier,
 }
 
 
