@@ -142,6 +142,9 @@ def generate_parser() -> argparse.ArgumentParser:
                         help="comma-separated γ values, e.g. 2,4,8: the arms become every (draft, γ) pair and the "
                              "bandit learns how far to speculate from measured tokens per second (replaces --gamma; "
                              "the timings steer the choices, so one --seed no longer fixes the output)")
+    parser.add_argument("--verify", default="token", choices=["token", "block"],
+                        help="token: each draft up to the first rejection; block: the drafted chain as a whole "
+                             "(block verification: never fewer accepted tokens, the same exact output law)")
     parser.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     parser.add_argument("--top-k", type=int, default=0, help="0 = off")
     parser.add_argument("--top-p", type=float, default=1.0, help="1 = off")
@@ -467,6 +470,8 @@ def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any], tp: 
     from flashspec.fast import make_decoder
 
     options: dict[str, Any] = dict(policy=args.policy, gamma=args.gamma, gammas=args.gammas)
+    if args.verify != "token":
+        options["verify_method"] = args.verify
     if args.compile is not None:
         options["compile"] = args.compile
     if args.compile_scope != "forward":

@@ -71,6 +71,8 @@ class SpeculativeDecoder(Front):
         policy_kwargs: the options of a policy built by name (e.g. window, discount). Its random
             generator is restarted by every `generate` call from that call's `seed`.
         backend: verify backend, "auto" | "torch" | "triton".
+        verify_method: how each step's chain is verified, "token" (default) or "block" (`flashspec.verify`'s
+            `method`: block verification accepts at least as many tokens in expectation; both are exact).
 
     The arm of each step comes from `_choose_and_propose`, which asks the policy (the past only);
     the exactness tests override it in a subclass to build a cherry-picking negative control.
@@ -135,7 +137,8 @@ class SpeculativeDecoder(Front):
             # the draft's log-probs where it kept them: exactly the q it sampled from, and no pass over its vocabulary
             given = proposal.log_probs is not None
             out = verify_with_key(target_logits, proposal.log_probs if given else proposal.logits, proposal.tokens,
-                                  sampling, key, backend=self.backend, draft_is_log_probs=given)
+                                  sampling, key, backend=self.backend, draft_is_log_probs=given,
+                                  method=self.verify_method)
             # The one host sync of the step: cache rollback needs the accepted lengths as host ints;
             # the non-finite flag rides along, so checking the models' logits costs no extra sync.
             flags = nonfinite_rows(target_logits, proposal.logits)

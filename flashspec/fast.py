@@ -82,6 +82,7 @@ class FastSpeculativeDecoder(Front):
             the target is on CUDA).
         lag: steps between a step's launch and the host reading its outcome (>= 1).
         backend: verify backend on CUDA, "triton" (default when available) or "torch".
+        verify_method: as for `SpeculativeDecoder`: "token" (default) or "block" (block verification).
         draft_sync: "lazy" (only the chosen draft runs; a draft chosen after k steps away catches
             up over the at most k·(γ+1) tokens it missed in one forward) or "all" (every model
             draft re-reads the last γ+1 tokens every step).
@@ -103,7 +104,7 @@ class FastSpeculativeDecoder(Front):
                  policy_kwargs: dict[str, Any] | None = None, graphs: bool | None = None, lag: int = 2,
                  backend: str = "auto", draft_sync: str = "lazy", compile: bool | str = False, *,
                  tp: Any = None, gammas: Sequence[int] | None = None, arm_costs: Sequence[float] | None = None,
-                 compile_scope: str = "forward", _plain: bool = False) -> None:
+                 compile_scope: str = "forward", verify_method: str = "token", _plain: bool = False) -> None:
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
             raise ValueError(f"lag must be an int >= 1 (steps before the host reads an outcome), got {lag!r}")
         if graphs is not None and not isinstance(graphs, bool):
@@ -127,7 +128,8 @@ class FastSpeculativeDecoder(Front):
         self.draft_sync = draft_sync
         self.compile = compile
         self.compile_scope = "regions" if sharded_over > 1 else compile_scope  # collectives stay outside a graph
-        super().__init__(target, drafts, policy, gamma, policy_kwargs, backend, gammas, arm_costs, plain=_plain)
+        super().__init__(target, drafts, policy, gamma, policy_kwargs, backend, gammas, arm_costs, plain=_plain,
+                         verify_method=verify_method)
         read = {draft.feature_layers for draft in self.drafts if isinstance(draft, FeatureDraft)}
         if len(read) > 1:
             raise ValueError(f"every FeatureDraft of one decoder must read the same target states, got {sorted(read)}")

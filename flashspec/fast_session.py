@@ -169,6 +169,7 @@ class Session:
                 sample_from_logits, step_prologue, commit))
         use_triton = decoder.backend == "triton" or (decoder.backend == "auto" and device.type == "cuda")
         self.verify_triton = use_triton
+        self.method = decoder.verify_method
         self.prefixes_of = None
         if use_triton:
             from flashspec.kernels.verify import device_prefixes
@@ -283,9 +284,9 @@ class Session:
             from flashspec.kernels import verify_triton
 
             out_tokens, num_accepted = verify_triton(target_logits, draft_logits, drafted, params, key,
-                                                     prefixes=prefixes, draft_is_log_probs=given)
+                                                     prefixes=prefixes, draft_is_log_probs=given, method=self.method)
         else:
-            result = verify_reference(target_logits, draft_logits, drafted, params, key, given)
+            result = verify_reference(target_logits, draft_logits, drafted, params, key, given, method=self.method)
             out_tokens, num_accepted = result.tokens, result.num_accepted
         if gamma < self.max_gamma:  # -1 past the γ+1 verified tokens: never emitted (offset > num_accepted)
             out_tokens = torch.nn.functional.pad(out_tokens, (0, self.max_gamma - gamma), value=-1)

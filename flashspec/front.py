@@ -4,7 +4,7 @@ policy's select/update loop, and one key schedule.
 `SpeculativeDecoder` (the eager engine, `flashspec.engine`) and `FastSpeculativeDecoder` (static caches and CUDA
 graphs, `flashspec.fast`) differ only in how they run a step. Everything in front of the step is here, in
 `Front`: the constructor checks γ (`check_gamma`), the γ values of adaptive arms (`check_gammas`), the verify
-backend and the policy (with its `policy_kwargs`); `Front.generate` checks the request (prompt, mask, budgets,
+backend and method (`check_verify_method`) and the policy (with its `policy_kwargs`); `Front.generate` checks the request (prompt, mask, budgets,
 sampling, seed, stop and pad ids, every model's positions) into a `Request`, starts the policy for the request,
 and hands the request to the engine's `_decode`.
 
@@ -29,7 +29,7 @@ import torch
 from flashspec import models, rng
 from flashspec.checks import check_budgets, check_prompt, check_token_ids, resolve_pad
 from flashspec.rewards import StepCosts
-from flashspec.sampling import SamplingParams
+from flashspec.sampling import METHODS, SamplingParams
 from flashspec.stats import GenerationStats
 
 # A step drafts at most this many tokens. Acceptance decays geometrically with the position, so a longer
@@ -70,6 +70,14 @@ def check_sampling(sampling: Any) -> SamplingParams:
     if not isinstance(sampling, SamplingParams):
         raise ValueError(f"sampling must be a flashspec.SamplingParams, got {type(sampling).__name__}")
     return sampling
+
+
+def check_verify_method(method: Any) -> str:
+    """`verify_method` as validated: one of `flashspec.sampling.METHODS` (how `flashspec.verify` judges a chain)."""
+    if method not in METHODS:
+        raise ValueError(f"verify_method must be one of {METHODS} ('token': each draft up to the first rejection; "
+                         f"'block': the chain as a whole, never fewer accepted tokens), got {method!r}")
+    return method
 
 
 def check_backend(backend: Any) -> str:
@@ -272,10 +280,11 @@ class Front(abc.ABC):
     def __init__(self, target: torch.nn.Module, drafts: Sequence[Any], policy: Any = "thompson", gamma: int = 4,
                  policy_kwargs: dict[str, Any] | None = None, backend: str = "auto",
                  gammas: Sequence[int] | None = None, arm_costs: Sequence[float] | None = None,
-                 plain: bool = False) -> None:
+                 plain: bool = False, verify_method: str = "token") -> None:
         self.gamma = check_gamma(gamma)
         self.gammas = check_gammas(gammas)
         self.backend = check_backend(backend)
+        self.verify_method = check_verify_method(verify_method)
         if not isinstance(target, torch.nn.Module) or not hasattr(target, "config"):
             raise ValueError(f"target must be a Hugging Face causal LM, got {type(target).__name__}")
         if isinstance(drafts, (torch.nn.Module, str)) or not isinstance(drafts, Sequence) or (

@@ -284,13 +284,16 @@ def test_bench_fast_smoke_runs_through_the_cli(tmp_path, capsys):
 # --- One seed, one text: the engine is a speed choice, not a different sampler. ---
 
 
+@pytest.mark.parametrize("verify", ["token", "block"])
 @pytest.mark.parametrize("temperature", ["0", "1"])
-def test_eager_and_fast_engines_print_the_same_text_for_one_seed(capsys, temperature):
-    """With one draft, `--engine eager` and `--engine fast` (no graphs on a CPU) print the same tokens."""
+def test_eager_and_fast_engines_print_the_same_text_for_one_seed(capsys, temperature, verify):
+    """With one draft, `--engine eager` and `--engine fast` (no graphs on a CPU) print the same tokens, with token
+    and with block verification (`--verify`)."""
     texts = []
     for engine in ("eager", "fast"):
         code = cli.main([*BASE[:-1], "24", "--prompt", "abcabcab", "--engine", engine, "--seed", "5",
-                         "--temperature", temperature, "--gamma", "3", "--prompt-lookup", "--policy", "fixed"])
+                         "--temperature", temperature, "--gamma", "3", "--prompt-lookup", "--policy", "fixed",
+                         "--verify", verify])
         captured = capsys.readouterr()
         assert code == 0, captured.err
         texts.append(captured.out)

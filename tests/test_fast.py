@@ -95,9 +95,9 @@ def test_model_drafts_are_verified_with_the_log_probs_they_sampled_from(pool, mo
     calls = []
     reference = fast_session.verify_reference
 
-    def recording(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs=False):
+    def recording(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs=False, **options):
         calls.append((draft_logits, draft_is_log_probs))
-        return reference(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs)
+        return reference(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs, **options)
 
     monkeypatch.setattr(fast_session, "verify_reference", recording)
     params = fs.SamplingParams(0.8, top_k=3)

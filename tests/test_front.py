@@ -43,6 +43,24 @@ def test_one_seed_gives_one_text_in_either_engine(pool, temperature, kind):
     assert accepted[0] == accepted[1]  # the same verdicts step by step, not only the same text
 
 
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_block_verification_gives_one_text_in_either_engine(pool, temperature):
+    """verify_method="block" on both engines: the same seed, the same tokens and verdicts step by step; greedy, the
+    text of token verification; a method it does not know is refused by name."""
+    target, near, _ = pool
+    sampling = fs.SamplingParams(temperature=temperature)
+    outputs = [decoder.generate(PROMPT, max_new_tokens=60, sampling=sampling, seed=5, ignore_eos=True)
+               for decoder in both(target, [near], gamma=4, verify_method="block")]
+    assert torch.equal(outputs[0].sequences, outputs[1].sequences)
+    assert [s.num_accepted for s in outputs[0].stats.steps] == [s.num_accepted for s in outputs[1].stats.steps]
+    token = fs.SpeculativeDecoder(target, [near], gamma=4).generate(PROMPT, max_new_tokens=60, sampling=sampling,
+                                                                    seed=5, ignore_eos=True)
+    if temperature == 0:  # greedy: the two methods are one
+        assert torch.equal(token.sequences, outputs[0].sequences)
+    with pytest.raises(ValueError, match="verify_method must be one of"):
+        fs.SpeculativeDecoder(target, [near], verify_method="tree")
+
+
 def test_one_seed_gives_one_text_with_a_fixed_policy_over_several_drafts(pool):
     target, near, far = pool
     drafts = [near, far, fs.PromptLookupDrafter()]
