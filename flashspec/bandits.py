@@ -30,6 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from flashspec.policy import TINY_COUNT, CountPolicy, Policy, check_positive, check_unit_interval
+from flashspec.rewards import check_step_gamma
 
 __all__ = [
     "Policy",
@@ -203,6 +204,9 @@ class GammaThompsonSampling(ThompsonSampling):
     sampling on acceptance.
     The engines feed it `update_step` per row (`learns_from_steps`); `update(arm, r)` counts r as r
     accepted tokens of one trial, as `ThompsonSampling` does.
+    The plain arm (-1, 0) (`front.PLAIN`: the target alone) emits exactly one token per step: its expected tokens are
+    1, it has no acceptance posterior, its steps (`update_step` with γ = 0) teach no draft's, and it counts as a draft
+    of its own for switching (a draft played after it catches up on the token it missed).
     """
 
     name = "gamma-ts"
@@ -214,6 +218,7 @@ class GammaThompsonSampling(ThompsonSampling):
                              f"compared), got {min_cost_steps!r}")
         self.min_cost_steps = int(min_cost_steps)
         self._arm_draft = np.arange(int(n_arms)) if isinstance(n_arms, (int, np.integer)) else np.zeros(0, int)
+        self._n_drafts = len(self._arm_draft)
         self._arm_gamma = np.ones_like(self._arm_draft)
         self._costs: Any = None
         super().__init__(n_arms, **kwargs)
@@ -225,14 +230,19 @@ class GammaThompsonSampling(ThompsonSampling):
         pairs = [tuple(pair) for pair in arms] if isinstance(arms, (list, tuple)) else None
         if pairs is None or len(pairs) != self.n_arms or not all(
                 len(pair) == 2 and all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in pair)
-                and pair[0] >= 0 and pair[1] >= 1 for pair in pairs):
-            raise ValueError(f"arms must be a list of {self.n_arms} (draft index >= 0, γ >= 1) pairs, got {arms!r}")
+                and ((pair[0] >= 0 and pair[1] >= 1) or pair == (-1, 0)) for pair in pairs):
+            raise ValueError(f"arms must be a list of {self.n_arms} (draft index >= 0, γ >= 1) pairs, or (-1, 0) for "
+                             f"the plain arm, got {arms!r}")
         if costs is not None and not hasattr(costs, "costs"):
             fixed = np.asarray(costs, dtype=np.float64)
             if fixed.shape != (self.n_arms,) or not np.all(np.isfinite(fixed)) or np.any(fixed <= 0):
                 raise ValueError(f"costs must be a StepCosts or {self.n_arms} finite costs > 0, got {costs!r}")
         drafts = np.array([pair[0] for pair in pairs], dtype=np.int64)
-        self._arm_draft = np.unique(drafts, return_inverse=True)[1]  # draft ids as 0..D-1
+        plain = drafts < 0
+        real = np.unique(drafts[~plain])
+        # draft ids as 0..D-1; the plain arm gets D, a draft of its own with no posterior
+        self._arm_draft = np.where(plain, len(real), np.searchsorted(real, drafts))
+        self._n_drafts = len(real)
         self._arm_gamma = np.array([pair[1] for pair in pairs], dtype=np.int64)
         self._costs = costs
 
@@ -288,15 +298,32 @@ class GammaThompsonSampling(ThompsonSampling):
         return costs * np.exp(scale * self.rng.standard_normal(costs.shape))
 
     def draft_posterior(self) -> tuple[np.ndarray, np.ndarray]:
-        """Beta parameters (alpha, beta) of each draft's per-token acceptance, arrays [rows, drafts]."""
-        groups = np.zeros((self.n_arms, int(self._arm_draft.max()) + 1))
+        """Beta parameters (alpha, beta) of each draft's per-token acceptance, arrays [rows, drafts] (the plain
+        arm has none)."""
+        groups = np.zeros((self.n_arms, self._n_drafts + 1))
         groups[np.arange(self.n_arms), self._arm_draft] = 1.0
+        groups = groups[:, : self._n_drafts]
         failures = np.maximum(self.trials - self.successes, 0.0)
         return self.prior_alpha + self.successes @ groups, self.prior_beta + failures @ groups
 
+    def update_step(self, arm: Any, num_accepted: Any, gamma: int) -> None:
+        """As `Policy.update_step`; a plain step (γ = 0, nothing drafted, every count 0) is counted as a step
+        and teaches no acceptance."""
+        if check_step_gamma(gamma, plain=True) > 0:
+            super().update_step(arm, num_accepted, gamma)
+            return
+        self._check_arm(arm)
+        counts = np.asarray(num_accepted).reshape(-1)
+        if counts.shape != (self._rows,) or np.any(counts != 0):
+            raise ValueError(f"a plain step (gamma=0) accepts no drafts: num_accepted must be 0 per row, got "
+                             f"{num_accepted!r}")
+        self.t += 1
+
     def _select(self, context: Any) -> np.ndarray:
         alpha, beta = self.draft_posterior()
-        rate = self.rng.beta(alpha, beta)[:, self._arm_draft]  # [rows, arms]: each arm's draft's draw
+        draws = self.rng.beta(alpha, beta)
+        # [rows, arms]: each arm's draft's draw; the plain arm's "draft" reads 1, so its tokens below are 1 + 0
+        rate = np.concatenate([draws, np.ones((self._rows, 1))], axis=1)[:, self._arm_draft]
         exponent = self._arm_gamma + 1.0
         # 1 + α + ... + α^γ, written so α = 1 gives γ + 1 exactly
         below = rate < 1.0

@@ -141,7 +141,8 @@ def generate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gammas", type=parse_gammas, default=None,
                         help="comma-separated γ values, e.g. 2,4,8: the arms become every (draft, γ) pair and the "
                              "bandit learns how far to speculate from measured tokens per second (replaces --gamma; "
-                             "the timings steer the choices, so one --seed no longer fixes the output)")
+                             "the timings steer the choices, so one --seed no longer fixes the output); 0 adds one "
+                             "arm, 'plain' (the last): the target alone, one token per step")
     parser.add_argument("--verify", default="token", choices=["token", "block"],
                         help="token: each draft up to the first rejection; block: the drafted chain as a whole "
                              "(block verification: never fewer accepted tokens, the same exact output law)")
@@ -402,7 +403,7 @@ def prepare_run(args: argparse.Namespace, tp: Any = None) -> Run:
     With `tp` (a flashspec.tp.TensorParallel) the target's layers are sharded over its ranks."""
     from flashspec.cli_models import checkpoint_models, default_models, real_models, zoo_models
     from flashspec.drafters import PromptLookupDrafter
-    from flashspec.front import position_limit
+    from flashspec.front import make_arms, position_limit
     from flashspec.sampling import SamplingParams
 
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p)  # checked already
@@ -424,7 +425,7 @@ def prepare_run(args: argparse.Namespace, tp: Any = None) -> Run:
         drafts = [*drafts, PromptLookupDrafter()]
     if args.policy is None:
         args.policy = "gamma-ts" if args.gammas else "thompson"
-    check_policy(args.policy, len(drafts) * (len(args.gammas) if args.gammas else 1))
+    check_policy(args.policy, len(make_arms(len(drafts), args.gamma, args.gammas)))
     if tp is not None:
         from flashspec.tp import shard_target
 

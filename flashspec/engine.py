@@ -15,7 +15,9 @@ One step (the request front, `flashspec.front.Front`, has checked the request an
 Drafters not chosen catch up lazily the next time they propose.
 
 Adaptive γ (`gammas=`): the arms are (drafter, γ) pairs and the policy learns from the throughput
-reward (tokens per second of each arm's step, `flashspec.rewards.StepCosts`) how far to speculate.
+reward (tokens per second of each arm's step, `flashspec.rewards.StepCosts`) how far to speculate. γ = 0
+among them adds the plain arm: steps 2-4 become one target forward of the pending token and one token sampled
+from it, so the policy may also decide that no draft pays.
 
 Batches (B > 1): rows keep their own lengths. Each row appends its own num_accepted + 1 tokens
 (cut only by its own budget or EOS), so nothing accepted is thrown away and every row is an exact
@@ -44,7 +46,7 @@ from flashspec import models, rng
 from flashspec.checks import check_finite, nonfinite_rows
 from flashspec.drafters import DraftContext, Proposal, as_drafter
 from flashspec.front import (Front, GenerationResult, Request, StepEvent, position_limit, update_policy)
-from flashspec.sampling import SamplingParams
+from flashspec.sampling import SamplingParams, sample_from_logits
 from flashspec.stats import GenerationStats, StepRecord
 from flashspec.verify import verify_with_key
 
@@ -59,7 +61,8 @@ class SpeculativeDecoder(Front):
         policy: a name for `flashspec.bandits.make_policy` or a policy object (select/update/reset).
         gamma: drafted tokens per step (1 <= γ <= 256).
         gammas: None (one arm per draft, at `gamma`), or distinct γ values: then the arms are every
-            (draft, γ) pair, draft-major, named "<draft>@γ=<γ>", and the policy learns from the
+            (draft, γ) pair, draft-major, named "<draft>@γ=<γ>" (γ = 0: one more arm, last, "plain": the
+            target alone, one token per step, no draft), and the policy learns from the
             throughput reward (`flashspec.rewards.StepCosts`: each step's tokens over its arm's
             moving-average wall time, relative to the best arm's rate), so it learns how far to
             speculate as well as which draft. `policy="gamma-ts"` (`bandits.GammaThompsonSampling`)
@@ -132,17 +135,14 @@ class SpeculativeDecoder(Front):
             key = rng.step_key_host(rng.Key.from_seed(seed), step)
             context = state.draft_context(min(self.max_gamma, room), sampling, key)
             arm, proposal = self._choose_and_propose(context, cache, state, seed, step)
-            gamma = proposal.tokens.shape[1]
-            target_logits = self._target_forward(cache, state, proposal.tokens)
-            # the draft's log-probs where it kept them: exactly the q it sampled from, and no pass over its vocabulary
-            given = proposal.log_probs is not None
-            out = verify_with_key(target_logits, proposal.log_probs if given else proposal.logits, proposal.tokens,
-                                  sampling, key, backend=self.backend, draft_is_log_probs=given,
-                                  method=self.verify_method)
+            if proposal is None:  # the plain arm: one target forward, one token from p
+                gamma, (out_tokens, out_accepted, flags) = 0, self._plain_step(cache, state, sampling, key)
+            else:
+                gamma = proposal.tokens.shape[1]
+                out_tokens, out_accepted, flags = self._speculative_step(cache, state, proposal, sampling, key)
             # The one host sync of the step: cache rollback needs the accepted lengths as host ints;
             # the non-finite flag rides along, so checking the models' logits costs no extra sync.
-            flags = nonfinite_rows(target_logits, proposal.logits)
-            host = torch.cat([out.tokens, out.num_accepted.view(-1, 1), flags.view(-1, 1)], dim=1).cpu().tolist()
+            host = torch.cat([out_tokens, out_accepted.view(-1, 1), flags.view(-1, 1)], dim=1).cpu().tolist()
             check_finite([row[-1] for row in host], active_rows, step, self.arm_names[arm])
             num_accepted = [row[-2] for row in host]
             kept = [0] * batch
@@ -158,9 +158,11 @@ class SpeculativeDecoder(Front):
                     active[row] = False
 
             previous_lengths = list(state.lengths)
-            state.append(out.tokens, kept, cache)
+            state.append(out_tokens, kept, cache)
             draft = self.arms[arm][0]
-            self.drafts[draft].rollback([length + max(count - 1, 0) for length, count in zip(previous_lengths, kept)])
+            if draft >= 0:  # the drafters that did not run (all of them after a plain step) catch up when they next do
+                self.drafts[draft].rollback([length + max(count - 1, 0)
+                                             for length, count in zip(previous_lengths, kept)])
             if self.step_costs is not None:  # the step's wall time so far: its cost for the throughput reward
                 switched = None if previous_draft is None else draft != previous_draft
                 self.step_costs.observe(arm, _clock(sync) - step_start, switched)
@@ -191,6 +193,27 @@ class SpeculativeDecoder(Front):
             stats=stats,
         )
 
+    def _speculative_step(self, cache: Any, state: "RowState", proposal: Proposal, sampling: SamplingParams,
+                          key: rng.Key) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The target scores the proposal and `verify` judges it: (tokens [B, γ+1], num_accepted [B], non-finite
+        flags [B]), all on the device."""
+        target_logits = self._target_forward(cache, state, proposal.tokens)
+        # the draft's log-probs where it kept them: exactly the q it sampled from, and no pass over its vocabulary
+        given = proposal.log_probs is not None
+        out = verify_with_key(target_logits, proposal.log_probs if given else proposal.logits, proposal.tokens,
+                              sampling, key, backend=self.backend, draft_is_log_probs=given, method=self.verify_method)
+        return out.tokens, out.num_accepted, nonfinite_rows(target_logits, proposal.logits)
+
+    def _plain_step(self, cache: Any, state: "RowState", sampling: SamplingParams,
+                    key: rng.Key) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The plain arm's step: the target reads each row's pending token and one token is drawn from its warped
+        p with the step's key on the sample stream at position 0, as the fast engine draws it. (tokens [B, 1],
+        num_accepted [B] zeros, non-finite flags [B])."""
+        no_drafts = state.tokens.new_zeros((state.tokens.shape[0], 0))
+        logits = self._target_forward(cache, state, no_drafts)
+        token, _ = sample_from_logits(logits[:, 0], sampling, key, position=0, stream=rng.STREAM_SAMPLE)
+        return token[:, None], torch.zeros_like(token), nonfinite_rows(logits, None)
+
     def _target_forward(self, cache: Any, state: "RowState", draft_tokens: torch.Tensor) -> torch.Tensor:
         """Target logits [B, γ+1, V] for each row's pending token followed by its γ drafts; the γ+1
         new cache columns are attended (mask 1) until `state.append` turns the rejected ones into holes."""
@@ -206,11 +229,13 @@ class SpeculativeDecoder(Front):
 
     def _choose_and_propose(
         self, context: DraftContext, cache: Any, state: "RowState", seed: int, step: int
-    ) -> tuple[int, Proposal]:
+    ) -> tuple[int, Proposal | None]:
         """Pick an arm from the policy (the past only) and get its drafter's proposal of the arm's γ
-        (`context.gamma` caps it where a model's positions end)."""
+        (`context.gamma` caps it where a model's positions end); None for the plain arm (no draft)."""
         arm = self.choose_arm()
         draft, arm_gamma = self.arms[arm]
+        if draft < 0:
+            return arm, None
         context = dataclasses.replace(context, gamma=min(context.gamma, arm_gamma))
         return arm, self.drafts[draft].propose(draft_context(context, seed, step, draft))
 

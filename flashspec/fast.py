@@ -24,7 +24,9 @@ the host taken off the critical path (the step itself lives in `flashspec.fast_s
   lengths (the draft's γ+1 window, the target's γ+1 verify); the buffers are sized by the largest
   γ, the commit always takes that width (shorter arms pad with -1, never emitted), and a lazy draft
   shared by several arms catches up over the tokens appended since it last ran, bounded by the γ+1
-  of every step since (`catch_up_tokens`), which the host knows without reading the device.
+  of every step since (`catch_up_tokens`), which the host knows without reading the device. γ = 0 adds the
+  plain arm: its step (a graph of its own per bucket) is one target forward and one token sampled from it, 1 token
+  appended per row; `FastPlainDecoder` is that arm alone.
 - The host only picks the arm and launches. It reads step t's outcome (accepted counts, finished
   rows, and a flag for non-finite logits) through a pinned-memory copy and an event `lag` steps later, so the
   GPU always has queued work. The policy therefore sees step t only from step t + lag on: the choice at every

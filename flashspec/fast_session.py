@@ -145,7 +145,7 @@ class Session:
         self.device = device
         # compiled query lengths (when asked): decode, every arm's verify/window γ+1, and each γ's
         # commonest catch-up
-        gammas = sorted({arm_gamma for _, arm_gamma in self.arms})
+        gammas = sorted({arm_gamma for draft, arm_gamma in self.arms if draft >= 0})
         verify_lengths = (1, *(g + 1 for g in gammas))
         catch_ups = tuple(dict.fromkeys(catch_up_length(2, g, capacity) for g in gammas))
         options = {"logits_dtype": torch.float32, "compile": decoder.compile, "compile_scope": decoder.compile_scope}
@@ -240,31 +240,18 @@ class Session:
         draft.forward(b.seq.gather(1, span), span, bucket, last)
 
     def step(self, arm: int, bucket: int) -> None:
-        """One speculative step for `arm` with attention over `bucket` slots: device work only."""
+        """One speculative step for `arm` with attention over `bucket` slots: device work only. The plain arm
+        (draft index -1) samples one token from the target instead (`plain_step`)."""
         (index, gamma), b, params = self.arms[arm], self.buffers, self.sampling
         offsets = torch.arange(gamma + 1, device=self.device)
         out_offsets = torch.arange(self.max_gamma + 1, device=self.device)     # the commit's fixed width
         key, prefixes = self.prologue(b.seed_key, b.step, self.prefixes_of)
         last = b.lengths - 1                                                   # [B] the pending token
-        if not self.drafts:  # plain decoding: one token per step from the target
-            logits = self.target.forward(b.seq.gather(1, last[:, None]), last[:, None], bucket)[:, 0]
-            token, _ = self.sample(logits, params, key, position=0, stream=rng.STREAM_SAMPLE)
-            padded = torch.cat([token[:, None], torch.full_like(token[:, None], -1)], 1)  # the [B, γ+1] layout, γ = 1
-            self.commit(b, padded, torch.zeros_like(token), offsets, nonfinite_rows(logits[:, None], None))
+        if index < 0:
+            self.plain_step(bucket, key, last, out_offsets)
             return
         chosen = self.drafts[index]
-        logits = None
-        # the window: the last γ+1 tokens; with "all", the last Γ+1 (Γ the largest γ), so that no
-        # step appends more than a draft re-reads and none ever needs a catch-up
-        span = self.max_gamma if self.sync_all else gamma
-        window = (last[:, None] - span + torch.arange(span + 1, device=self.device)).clamp(min=0)  # [B, span+1]
-        window_tokens = b.seq.gather(1, window)
-        at_end = torch.full((self.batch, 1), span, dtype=torch.long, device=self.device)
-        for draft in self.drafts:  # "all": every model draft re-reads the window; "lazy": the chosen one
-            if isinstance(draft, runner.LlamaRunner) and (draft is chosen or self.sync_all):
-                out = draft.forward(window_tokens, window, bucket, at_end)
-                if draft is chosen:
-                    logits = models.fit_vocab(out[:, 0], self.vocab)           # [B, V]
+        logits = self.windows(bucket, last, gamma, chosen)
         if isinstance(chosen, PromptLookupDrafter):
             drafted, draft_logits = self._lookup(chosen, bucket, gamma), None
         else:
@@ -291,6 +278,36 @@ class Session:
         if gamma < self.max_gamma:  # -1 past the γ+1 verified tokens: never emitted (offset > num_accepted)
             out_tokens = torch.nn.functional.pad(out_tokens, (0, self.max_gamma - gamma), value=-1)
         self.commit(b, out_tokens, num_accepted, out_offsets, nonfinite_rows(target_logits, draft_logits))
+
+    def windows(self, bucket: int, last: torch.Tensor, gamma: int, chosen: Any) -> torch.Tensor | None:
+        """The drafts' window forwards before a step: the chosen model draft re-reads the last γ+1 tokens
+        (`last` [B]: the pending token's position); with "all", every model draft re-reads the last Γ+1 (Γ the
+        largest γ), so that no step appends more than a draft re-reads and none ever needs a catch-up. Returns the
+        chosen draft's logits [B, V] at the pending token (None when it is no model draft)."""
+        span = self.max_gamma if self.sync_all else gamma
+        window = (last[:, None] - span + torch.arange(span + 1, device=self.device)).clamp(min=0)  # [B, span+1]
+        window_tokens = self.buffers.seq.gather(1, window)
+        at_end = torch.full((self.batch, 1), span, dtype=torch.long, device=self.device)
+        logits = None
+        for draft in self.drafts:
+            if isinstance(draft, runner.LlamaRunner) and (draft is chosen or self.sync_all):
+                out = draft.forward(window_tokens, window, bucket, at_end)
+                if draft is chosen:
+                    logits = models.fit_vocab(out[:, 0], self.vocab)
+        return logits
+
+    def plain_step(self, bucket: int, key: torch.Tensor, last: torch.Tensor, out_offsets: torch.Tensor) -> None:
+        """The plain arm's step: one target forward of the pending token and one token drawn from its warped p
+        with the step's key on the sample stream at position 0 (the eager engine's draw), committed in the
+        [B, Γ+1] layout (-1 past the first column, never emitted). With "all" the model drafts still re-read
+        their window, so none lags; under lazy sync they catch up when next chosen."""
+        b = self.buffers
+        if self.sync_all:
+            self.windows(bucket, last, 0, None)
+        logits = self.target.forward(b.seq.gather(1, last[:, None]), last[:, None], bucket)[:, 0]
+        token, _ = self.sample(logits, self.sampling, key, position=0, stream=rng.STREAM_SAMPLE)
+        padded = torch.nn.functional.pad(token[:, None], (0, self.max_gamma), value=-1)
+        self.commit(b, padded, torch.zeros_like(token), out_offsets, nonfinite_rows(logits[:, None], None))
 
     def _lookup(self, drafter: PromptLookupDrafter, width: int, gamma: int) -> torch.Tensor:
         """Prompt lookup over each row's last `width` tokens, right-aligned as the drafter reads them."""
@@ -330,9 +347,9 @@ class Session:
         return sum(model.captures for model in self.runners())
 
     def catches_up(self, draft: int) -> bool:
-        """Whether draft `draft` (an index; -1 for plain decoding) reads what it missed before its window:
-        a model draft under lazy sync."""
-        return bool(self.drafts) and isinstance(self.drafts[draft], runner.LlamaRunner) and not self.sync_all
+        """Whether draft `draft` (an index; -1 for the plain arm, which has none) reads what it missed before its
+        window: a model draft under lazy sync."""
+        return draft >= 0 and isinstance(self.drafts[draft], runner.LlamaRunner) and not self.sync_all
 
     def capture_all(self, lengths: Sequence[int]) -> int:
         """`FastSpeculativeDecoder.capture_graphs` for this session: returns how many graphs it captured."""
@@ -403,8 +420,8 @@ class Session:
         active = [budget > 0 for budget in budgets]
         known_max = width  # the longest row as of the last step read
         # Per draft model (arms sharing a draft share its cache): at most how many tokens were appended
-        # since its cache was last complete: the γ+1 of each step from its last run on; the prefill
-        # counts as a step of the largest γ (with one γ: the draft is (steps away)·(γ+1) behind).
+        # since its cache was last complete: the γ+1 of each step from its last run on (1 for a plain step);
+        # the prefill counts as a step of the largest γ (with one γ: the draft is (steps away)·(γ+1) behind).
         behind = [self.max_gamma + 1] * len(self.drafts)
         read = 0
 

@@ -9,7 +9,8 @@ sampling, seed, stop and pad ids, every model's positions) into a `Request`, sta
 and hands the request to the engine's `_decode`.
 
 One key schedule: step t of a run with seed s draws every uniform from the key `rng.step_key(Key(s), t)` — the
-verifier on its accept and sample streams, draft d on its own stream `rng.draft_stream(d)`. Both engines compute
+verifier on its accept and sample streams, draft d on its own stream `rng.draft_stream(d)`, a plain step (the arm
+`PLAIN` that `gammas` holding 0 adds) its one token on the sample stream at position 0. Both engines compute
 that key (the fast one on the device, from a step counter its graphs advance), so with the same arm choices the
 same seed gives the same tokens in either engine (up to the rounding of their two forward implementations, which
 can flip a near-tie). They may choose other arms, and so emit other tokens, when the policy learns from the steps:
@@ -48,18 +49,22 @@ def check_gamma(gamma: Any, name: str = "gamma") -> int:
 
 
 def check_gammas(gammas: Any, name: str = "gammas") -> tuple[int, ...] | None:
-    """`gammas` as validated: None, or distinct ints in [1, MAX_GAMMA] (the γ values arms may use)."""
+    """`gammas` as validated: None, or distinct ints in [0, MAX_GAMMA] (the γ values arms may use), at least one
+    of them >= 1. γ = 0 adds the plain-decoding arm (`PLAIN`, named `PLAIN_ARM`: the target alone, one token per step)."""
     if gammas is None:
         return None
     if isinstance(gammas, (str, bytes, int)) or not isinstance(gammas, Sequence) or len(gammas) == 0:
         raise ValueError(f"{name} must be None or a non-empty list of ints, e.g. [2, 4, 8], got {gammas!r}")
     for value in gammas:
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_GAMMA:
-            raise ValueError(f"{name} must hold ints in [1, {MAX_GAMMA}] (drafted tokens per step), got {value!r} "
-                             f"in {list(gammas)!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_GAMMA:
+            raise ValueError(f"{name} must hold ints in [0, {MAX_GAMMA}] (drafted tokens per step; 0 adds the "
+                             f"plain-decoding arm), got {value!r} in {list(gammas)!r}")
     if len(set(gammas)) != len(gammas):
         raise ValueError(f"{name} must not repeat a value (each γ is one arm per draft), got {list(gammas)!r}; "
                          "drop the duplicates")
+    if max(gammas) == 0:
+        raise ValueError(f"{name} must hold a γ >= 1 beside 0, e.g. [0, 2, 4], got {list(gammas)!r}: 0 alone is "
+                         "plain decoding, which runs no draft (use flashspec.FastPlainDecoder for that)")
     return tuple(gammas)
 
 
@@ -133,12 +138,18 @@ class GenerationResult:
     stats: GenerationStats
 
 
+PLAIN = (-1, 0)  # the plain-decoding arm: no draft (index -1), γ = 0; one target forward, one token per step
+PLAIN_ARM = "plain"  # its name beside drafts (every draft arm's name carries "@γ=", so it never collides)
+
+
 def make_arms(n_drafts: int, gamma: int, gammas: tuple[int, ...] | None) -> list[tuple[int, int]]:
-    """The arms as (draft index, γ): one per draft at `gamma`, or every draft × every γ of `gammas`
-    (draft-major: arm = draft · len(gammas) + position of γ)."""
+    """The arms as (draft index, γ): one per draft at `gamma`, or every draft × every γ >= 1 of `gammas`
+    (draft-major: arm = draft · (number of γ >= 1) + position of γ among them), then, when `gammas` holds 0,
+    the plain arm `PLAIN` last, so adding it renumbers no draft arm."""
     if gammas is None:
         return [(draft, gamma) for draft in range(n_drafts)]
-    return [(draft, value) for draft in range(n_drafts) for value in gammas]
+    arms = [(draft, value) for draft in range(n_drafts) for value in gammas if value > 0]
+    return arms + [PLAIN] if 0 in gammas and n_drafts else arms
 
 
 def draft_name(draft: Any, index: int) -> str:
@@ -245,10 +256,14 @@ def update_policy(policy: Any, arm: int, num_accepted: list[int], gamma: int,
     """Reward from one step's acceptances (the past of every later step). With `step_costs` (arms
     of their own γ): the throughput reward, skipped while the arm has no cost yet, unless the policy
     `learns_from_steps` (it reads the costs itself). Otherwise policies with `update_step` (Thompson
-    sampling) get the geometric conjugate update per row; others the mean acceptance fraction in [0, 1]."""
-    if not num_accepted:
+    sampling) get the geometric conjugate update per row; others the mean acceptance fraction in [0, 1].
+    A plain step (γ = 0) drafted nothing: its throughput reward counts its one token per row, a policy that
+    learns from steps gets it with γ = 0 (`GammaThompsonSampling` counts no acceptance from it), and no other
+    policy hears of it without step costs (it has no acceptance to learn from)."""
+    learns_from_steps = getattr(policy, "learns_from_steps", False)
+    if not num_accepted or (gamma == 0 and step_costs is None and not learns_from_steps):
         return
-    if step_costs is not None and not getattr(policy, "learns_from_steps", False):
+    if step_costs is not None and not learns_from_steps:
         reward = step_costs.reward(arm, num_accepted, gamma)
         if reward is not None:
             policy.update(arm, reward)
@@ -257,7 +272,7 @@ def update_policy(policy: Any, arm: int, num_accepted: list[int], gamma: int,
     if callable(update_step):
         for accepted in num_accepted:
             update_step(arm, accepted, gamma)
-    else:
+    elif gamma > 0:
         policy.update(arm, sum(num_accepted) / (gamma * len(num_accepted)))
 
 
@@ -293,8 +308,8 @@ class Front(abc.ABC):
                              "(e.g. [flashspec.PromptLookupDrafter()])")
         self.target = target
         self.drafts: list[Any] = self._accept_drafts(list(drafts))
-        # (draft index, γ) per arm; plain decoding has one arm, the target alone (draft index -1)
-        self.arms = make_arms(len(self.drafts), self.gamma, self.gammas) or [(-1, self.gamma)]
+        # (draft index, γ) per arm; plain decoding has one arm, the target alone (`PLAIN`)
+        self.arms = make_arms(len(self.drafts), self.gamma, self.gammas) or [PLAIN]
         self.max_gamma = max(arm_gamma for _, arm_gamma in self.arms)
         # arms whose drafts run the same compute at the same γ share measured step costs; kept so a caller can
         # start a fresh StepCosts(len(arms), groups=decoder.cost_groups)
@@ -311,13 +326,14 @@ class Front(abc.ABC):
 
     @property
     def arm_names(self) -> list[str]:
-        """One unique name per arm: the draft's name, "@γ=<γ>" added when arms carry their own γ."""
+        """One unique name per arm: the draft's name, "@γ=<γ>" added when arms carry their own γ; the plain arm
+        is `PLAIN_ARM` ("target" when it is the only arm)."""
         if not self.drafts:
             return ["target"]
         names = unique_names([draft_name(draft, index) for index, draft in enumerate(self.drafts)])
         if self.gammas is None:
             return names
-        return [f"{names[draft]}@γ={arm_gamma}" for draft, arm_gamma in self.arms]
+        return [PLAIN_ARM if draft < 0 else f"{names[draft]}@γ={arm_gamma}" for draft, arm_gamma in self.arms]
 
     @property
     def device(self) -> torch.device:

@@ -37,10 +37,12 @@ __all__ = [
 ]
 
 
-def check_step_gamma(gamma: Any) -> int:
-    """A step's drafted tokens as the reward arithmetic and the policies' step updates take them: an int >= 1."""
-    if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < 1:
-        raise ValueError(f"gamma must be an int >= 1, the number of drafted tokens per step (got {gamma!r})")
+def check_step_gamma(gamma: Any, plain: bool = False) -> int:
+    """A step's drafted tokens as the reward arithmetic and the policies' step updates take them: an int >= 1
+    (>= 0 with `plain`: a plain-decoding step drafts none and emits one token)."""
+    least = 0 if plain else 1
+    if isinstance(gamma, bool) or not isinstance(gamma, (int, np.integer)) or gamma < least:
+        raise ValueError(f"gamma must be an int >= {least}, the number of drafted tokens per step (got {gamma!r})")
     return int(gamma)
 
 
@@ -271,11 +273,12 @@ class StepCosts:
                 for cost, tokens in zip(self.costs, self.tokens)]
 
     def reward(self, arm: int, num_accepted: Sequence[int], gamma: int) -> float | None:
-        """The step's relative throughput reward in [0, 1]; None while the arm has no cost yet."""
+        """The step's relative throughput reward in [0, 1]; None while the arm has no cost yet. A plain step
+        (γ = 0, every count 0) emits one token per row."""
         cost = self.costs[arm]
         if cost is None or not len(num_accepted):
             return None
-        tokens = float(np.mean(_check_num_accepted(list(num_accepted), check_step_gamma(gamma)))) + 1.0
+        tokens = float(np.mean(_check_num_accepted(list(num_accepted), check_step_gamma(gamma, plain=True)))) + 1.0
         self.tokens[arm] = self._average(self.tokens[arm], tokens)
         best = max(rate for rate in self.rates() if rate is not None)
         return min(1.0, tokens / cost / (2.0 * best))

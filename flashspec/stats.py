@@ -77,8 +77,8 @@ class GenerationStats:
         return [step.gamma for step in self.steps]
 
     def acceptance_trace(self) -> list[float]:
-        """Per step, the mean over active rows of num_accepted / γ."""
-        return [_mean([n / step.gamma for n in step.num_accepted]) for step in self.steps]
+        """Per step, the mean over active rows of num_accepted / γ (NaN for a plain step: nothing drafted)."""
+        return [_mean([n / step.gamma for n in step.num_accepted]) if step.gamma else math.nan for step in self.steps]
 
     def summary(self) -> dict[str, Any]:
         """Reduced numbers; NaN where there is nothing to average (e.g. zero steps).

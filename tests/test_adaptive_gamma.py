@@ -138,9 +138,10 @@ def test_catch_up_tokens():
 def test_bad_gammas_name_the_fix(pool, engine):
     target, near, _ = pool
     make = ENGINES[engine]
-    for gammas, message in [([], "non-empty"), ("2,4", "list of ints"), ([0, 2], r"ints in \[1, 256\]"),
-                            ([2, 300], r"ints in \[1, 256\]"), ([2, 2.5], r"ints in \[1, 256\]"),
-                            ([2, True], r"ints in \[1, 256\]"), ([4, 2, 4], "drop the duplicates")]:
+    for gammas, message in [([], "non-empty"), ("2,4", "list of ints"), ([-1, 2], r"ints in \[0, 256\]"),
+                            ([2, 300], r"ints in \[0, 256\]"), ([2, 2.5], r"ints in \[0, 256\]"),
+                            ([2, True], r"ints in \[0, 256\]"), ([4, 2, 4], "drop the duplicates"),
+                            ([0, 2, 0], "drop the duplicates"), ([0], r"a γ >= 1 beside 0, e.g. \[0, 2, 4\]")]:
         with pytest.raises(ValueError, match=message):
             make(target, [near], gammas=gammas)
     with pytest.raises(ValueError, match="pass gammas"):
@@ -476,3 +477,190 @@ def test_decoders_share_costs_between_same_size_drafts(pool, engine):
     for a, b in [(0, 2), (1, 3)]:
         assert costs.costs[a] == costs.costs[b] and costs.steps["all"][a] == costs.steps["all"][b]
     assert sum(costs.steps["all"][arm] for arm in (0, 1, 4, 5, 6, 7)) > 0
+
+
+# ------------------------------------------------------------------ the plain arm (γ = 0)
+PLAIN_GAMMAS = (0, 2, 4)  # arms: near@2, near@4, far@2, far@4, plain
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_plain_arm_alone_is_plain_decoding_in_either_engine(pool, temperature):
+    """`gammas` holding 0 adds one arm, "plain", last; a fixed policy on it gives `FastPlainDecoder`'s tokens in
+    either engine for one seed (one target forward and one token per step, drawn with the same key), greedy the
+    target's own greedy `generate`; its steps draft nothing and append one token per row."""
+    target, near, far = pool
+    sampling = fs.SamplingParams(temperature)
+    run = dict(attention_mask=MASK, max_new_tokens=[12, 7, 9], sampling=sampling, seed=4, ignore_eos=True)
+    expected = fs.FastPlainDecoder(target).generate(PROMPTS, **run)
+    for make in ENGINES.values():
+        decoder = make(target, [near, far], policy="fixed", gammas=PLAIN_GAMMAS, policy_kwargs={"arm": 4})
+        assert decoder.arms[4] == (-1, 0) and decoder.arm_names == [
+            "draft0@γ=2", "draft0@γ=4", "draft1@γ=2", "draft1@γ=4", "plain"]
+        result = decoder.generate(PROMPTS, **run)
+        assert torch.equal(result.sequences, expected.sequences), make.__name__
+        steps = result.stats.steps
+        assert len(steps) == 12 and all(s.arm == 4 and s.gamma == 0 and set(s.num_accepted) == {0} and
+                                        set(s.kept) == {1} for s in steps)
+        plain = result.stats.summary()["per_arm"]["plain"]
+        assert plain["selections"] == 12 and plain["gamma"] == 0 and math.isnan(plain["acceptance_rate"])
+        assert all(math.isnan(value) for value in result.stats.acceptance_trace())
+    if temperature == 0:
+        greedy = target.generate(PROMPTS, attention_mask=MASK, max_new_tokens=12, min_new_tokens=12,
+                                 do_sample=False, eos_token_id=None, pad_token_id=2)
+        assert torch.equal(expected.sequences[0], greedy[0])
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_plain_steps_between_draft_steps_give_one_text_in_either_engine(pool, temperature):
+    """A script that mixes the plain arm with both drafts at γ = 2 and 4 (runs of plain steps, then a draft that
+    missed them): the eager engine, the fast one under lazy sync (catching up over the tokens plain steps
+    appended) and under "all" give the same tokens for one seed, the two fast modes the same verdicts step by step;
+    greedy, the target's greedy `generate`."""
+    target, near, far = pool
+    script = [4, 0, 4, 4, 3, 4, 1, 4, 4, 4, 2, 0, 4, 3, 3, 4, 1]
+    run = dict(attention_mask=MASK, max_new_tokens=40, sampling=fs.SamplingParams(temperature), seed=6,
+               ignore_eos=True)
+    runs = {}
+    for name, make, options in [("eager", SpeculativeDecoder, {}), ("lazy", FastSpeculativeDecoder, {}),
+                                ("all", FastSpeculativeDecoder, {"draft_sync": "all"})]:
+        decoder = make(target, [near, far], policy=Script(script), gammas=PLAIN_GAMMAS, **options)
+        result = decoder.generate(PROMPTS, **run)
+        runs[name] = (result.sequences, [(s.arm, s.gamma, s.num_accepted, s.kept) for s in result.stats.steps])
+        if name == "lazy":  # a catch-up (maybe of 0 tokens) before every draft step, none before a plain one
+            catch_ups = decoder._session.catch_ups
+            launched = [script[step % len(script)] for step in range(decoder.policy.t + 1)]  # drained steps too
+            assert max(catch_ups) > 0 and sum(catch_ups.values()) == sum(arm != 4 for arm in launched)
+    assert torch.equal(runs["eager"][0], runs["lazy"][0]) and torch.equal(runs["lazy"][0], runs["all"][0])
+    assert runs["lazy"][1] == runs["all"][1]
+    arms = [arm for arm, *_ in runs["lazy"][1]]
+    assert arms.count(4) >= 6 and len(set(arms)) == 5
+    assert all(set(kept) == {1} and gamma == 0 for arm, gamma, _, kept in runs["lazy"][1] if arm == 4)
+    if temperature == 0:
+        greedy = target.generate(PROMPTS, attention_mask=MASK, max_new_tokens=40, min_new_tokens=40,
+                                 do_sample=False, eos_token_id=None, pad_token_id=2)
+        assert torch.equal(runs["eager"][0], greedy)
+
+
+@pytest.mark.parametrize("policy", ["thompson", "gamma-ts"])
+@pytest.mark.parametrize("engine", ENGINES)
+def test_planted_costs_make_the_bandit_prefer_plain_decoding_when_no_draft_pays(pool, engine, policy):
+    """The unrelated draft is mostly rejected at T = 0: at γ = 2 it makes about 1.3 tokens per step for a cost of 2,
+    where the plain arm makes 1 for a cost of 1, and the bandit settles on plain decoding (gamma-ts: expected tokens
+    1, no acceptance posterior learnt from its steps); made expensive (cost 3), the plain arm is left for the draft.
+    Greedy output stays the target's greedy `generate` whatever the choices."""
+    target, _, far = pool
+    for costs, best in (([2.0, 3.0, 1.0], (-1, 0)), ([1.0, 1.5, 3.0], None)):
+        decoder = ENGINES[engine](target, [far], policy=policy, gammas=(2, 4, 0), arm_costs=costs,
+                                  policy_kwargs={"seed": 0})
+        result = decoder.generate(PROMPTS, attention_mask=MASK, max_new_tokens=60, sampling=fs.SamplingParams(0.0),
+                                  seed=0)
+        expected = target.generate(PROMPTS, attention_mask=MASK, max_new_tokens=60, do_sample=False, eos_token_id=2,
+                                   pad_token_id=2)
+        assert torch.equal(result.sequences, expected)
+        chosen = Counter(decoder.arms[arm] for arm in result.stats.arm_trace[len(result.stats.steps) // 2:])
+        top = chosen.most_common(1)[0][0]
+        assert (top == best) if best else top != (-1, 0), (costs, chosen)
+        if policy == "gamma-ts":
+            assert decoder.policy.trials[0, 2] == 0 and decoder.policy.trials.sum() > 0
+            assert decoder.policy.draft_posterior()[0].shape == (1, 1)
+
+
+def test_gamma_ts_gives_the_plain_arm_one_token_and_learns_no_acceptance_from_it():
+    """Bound with the plain arm (-1, 0): its expected tokens are 1 (it wins when it costs less than a draft's
+    expected tokens per unit cost), its steps are counted but feed no posterior, and a step claiming accepted
+    drafts at γ = 0 is refused."""
+    arms = [(0, 1), (0, 4), (-1, 0)]
+    for accepted, costs, expected in [(0, [1.0, 1.5, 0.8], 2), (1, [1.0, 1.5, 0.8], 1), (0, [1.0, 1.5, 1.2], 0)]:
+        policy = bandits.GammaThompsonSampling(len(arms), seed=0, arms=arms)
+        policy.bind_arms(arms, costs)
+        for _ in range(200):
+            policy.update_step(0, accepted, 1)
+            policy.update_step(2, 0, 0)
+        assert policy.t == 400 and policy.trials[0, 2] == 0 and policy.draft_posterior()[0].shape == (1, 1)
+        picks = Counter(int(policy.select()) for _ in range(200))
+        assert picks.most_common(1)[0][0] == expected, (accepted, costs, picks)
+    with pytest.raises(ValueError, match="a plain step .* num_accepted must be 0"):
+        policy.update_step(2, 1, 0)
+    with pytest.raises(ValueError, match=r"or \(-1, 0\) for the plain arm"):
+        policy.bind_arms([(0, 1), (0, 4), (-1, 1)])
+    policy.select()
+    assert policy.last_draft[0] in (0, 1)  # the plain arm is a "draft" of its own: a switch either way
+
+
+def test_step_costs_reward_a_plain_step_for_its_one_token_per_row():
+    costs = StepCosts(n_arms=2, fixed=[2.0, 1.0])  # a γ = 4 arm, the plain arm
+    assert costs.reward(0, [4], 4) == pytest.approx(0.5)                    # 5 tokens / 2: the best rate
+    assert costs.reward(1, [0, 0], 0) == pytest.approx(1.0 / (2 * 2.5))      # 1 token / 1
+    assert costs.tokens[1] == 1.0
+    with pytest.raises(ValueError, match=r"num_accepted must be in \[0, gamma=0\]"):
+        costs.reward(1, [1], 0)
+    with pytest.raises(ValueError, match="gamma must be an int >= 1"):
+        fs.rewards.throughput(0, 0, 0.1)  # the reward arithmetic of a drafted step still needs γ >= 1
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_plain_arm_names_costs_and_validation(pool, engine):
+    """"plain" never collides with a draft's arm name (those carry "@γ="), the plain arm is a cost group of its own
+    and has a cost of its own in `arm_costs`; γ = 0 is refused as the fixed `gamma`."""
+    target, near, _ = pool
+    make = ENGINES[engine]
+    decoder = make(target, [near, PromptLookupDrafter(name="plain")], gammas=[2, 0])
+    assert decoder.arm_names == ["draft0@γ=2", "plain@γ=2", "plain"] and decoder.arms[-1] == (-1, 0)
+    assert decoder.max_gamma == 2 and decoder.cost_groups[-1] == ("arm", 2)
+    assert len(set(decoder.cost_groups)) == 3
+    with pytest.raises(ValueError, match=r"one cost > 0 per arm \(3 arms\)"):
+        make(target, [near, PromptLookupDrafter()], gammas=[2, 0], arm_costs=[1.0, 1.0])
+    with pytest.raises(ValueError, match=r"gamma must be an int in \[1, 256\]"):
+        make(target, [near], gamma=0)
+
+
+def test_update_policy_never_divides_by_a_plain_steps_zero_drafts():
+    """A plain step reaches a policy only as what it can learn from: the throughput reward (with step costs), or a
+    γ = 0 step for a policy that learns from steps; otherwise nothing (no acceptance fraction 0 / 0)."""
+    from flashspec.front import update_policy
+
+    class Recording:
+        def __init__(self) -> None:
+            self.seen = []
+
+        def select(self) -> int:
+            return 0
+
+        def update(self, arm, reward) -> None:
+            self.seen.append((arm, reward))
+
+    policy = Recording()
+    update_policy(policy, 1, [0, 0], 0)
+    assert policy.seen == []
+    update_policy(policy, 1, [0, 0], 0, StepCosts(2, fixed=[1.0, 1.0]))
+    assert policy.seen == [(1, pytest.approx(0.5))]
+    structured = bandits.GammaThompsonSampling(2, arms=[(0, 2), (-1, 0)])
+    update_policy(structured, 1, [0, 0], 0, StepCosts(2, fixed=[1.0, 1.0]))
+    assert structured.t == 2 and structured.trials.sum() == 0
+
+
+class RawPlainDecoder(SpeculativeDecoder):
+    """Negative control: its plain steps draw from the target's unwarped logits (temperature and top-p ignored),
+    so only the plain arm's tokens leave the target's law."""
+
+    def _plain_step(self, cache, state, sampling, key):
+        return super()._plain_step(cache, state, fs.SamplingParams(1.0), key)
+
+
+@pytest.mark.parametrize("engine", [*ENGINES, "negative-control"])
+def test_output_matches_exact_distribution_with_a_plain_arm(pool, engine):
+    """χ² of the first three tokens against exact enumeration (the family of four statistics at level 0.01,
+    Bonferroni: `passes`) while EXP3 mixes the plain arm with three drafts at γ = 1 and 3, in both engines; the same
+    test rejects a plain step that ignores the warping (T = 0.7, top-p 0.8), so it sees the plain arm's tokens."""
+    target, near, far = pool
+    params = fs.SamplingParams(temperature=0.7, top_p=0.8)
+    make = RawPlainDecoder if engine == "negative-control" else ENGINES[engine]
+    gammas = (1, 3, 0)
+    costs = planted_costs(3, (1, 3)) + [0.5]  # a cheap plain arm: played often enough to be seen
+    decoder = make(target, [near, far, PromptLookupDrafter()], policy="exp3", gammas=gammas,
+                   policy_kwargs={"seed": 0}, arm_costs=costs)
+    continuations, arms, _ = chi2_calls(decoder, params, calls=48)
+    p_values = fit_p_values(continuations, exact_continuations(target, params))
+    plain = len(decoder.arms) - 1
+    assert arms.count(plain) >= 10 and len(set(arms)) == len(decoder.arms), Counter(arms)
+    assert passes(p_values) == (engine != "negative-control"), p_values

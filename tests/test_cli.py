@@ -207,7 +207,8 @@ def test_negative_seed_is_a_seed_error(capsys):
 @pytest.mark.parametrize("option, value", [
     ("--max-new-tokens", "-5"), ("--gamma", "0"), ("--gamma", "100000"), ("--temperature", "-1"),
     ("--temperature", "nan"), ("--temperature", "inf"), ("--top-k", "-1"), ("--top-p", "0"),
-    ("--top-p", "1.5"), ("--top-p", "nan"), ("--dtype", "bogus"), ("--gammas", "2,2"), ("--gammas", "0,3"),
+    ("--top-p", "1.5"), ("--top-p", "nan"), ("--dtype", "bogus"), ("--gammas", "2,2"), ("--gammas", "0"),
+    ("--gammas", "2,-1"),
 ])
 def test_bad_numeric_options_fail_before_any_output(capsys, option, value):
     err = run_failing(capsys, [*BASE, option, value])
@@ -297,6 +298,34 @@ def test_eager_and_fast_engines_print_the_same_text_for_one_seed(capsys, tempera
         captured = capsys.readouterr()
         assert code == 0, captured.err
         texts.append(captured.out)
+    assert texts[0] == texts[1] and len(texts[0]) > len("abcabcab")
+
+
+@pytest.mark.parametrize("arm", ["first", "plain"])
+def test_gammas_with_zero_add_a_plain_arm_that_prints_one_text_in_either_engine(monkeypatch, capsys, tmp_path, arm):
+    """`--gammas 0,2` adds the arm "plain" (last) beside each draft at γ = 2; with `--policy fixed` both engines print
+    the same text for one seed, whether the fixed arm is the first draft's or (a fixed policy on the last arm) the
+    plain one, whose steps then each append one token."""
+    from flashspec import bandits
+
+    class LastArm(bandits.FixedArm):
+        def __init__(self, n_arms, **kwargs):
+            super().__init__(n_arms, arm=n_arms - 1, **kwargs)
+
+    if arm == "plain":
+        monkeypatch.setitem(bandits.POLICIES, "fixed", LastArm)
+    texts = []
+    for engine in ("eager", "fast"):
+        path = tmp_path / f"{engine}.json"
+        code = cli.main([*BASE[:-1], "16", "--prompt", "abcabcab", "--engine", engine, "--seed", "5",
+                         "--temperature", "1", "--gammas", "0,2", "--policy", "fixed", "--json", str(path)])
+        captured = capsys.readouterr()
+        assert code == 0, captured.err
+        texts.append(captured.out)
+        record = json.loads(path.read_text())
+        assert record["arm_names"] == ["draft0@γ=2", "draft1@γ=2", "plain"] and record["arm_gammas"] == [2, 2, 0]
+        plain = record["summary"]["per_arm"]["plain"]
+        assert plain["selections"] == (16 if arm == "plain" else 0)
     assert texts[0] == texts[1] and len(texts[0]) > len("abcabcab")
 
 

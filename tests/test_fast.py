@@ -318,9 +318,65 @@ def test_capture_fill_keeps_the_step_in_its_bucket_and_the_commit_in_the_cache()
                     assert fill >= 1 and fill + gamma <= bucket and fill + top < capacity, (tokens, gammas, bucket, gamma)
 
 
+class Replayed:
+    """A stand-in for a captured CUDA graph on a CPU: replaying it runs the step eagerly."""
+
+    def __init__(self, run) -> None:
+        self.replay = run
+
+
+class Scripted:
+    """A policy that plays `arms` cyclically from the start of every request and learns nothing."""
+
+    def __init__(self, arms: list[int]) -> None:
+        self.arms, self.t = arms, -1
+
+    def on_request_start(self) -> None:
+        self.t = -1
+
+    def select(self) -> int:
+        self.t += 1
+        return self.arms[self.t % len(self.arms)]
+
+    def update(self, arm: int, reward: float) -> None:
+        return None
+
+
+def test_capture_graphs_covers_the_plain_arm_at_every_bucket(pool, monkeypatch):
+    """`capture_graphs` enumerates every graph the step loop can replay, the plain arm's step (γ = 0, no
+    catch-up: it has no draft) at each bucket included: with captures stood in by eager replays, a stream served
+    afterwards that mixes plain and draft steps asks for no new graph and gives a graph-free decoder's tokens."""
+    target, near, far = pool
+    script = [4, 0, 4, 4, 3, 4, 1, 2, 4]  # arms: near@2, near@4, far@2, far@4, plain
+
+    def make():
+        return FastSpeculativeDecoder(target, [near, far], policy=Scripted(script), gammas=[0, 2, 4])
+
+    sampling = fs.SamplingParams(temperature=1.0)
+    decoder = make()
+    decoder.generate(PROMPT[None], max_new_tokens=40, sampling=sampling, seed=1, ignore_eos=True)
+    session = decoder._session
+    monkeypatch.setattr(session, "_capture", Replayed)
+    session.use_graphs = True
+    assert decoder.capture_graphs(range(1, len(PROMPT) + 40 + 5)) > 0
+    plain = decoder.arms.index((-1, 0))
+    buckets = {key[2] for key in session.graphs if key[0] == "step"}
+    assert {key[2] for key in session.graphs if key[:2] == ("step", plain)} == buckets and len(buckets) >= 2
+    assert not any(key[0] == "catch_up" and key[1] == plain for key in session.graphs)
+    before = decoder.graphs_captured
+    served = [decoder.generate(PROMPT[None], max_new_tokens=40, sampling=sampling, seed=seed, ignore_eos=True)
+              for seed in (2, 3)]
+    assert decoder.graphs_captured == before
+    assert any(step.arm == plain for step in served[0].stats.steps)
+    for seed, result in zip((2, 3), served):
+        fresh = make().generate(PROMPT[None], max_new_tokens=40, sampling=sampling, seed=seed, ignore_eos=True)
+        assert torch.equal(result.sequences, fresh.sequences)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: graphs exist only there")
-def test_graphs_captured_ahead_serve_a_stream_without_capturing_and_change_no_token():
+@pytest.mark.parametrize("gammas", [(1, 4), (0, 1, 4)], ids=["drafts", "with-plain"])
+def test_graphs_captured_ahead_serve_a_stream_without_capturing_and_change_no_token(gammas):
     """`capture_graphs` on a GPU, real captures: a stream served afterwards in the session captures nothing, and
     every request's tokens equal those of a decoder that captured as it went (the frozen warm-ups of the
     captures ahead, run between requests at other fills, leave no trace)."""
@@ -339,13 +395,19 @@ def test_graphs_captured_ahead_serve_a_stream_without_capturing_and_change_no_to
         return outputs, decoder.graphs_captured - before
 
     def make():  # fixed arm costs: the throughput reward then does not read step times, so both decoders choose alike
-        # γ = 1 beside Γ = 4 > 2γ: captured at the top bucket, the γ = 1 step's commit writes Γ + 1 columns
-        return FastSpeculativeDecoder(target, drafts, policy="thompson", gamma=4, gammas=[1, 4], arm_costs=[1.0] * 4)
+        # γ = 1 beside Γ = 4 > 2γ: captured at the top bucket, the γ = 1 step's commit writes Γ + 1 columns (the
+        # plain arm's too, from its one token)
+        arms = 2 * 2 + (0 in gammas)
+        return FastSpeculativeDecoder(target, drafts, policy="thompson", gamma=4, gammas=list(gammas),
+                                      arm_costs=[1.0] * arms)
 
-    ahead, captured = serve(make(), True)
+    decoder = make()
+    ahead, captured = serve(decoder, True)
     as_it_went, _ = serve(make(), False)
     assert captured == 0
     assert all(torch.equal(a, b) for a, b in zip(ahead, as_it_went))
+    if 0 in gammas:
+        assert any(key[:2] == ("step", 4) for key in decoder._session.graphs)
 
 
 @pytest.mark.gpu

@@ -194,20 +194,40 @@ def test_check_gamma_is_the_one_range():
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: graphs exist only there")
 
 
+class Cycle:
+    """A policy that plays `arms` in turn and learns nothing."""
+
+    def __init__(self, arms: list[int]) -> None:
+        self.arms, self.t = arms, -1
+
+    def select(self) -> int:
+        self.t += 1
+        return self.arms[self.t % len(self.arms)]
+
+    def update(self, arm: int, reward: float) -> None:
+        return None
+
+
 @needs_cuda
+@pytest.mark.parametrize("plain", [False, True])
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_one_seed_gives_one_text_on_the_gpu_with_graphs(temperature):
+def test_one_seed_gives_one_text_on_the_gpu_with_graphs(temperature, plain):
     """fp32 on CUDA: the eager engine (HF forwards, Triton verify) and the fast one (CUDA graphs, Triton verify)
-    agree token for token for one draft and one seed."""
+    agree token for token for one draft and one seed, and so they do when the draft's steps alternate with the
+    plain arm's (`gammas=[0, 3]`: a graph of its own, one token sampled from the target)."""
     target, near = tiny(0).cuda(), tiny(1, num_layers=1).cuda()
     sampling = fs.SamplingParams(temperature=temperature)
     prompts = PROMPT.expand(2, -1).cuda()
-    eager = fs.SpeculativeDecoder(target, [near], gamma=3)
-    fast = FastSpeculativeDecoder(target, [near], gamma=3, graphs=True)
+    options = (lambda: dict(gammas=[0, 3], policy=Cycle([1, 0, 1, 1, 0]))) if plain else (lambda: dict(gamma=3))
+    eager = fs.SpeculativeDecoder(target, [near], **options())
+    fast = FastSpeculativeDecoder(target, [near], graphs=True, **options())
     outputs = [decoder.generate(prompts, max_new_tokens=24, sampling=sampling, seed=9, ignore_eos=True)
                for decoder in (eager, fast)]
     assert fast.graphs_captured > 0
     assert torch.equal(outputs[0].sequences.cpu(), outputs[1].sequences.cpu())
+    if plain:
+        assert any(key[:2] == ("step", 1) for key in fast._session.graphs)
+        assert [s.arm for s in outputs[0].stats.steps] == [s.arm for s in outputs[1].stats.steps]
 
 
 @needs_cuda
