@@ -1,0 +1,131 @@
+"""What block verification gains over token verification on a real model: tokens per step, paired step by step.
+
+Both methods emit exactly the target's distribution, so the texts they decode follow one law; what differs is how
+many drafts a step keeps. Given the first n drafts x_1..x_n of a step's chain, the probability that a method keeps
+at least n is known in closed form (`expected_accepted`): prod_{j<=n} min(1, p_j(x_j) / q_j(x_j)) for token
+verification, w_n (the capped cumulative ratio) for block verification. Summed over n, each is an unbiased estimate
+of the method's expected drafts kept at that step's context, since the draft sampled the chain. So one run of the
+eager engine with block verification, recording both sums at every step (`Recorder`, around the engine's own
+verify call), compares the two methods on the very same chains: a paired estimate with far less spread than two
+separate runs. The run's realised tokens per step are recorded beside them as a check.
+
+`cpu_draft` distils a two-layer draft of SmolLM2 (its first and last layers, `flashspec.models.draft_from_teacher`)
+on this machine's offline text for a few minutes: a real draft, weaker than the GPU-trained pool.
+"""
+from __future__ import annotations
+
+import contextlib
+import statistics
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+import flashspec as fs
+from flashspec import engine
+from flashspec.sampling import SamplingParams, warp_logits
+from flashspec.verify import draft_log_probs
+
+
+def expected_accepted(log_p_x: torch.Tensor, log_q_x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per chain, the sums over n of P(τ >= n | the first n drafts) under (token, block) verification, [B] each,
+    from the target's and the draft's log-probs [B, γ] at the drafted tokens: prod_{j<=n} min(1, p_j/q_j) for token
+    verification (then the sum is E[τ | chain]) and w_n = min(w_{n-1} p_n / q_n, 1) for block verification. Over
+    chains drawn from the draft, each averages to the method's E[τ]."""
+    ratios = (log_p_x - log_q_x).clamp(max=0.0)
+    token = torch.cumsum(ratios, dim=1).exp().sum(1)
+    sums = torch.cat([torch.zeros_like(log_p_x[:, :1]), torch.cumsum(log_p_x - log_q_x, dim=1)], dim=1)
+    block = (sums - torch.cummax(sums, dim=1).values)[:, 1:].exp().sum(1)
+    return token, block
+
+
+@dataclass
+class Recorder:
+    """The two sums of `expected_accepted` for every verified row, appended as the engine verifies (`record`)."""
+
+    token: list[float] = field(default_factory=list)
+    block: list[float] = field(default_factory=list)
+
+    def observe(self, target_logits: torch.Tensor, draft_logits: torch.Tensor | None, tokens: torch.Tensor,
+                params: SamplingParams, given: bool) -> None:
+        tokens = tokens.long()
+        gamma = tokens.shape[1]
+        log_p = warp_logits(target_logits, params)[:, :gamma].gather(-1, tokens[..., None])[..., 0]
+        log_q = draft_log_probs(draft_logits, tokens, params, target_logits.shape[2], given)
+        token, block = expected_accepted(log_p, log_q.gather(-1, tokens[..., None])[..., 0])
+        self.token += token.tolist()
+        self.block += block.tolist()
+
+
+@contextlib.contextmanager
+def record(recorder: Recorder) -> Iterator[Recorder]:
+    """Every verify call of the eager engine also feeds `recorder` (the verification itself is unchanged)."""
+    original = engine.verify_with_key
+
+    def verify_with_key(target_logits, draft_logits, draft_tokens, params, key, backend="auto",
+                        draft_is_log_probs=False, residual="race", method="token"):
+        recorder.observe(target_logits, draft_logits, draft_tokens, params, draft_is_log_probs)
+        return original(target_logits, draft_logits, draft_tokens, params, key, backend, draft_is_log_probs,
+                        residual, method)
+
+    engine.verify_with_key = verify_with_key
+    try:
+        yield recorder
+    finally:
+        engine.verify_with_key = original
+
+
+def measure_prompt(target: torch.nn.Module, draft: torch.nn.Module, ids: torch.Tensor, sampling: SamplingParams,
+                   gamma: int, new_tokens: int, seed: int) -> dict[str, Any]:
+    """One request of block verification with one draft: its steps, realised tokens per step, and the mean
+    expected tokens per step (1 + E[kept]) of either method over its steps."""
+    decoder = fs.SpeculativeDecoder(target, [draft], policy="fixed", gamma=gamma, verify_method="block")
+    recorder = Recorder()
+    started = time.perf_counter()
+    with record(recorder):
+        result = decoder.generate(ids, max_new_tokens=new_tokens, sampling=sampling, seed=seed)
+    steps = len(result.stats.steps)
+    return {"steps": steps, "generated": int(result.num_generated.sum()), "seconds": time.perf_counter() - started,
+            "realised_tokens_per_step": int(result.num_generated.sum()) / max(steps, 1),
+            "token_expected_tokens_per_step": 1 + statistics.fmean(recorder.token),
+            "block_expected_tokens_per_step": 1 + statistics.fmean(recorder.block)}
+
+
+def summarise(cells: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per-prompt means of a category: each method's expected tokens per step, the gain (block - token) with its
+    standard error over prompts, and the ratio."""
+    token = [cell["token_expected_tokens_per_step"] for cell in cells]
+    block = [cell["block_expected_tokens_per_step"] for cell in cells]
+    gains = [b - t for b, t in zip(block, token)]
+    spread = statistics.stdev(gains) / len(gains) ** 0.5 if len(gains) > 1 else float("nan")
+    return {"prompts": len(cells), "steps": sum(cell["steps"] for cell in cells),
+            "token": statistics.fmean(token), "block": statistics.fmean(block), "gain": statistics.fmean(gains),
+            "gain_standard_error": spread, "gain_min": min(gains), "ratio": statistics.fmean(block) /
+            statistics.fmean(token), "realised_block": statistics.fmean(c["realised_tokens_per_step"] for c in cells)}
+
+
+def draft_layers(teacher: torch.nn.Module) -> tuple[int, int]:
+    """The teacher layers a CPU draft starts from: its first and its last."""
+    return 0, teacher.config.num_hidden_layers - 1
+
+
+def cpu_draft(teacher: torch.nn.Module, tokenizer: Any, steps: int, seed: int = 0, chars: int = 400_000,
+              progress: bool = False) -> tuple[torch.nn.Module, list[float]]:
+    """A two-layer draft of `teacher` (its first and last layers, embedding frozen) distilled on this machine by
+    forward KL for `steps` steps of 8 windows of 128 tokens of the offline prose and Python text
+    (`flashspec_lab.corpora`, train split). Returns the draft and its losses."""
+    from flashspec.models import draft_from_teacher
+    from flashspec_lab import corpora
+    from flashspec_lab.zoo import distill
+    from flashspec_lab.zoo.config import SIZES
+    from flashspec_lab.zoo.training import encode_text
+
+    config = SIZES["smollm2"].with_overrides(context=128, draft_batch_size=8)
+    streams = [encode_text(tokenizer, corpora.assemble_domain(domain, chars).train_text)
+               for domain in ("prose", "python")]
+    draft = draft_from_teacher(teacher, draft_layers(teacher))
+    losses = distill.distill_model(draft, teacher, streams, steps, config, config.draft_lr, seed, torch.device("cpu"),
+                                   "distil", progress)
+    return draft.eval(), losses
