@@ -6,7 +6,9 @@
 # (bench_fast --compile, random TinyLlama/68m shapes), bench-zoo (trained GPU zoo, B=1 and 8),
 # verify (flashspec bench verify), host-profile (experiments/verify_host_profile.py at B = 1, 8 and V = 32000, 128256;
 # PROFILE_TAG ends its file names, e.g. _triton39), interference (experiments/verify_interference.py: the eager step
-# timed after different preceding calls), prefill (experiments/prefill_profile.py: where a request's prefill goes), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
+# timed after different preceding calls), prefill (experiments/prefill_profile.py: where a request's prefill goes), profile-plain
+# (experiments/profile_plain.py: the plain step kernel by kernel beside gpt-fast's; GPT_FAST: a carried checkout,
+# default .peers/gpt-fast), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
 # bitsandbytes must be importable), reproduce (flashspec reproduce t4 --source random: the paper's T4 table on this GPU with
 # TinyLlama/68m-shaped random weights, NF4; bitsandbytes must be importable). TESTS: the test files of the tests phase. Time limits (s): TESTS_LIMIT, BENCH_LIMIT, NF4_LIMIT, VERIFY_LIMIT, PREFILL_LIMIT; PREFILL_ARGS: more
 # prefill_profile options (e.g. --compile default, as the real-pool runs); VERIFY_ARGS: more bench verify options (e.g.
@@ -73,6 +75,9 @@ for name in "$@"; do
            --out "$OUT/verify_ncu_h200.json" ;;
     reproduce) phase "reproduce_t4_$sha" "${REPRODUCE_LIMIT:-300}" python -m experiments.reproduce_t4 --source random \
                --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/reproduce_t4_h200_random.json" ;;
+    profile-plain) phase "profile_plain_$sha" "${PROFILE_LIMIT:-540}" python experiments/profile_plain.py \
+               --gpt-fast "${GPT_FAST:-.peers/gpt-fast}" --timeout "$(( ${PROFILE_LIMIT:-540} - 20 ))" \
+               --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/profile_plain_h200.json" ;;
     prefill) phase "prefill_profile_h200_$sha" "${PREFILL_LIMIT:-150}" python -m experiments.prefill_profile \
                --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/prefill_profile_h200.json" ${PREFILL_ARGS:-} ;;
     *) echo "unknown phase $name" >&2; exit 2 ;;
