@@ -1,7 +1,8 @@
 """Kernel-by-kernel profile of the plain decode step: FlashSpec's fast plain step (and its variants) beside gpt-fast's.
 
-One process per (system, shape, variant), all started together so they compile side by side; each times and
-profiles alone once every process is warm (see `flashspec_lab.step_profile`).
+One process per (system, shape, variant). The processes of one group start together so they compile side by side;
+each times and profiles alone once its group is warm (see `flashspec_lab.step_profile`). The small shapes form one
+group; each system at a large shape forms its own (three 7B processes at once do not fit one 80 GB card).
 
     python experiments/profile_plain.py --gpt-fast ~/gpt-fast --out results/profile_plain_h200.json   # on a GPU
     python experiments/profile_plain.py --smoke --systems flashspec --out /tmp/profile.json           # CPU: it runs
@@ -16,10 +17,46 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flashspec_lab import cli_checks, peers, provenance, step_profile  # noqa: E402
+
+
+LARGE_SHAPES = ("llama-2-7b",)  # one system's processes at a time: their weights and compile workspaces fill a card
+
+
+def job_groups(jobs: list[tuple[str, str, str]]) -> list[list[tuple[str, str, str]]]:
+    """Jobs that run at once: every small-shape job together, then one group per (large shape, system)."""
+    small = [job for job in jobs if job[1] not in LARGE_SHAPES]
+    large: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+    for job in jobs:
+        if job[1] in LARGE_SHAPES:
+            large.setdefault((job[1], job[0]), []).append(job)
+    return ([small] if small else []) + list(large.values())
+
+
+def run_group(group: list[tuple[str, str, str]], forwarded: list[str], timeout: float
+              ) -> Iterator[tuple[str, str, str, dict]]:
+    """Start the group's processes together (they meet at one barrier) and yield each one's cell as it ends."""
+    with tempfile.TemporaryDirectory() as folder:
+        children = []
+        for system, shape, name in group:
+            out = Path(folder) / f"{system}-{shape}-{name}.json"
+            command = [sys.executable, str(Path(__file__).resolve()), *forwarded, "--child", system, shape, name,
+                       folder, str(len(group)), str(out)]
+            children.append((system, shape, name, out, subprocess.Popen(
+                command, env={**os.environ, "PYTHONUNBUFFERED": "1"})))
+        deadline = time.perf_counter() + timeout
+        for system, shape, name, out, child in children:
+            try:
+                child.wait(timeout=max(1.0, deadline - time.perf_counter()))
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+            yield system, shape, name, (json.loads(out.read_text()) if out.is_file()
+                                        else {"error": f"exit {child.returncode}"})
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -70,26 +107,20 @@ def main(argv: list[str] | None = None) -> int:
             for name in (args.variants if system == "flashspec" else ["default"])]
     forwarded = list(argv if argv is not None else sys.argv[1:])
     cells: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory() as folder:
-        children = []
-        for system, shape, name in jobs:
-            out = Path(folder) / f"{system}-{shape}-{name}.json"
-            command = [sys.executable, str(Path(__file__).resolve()), *forwarded, "--child", system, shape, name,
-                       folder, str(len(jobs)), str(out)]
-            children.append((system, shape, name, out, subprocess.Popen(
-                command, env={**os.environ, "PYTHONUNBUFFERED": "1"})))
-        deadline = time.perf_counter() + args.timeout
-        for system, shape, name, out, child in children:
-            try:
-                child.wait(timeout=max(1.0, deadline - time.perf_counter()))
-            except subprocess.TimeoutExpired:
-                child.kill()
-            cell = json.loads(out.read_text()) if out.is_file() else {"error": f"exit {child.returncode}"}
+    groups = job_groups(jobs)
+    deadline = time.perf_counter() + args.timeout
+    weights = [2.0 if group[0][1] not in LARGE_SHAPES else 1.0 for group in groups]
+    for index, group in enumerate(groups):
+        # each group gets its share of what is left (the many-process small group twice a large one's), so an
+        # early group cannot starve the later ones and time one leaves unused passes on
+        share = (deadline - time.perf_counter()) * weights[index] / sum(weights[index:])
+        for system, shape, name, cell in run_group(group, forwarded, share):
             cells.setdefault(shape, {})[f"{system}/{name}"] = cell
             print(f"profile_plain: {system}/{name} at {shape}: "
                   f"{cell.get('tok_s_median', cell.get('error', ''))}", file=sys.stderr, flush=True)
             if args.out:
-                provenance.write_result(args.out, record, {**settings, "jobs": jobs}, {"cells": cells})
+                provenance.write_result(args.out, record, {**settings, "jobs": jobs, "groups": groups},
+                                        {"cells": cells})
     for shape, systems in cells.items():
         for label, cell in systems.items():
             if "profile" in cell:
