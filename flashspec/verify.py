@@ -315,8 +315,9 @@ def block_acceptance(log_p: torch.Tensor, log_q: torch.Tensor, log_p_x: torch.Te
     - q_n(x)) is the residual mass left after prefix n. Prefix n in 1..γ-1 passes with probability
     h_n = Z_n / (Z_n + 1 - w_n) (1 where w_n = 1 and Z_n = 0), prefix γ with h_γ = w_γ, each on its own uniform
     (`accept_u[:, n - 1]`), and τ is the longest prefix that passed (0 if none): a failure does not end the scan.
-    These thresholds make P(τ >= n | drafts) = w_n, which is what the book's proof needs. `log_p` [B, γ+1, V] and
-    `log_q` [B, γ, V] are the warped log-probs, `log_p_x`, `log_q_x` [B, γ] theirs at the drafted tokens."""
+    These thresholds make P(τ >= n | the first n drafts) = w_n, which is what the proof (chapter 7) needs.
+    `log_p` [B, γ+1, V] and `log_q` [B, γ, V] are the warped log-probs, `log_p_x`, `log_q_x` [B, γ] theirs at the
+    drafted tokens."""
     batch, gamma = log_p_x.shape
     device = log_p_x.device
     sums = torch.cat([torch.zeros(batch, 1, device=device), torch.cumsum(log_p_x - log_q_x, dim=1)], dim=1)

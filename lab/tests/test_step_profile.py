@@ -42,3 +42,17 @@ def test_one_process_profiles_at_smoke_shapes(tmp_path):
     assert cell["tok_s_median"] > 0 and set(cell["profile"]) == {"kernels_per_step", "kernel_us_per_step", "top"}
     step_profile.run_child("gpt-fast", "smollm2-135m", "default", {**settings, "gpt_fast": str(tmp_path)}, None, 1, out)
     assert "a checkout of pytorch-labs/gpt-fast" in json.loads(out.read_text())["error"]
+
+
+def test_profile_plain_groups_fit_one_card():
+    """Small shapes start together; each system at a large shape runs alone (three 7B processes overflow 80 GB)."""
+    from experiments.profile_plain import LARGE_SHAPES, job_groups
+
+    jobs = [(system, shape, name) for shape in ("tinyllama-1.1b", "smollm2-135m", "llama-2-7b")
+            for system, name in (("flashspec", "default"), ("flashspec", "math"), ("gpt-fast", "default"))]
+    groups = job_groups(jobs)
+    assert sorted(job for group in groups for job in group) == sorted(jobs)
+    assert groups[0] == [job for job in jobs if job[1] not in LARGE_SHAPES]
+    assert [{(shape, system) for system, shape, _ in group} for group in groups[1:]] == [
+        {("llama-2-7b", "flashspec")}, {("llama-2-7b", "gpt-fast")}]
+    assert job_groups([job for job in jobs if job[1] == "llama-2-7b"])[0][0][1] == "llama-2-7b"
