@@ -11,9 +11,7 @@ the same drafted chain (see `flashspec_lab.block_gain`). The JSON is rewritten a
 from __future__ import annotations
 
 import argparse
-import os
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -21,7 +19,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from flashspec import real  # noqa: E402
-from flashspec.models import draft_from_teacher  # noqa: E402
 from flashspec.sampling import SamplingParams  # noqa: E402
 from flashspec_lab import block_gain, cli_checks, provenance, workloads  # noqa: E402
 
@@ -44,28 +41,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def load_draft(target: torch.nn.Module, tokenizer, steps: int, seed: int) -> tuple[torch.nn.Module, dict]:
-    """The distilled CPU draft of `steps` steps: from the cache when it holds one, else distilled and cached."""
-    cache = Path(os.environ.get(real.CACHE_ENV, Path.home() / ".cache" / "flashspec")) / "block_gain"
-    path = cache / f"smollm2_draft_{steps}_{seed}.pt"
-    started = time.perf_counter()
-    if path.is_file():
-        saved = torch.load(path, weights_only=True)
-        draft = draft_from_teacher(target, block_gain.draft_layers(target))
-        draft.load_state_dict(saved["state"])
-        return draft.eval(), {"steps": steps, "losses": saved["losses"], "cached": True}
-    draft, losses = block_gain.cpu_draft(target, tokenizer, steps, seed, progress=True)
-    cache.mkdir(parents=True, exist_ok=True)
-    torch.save({"state": draft.state_dict(), "losses": losses}, path)
-    return draft, {"steps": steps, "losses": losses, "cached": False, "seconds": time.perf_counter() - started}
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     record = provenance.record(git_sha=None)
     target, tokenizer = real.load_real("smollm2", device="cpu", dtype=torch.float32)
-    draft, draft_record = load_draft(target, tokenizer, args.draft_steps, args.seed)
+    draft, draft_record = block_gain.cached_cpu_draft(target, tokenizer, args.draft_steps, args.seed)
     settings = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised, fp32)", "device": "cpu",
                 "draft": {"layers": list(block_gain.draft_layers(target)), **draft_record},
                 "categories": args.categories, "prompts_per_category": args.prompts,

@@ -15,10 +15,12 @@ on this machine's offline text for a few minutes: a real draft, weaker than the 
 from __future__ import annotations
 
 import contextlib
+import os
 import statistics
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -129,3 +131,23 @@ def cpu_draft(teacher: torch.nn.Module, tokenizer: Any, steps: int, seed: int = 
     losses = distill.distill_model(draft, teacher, streams, steps, config, config.draft_lr, seed, torch.device("cpu"),
                                    "distil", progress)
     return draft.eval(), losses
+
+
+def cached_cpu_draft(target: torch.nn.Module, tokenizer: Any, steps: int, seed: int) -> tuple[torch.nn.Module, dict]:
+    """The distilled CPU draft of `steps` steps (`cpu_draft`): from the cache ($FLASHSPEC_CACHE/block_gain) when it
+    holds one, else distilled and cached. Returns the draft and a record of its distillation."""
+    from flashspec import real
+    from flashspec.models import draft_from_teacher
+
+    cache = Path(os.environ.get(real.CACHE_ENV, Path.home() / ".cache" / "flashspec")) / "block_gain"
+    path = cache / f"smollm2_draft_{steps}_{seed}.pt"
+    started = time.perf_counter()
+    if path.is_file():
+        saved = torch.load(path, weights_only=True)
+        draft = draft_from_teacher(target, draft_layers(target))
+        draft.load_state_dict(saved["state"])
+        return draft.eval(), {"steps": steps, "losses": saved["losses"], "cached": True}
+    draft, losses = cpu_draft(target, tokenizer, steps, seed, progress=True)
+    cache.mkdir(parents=True, exist_ok=True)
+    torch.save({"state": draft.state_dict(), "losses": losses}, path)
+    return draft, {"steps": steps, "losses": losses, "cached": False, "seconds": time.perf_counter() - started}
