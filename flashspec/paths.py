@@ -31,13 +31,9 @@ from flashspec.verify import check_shapes, check_values, draft_log_probs
 
 @dataclass(frozen=True)
 class PathsOutput:
-    """One multi-path step for B rows.
-
-    tokens:       LongTensor [B, γ+1]: the accepted drafts, the emitted token at index `num_accepted`, then -1.
-    num_accepted: LongTensor [B] in [0, γ].
-    path:         LongTensor [B]: a path whose first `num_accepted` tokens are the accepted ones (the first such
-                  path): the one whose target keys and values the cache keeps.
-    """
+    """One multi-path step for B rows: `tokens` [B, γ+1] (the accepted drafts, the emitted token at index
+    `num_accepted`, then -1), `num_accepted` [B] in [0, γ], and `path` [B], the first path whose first
+    `num_accepted` tokens are the accepted ones (the one whose target keys and values a cache keeps)."""
 
     tokens: torch.Tensor
     num_accepted: torch.Tensor
