@@ -18,23 +18,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from flashspec import real  # noqa: E402
-from flashspec.sampling import SamplingParams  # noqa: E402
-from flashspec_lab import block_gain, cli_checks, paths_gain, provenance, workloads  # noqa: E402
+from flashspec_lab import block_gain, cli_checks, paths_gain, provenance  # noqa: E402
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--out", required=True, help="JSON file to write")
-    parser.add_argument("--categories", nargs="+", default=list(workloads.CATEGORIES), choices=workloads.CATEGORIES)
-    parser.add_argument("--prompts", type=int, default=4, help="prompts per category (the first of each)")
-    parser.add_argument("--temperatures", nargs="+", type=float, default=[1.0])
+    block_gain.add_real_options(parser, prompts=4, temperatures=[1.0], new_tokens=64)
     parser.add_argument("--chains", type=int, default=3, help="chains drafted per step (K)")
-    parser.add_argument("--gamma", type=int, default=4)
-    parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--draws", type=int, default=32, help="verify draws per step for the multi-path estimate")
-    parser.add_argument("--draft-steps", type=int, default=240, help="distillation steps of the CPU draft")
-    parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     cli_checks.output_file(parser, "--out", args.out)
     for name in ("prompts", "chains", "gamma", "new_tokens", "draws", "draft_steps"):
@@ -47,39 +38,20 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     torch.manual_seed(args.seed)
     record = provenance.record(git_sha=None)
-    target, tokenizer = real.load_real("smollm2", device="cpu", dtype=torch.float32)
-    draft, draft_record = block_gain.cached_cpu_draft(target, tokenizer, args.draft_steps, args.seed)
-    served = [p for c in args.categories for p in workloads.prompts([c])[: args.prompts]]
-    settings = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised, fp32)", "device": "cpu",
-                "draft": {"layers": list(block_gain.draft_layers(target)), **draft_record},
-                "categories": args.categories, "prompts_per_category": args.prompts,
-                "prompt_set_sha256": workloads.fingerprint(served), "temperatures": args.temperatures,
-                "chains": args.chains, "gamma": args.gamma, "new_tokens": args.new_tokens, "draws": args.draws,
-                "seed": args.seed, "torch_threads": torch.get_num_threads()}
-    results: dict = {"cells": {}, "summary": {}}
-    for temperature in args.temperatures:
-        label = f"T={temperature:g}"
-        results["cells"][label], results["summary"][label] = {}, {}
-        for category in args.categories:
-            cells = []
-            for prompt in workloads.prompts([category])[: args.prompts]:
-                cell = paths_gain.measure_prompt(target, draft, workloads.render(tokenizer, prompt),
-                                                 SamplingParams(temperature), args.chains, args.gamma,
-                                                 args.new_tokens, args.seed, args.draws)
-                cells.append({"prompt": prompt.id, **cell})
-                results["cells"][label][category] = cells
-                results["summary"][label][category] = paths_gain.summarise(cells, args.chains)
-                provenance.write_result(args.out, record, settings, results)
-                print(f"{label} {category} {prompt.id}: block {cell['block_expected_tokens_per_step']:.3f} "
-                      f"paths{args.chains} {cell[f'paths{args.chains}_expected_tokens_per_step']:.3f} "
-                      f"({cell['seconds']:.0f} s)", flush=True)
-        every = [cell for cells in results["cells"][label].values() for cell in cells]
-        results["summary"][label]["mixed"] = paths_gain.summarise(every, args.chains)
-        provenance.write_result(args.out, record, settings, results)
+    target, draft, tokenizer, settings = block_gain.real_pair(args)
+    settings |= {"chains": args.chains, "draws": args.draws}
+    chains = args.chains
+    results = block_gain.run_prompts(
+        args, tokenizer, args.out, record, settings,
+        lambda ids, sampling: paths_gain.measure_prompt(target, draft, ids, sampling, chains, args.gamma,
+                                                        args.new_tokens, args.seed, args.draws),
+        lambda cells: paths_gain.summarise(cells, chains),
+        lambda cell: (f"block {cell['block_expected_tokens_per_step']:.3f} "
+                      f"paths{chains} {cell[f'paths{chains}_expected_tokens_per_step']:.3f}"))
     for label, categories in results["summary"].items():
         for category, row in categories.items():
             print(f"{label:6s} {category:14s} token {row['token']:.3f}  block {row['block']:.3f}  "
-                  f"paths{args.chains} {row[f'paths{args.chains}']:.3f}  ({row['paths_over_block']:.3f}× block)")
+                  f"paths{chains} {row[f'paths{chains}']:.3f}  ({row['paths_over_block']:.3f}× block)")
     return 0
 
 

@@ -151,3 +151,59 @@ def cached_cpu_draft(target: torch.nn.Module, tokenizer: Any, steps: int, seed: 
     cache.mkdir(parents=True, exist_ok=True)
     torch.save({"state": draft.state_dict(), "losses": losses}, path)
     return draft, {"steps": steps, "losses": losses, "cached": False, "seconds": time.perf_counter() - started}
+
+
+def add_real_options(parser: Any, prompts: int, temperatures: list[float], new_tokens: int) -> None:
+    """The options the real-model CPU drivers share (output, prompt set, sampling, draft), with their defaults."""
+    from flashspec_lab import workloads
+
+    parser.add_argument("--out", required=True, help="JSON file to write")
+    parser.add_argument("--categories", nargs="+", default=list(workloads.CATEGORIES), choices=workloads.CATEGORIES)
+    parser.add_argument("--prompts", type=int, default=prompts, help="prompts per category (the first of each)")
+    parser.add_argument("--temperatures", nargs="+", type=float, default=temperatures)
+    parser.add_argument("--gamma", type=int, default=4)
+    parser.add_argument("--new-tokens", type=int, default=new_tokens)
+    parser.add_argument("--draft-steps", type=int, default=240, help="distillation steps of the CPU draft")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def real_pair(args: Any) -> tuple[torch.nn.Module, torch.nn.Module, Any, dict[str, Any]]:
+    """SmolLM2 on the CPU, its cached CPU draft, the tokenizer, and the settings every such record shares."""
+    from flashspec import real
+    from flashspec_lab import workloads
+
+    target, tokenizer = real.load_real("smollm2", device="cpu", dtype=torch.float32)
+    draft, draft_record = cached_cpu_draft(target, tokenizer, args.draft_steps, args.seed)
+    served = [p for c in args.categories for p in workloads.prompts([c])[: args.prompts]]
+    settings = {"model": "SmolLM2-135M-Instruct (Q4_1 GGUF, dequantised, fp32)", "device": "cpu",
+                "draft": {"layers": list(draft_layers(target)), **draft_record},
+                "categories": args.categories, "prompts_per_category": args.prompts,
+                "prompt_set_sha256": workloads.fingerprint(served), "temperatures": args.temperatures,
+                "gamma": args.gamma, "new_tokens": args.new_tokens, "seed": args.seed,
+                "torch_threads": torch.get_num_threads()}
+    return target, draft, tokenizer, settings
+
+
+def run_prompts(args: Any, tokenizer: Any, out: str, record: dict, settings: dict,
+                measure: Any, summarise: Any, describe: Any) -> dict[str, Any]:
+    """Every prompt of every category at every temperature through `measure(ids, sampling)`, the summaries per
+    category and mixed (`summarise(cells)`), the JSON rewritten after every prompt; `describe(cell)` is its line."""
+    from flashspec_lab import provenance, workloads
+
+    results: dict = {"cells": {}, "summary": {}}
+    for temperature in args.temperatures:
+        label = f"T={temperature:g}"
+        results["cells"][label], results["summary"][label] = {}, {}
+        for category in args.categories:
+            cells = []
+            for prompt in workloads.prompts([category])[: args.prompts]:
+                cell = measure(workloads.render(tokenizer, prompt), SamplingParams(temperature))
+                cells.append({"prompt": prompt.id, **cell})
+                results["cells"][label][category] = cells
+                results["summary"][label][category] = summarise(cells)
+                provenance.write_result(out, record, settings, results)
+                print(f"{label} {category} {prompt.id}: {describe(cell)} ({cell['seconds']:.0f} s)", flush=True)
+        every = [cell for cells in results["cells"][label].values() for cell in cells]
+        results["summary"][label]["mixed"] = summarise(every)
+        provenance.write_result(out, record, settings, results)
+    return results
