@@ -26,22 +26,16 @@ import torch
 
 from flashspec import rng
 from flashspec.sampling import SamplingParams, block_race, warp_logits
-from flashspec.verify import check_shapes, check_values, draft_log_probs
+from flashspec.verify import VerifyOutput, check_shapes, check_values, draft_log_probs
 
 
 @dataclass(frozen=True)
-class PathsOutput:
-    """One multi-path step for B rows: `tokens` [B, γ+1] (the accepted drafts, the emitted token at index
-    `num_accepted`, then -1), `num_accepted` [B] in [0, γ], and `path` [B], the first path whose first
-    `num_accepted` tokens are the accepted ones (the one whose target keys and values a cache keeps)."""
+class PathsOutput(VerifyOutput):
+    """One multi-path step for B rows: `VerifyOutput`'s `tokens` and `num_accepted`, and `path` [B], the first
+    path whose first `num_accepted` tokens are the accepted ones (the one whose target keys and values a cache
+    keeps)."""
 
-    tokens: torch.Tensor
-    num_accepted: torch.Tensor
     path: torch.Tensor
-
-    @property
-    def num_emitted(self) -> torch.Tensor:
-        return self.num_accepted + 1
 
 
 def verify_paths(

@@ -174,9 +174,8 @@ def correction_law(method: str, chain: tuple[int, ...], tau: int) -> list[Fracti
     """The law of the token emitted after the tau kept drafts."""
     if tau == GAMMA:
         return list(P[chain])
-    weight = chain_weights(chain)[tau] if method.startswith("block") else 1
-    if method == "block, token residual":
-        weight = Fraction(1)
+    block_residual = method in ("block", "block, ratio thresholds")
+    weight = chain_weights(chain)[tau] if block_residual else Fraction(1)
     mass = residual(tau, chain, weight)
     return [m / sum(mass) for m in mass] if sum(mass) > 0 else list(P[chain[:tau]])
 
