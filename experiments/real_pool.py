@@ -21,12 +21,30 @@ its timing anyway (a policy rewarded by step times can leave the replay's arms).
 Every part is written to the JSON as soon as it is done (the speed part per sampling setting, the adaptive-γ part
 per contestant, marked "partial" until it ends); a part that fails records its error beside what it wrote.
 
+`--workload` picks what parts 3-6 serve. ``corpus`` (default): the pool's held-out prompts of its zoo domains, and
+the oracle of part 3 is each domain's draft of highest exact acceptance from part 2 (the specialist named after the
+domain when part 2 is not run). ``chat``: the chat prompt set (`flashspec_lab.workloads`, `--categories`), each
+prompt rendered through the pool tokenizer's chat template; its categories are the domains, each category's prompts
+are served in an order drawn from `--seed`, and `--requests` defaults to one `--block` per category. The corpora's
+acceptance says nothing of a category, so part 3's oracle is measured in the run: every fixed draft serves the
+distinct requests of both switching workloads at T = 1, and each category gets the draft with the most tokens per
+step there (recorded with `oracle_from` and `oracle_tokens_per_step`). Part 2 still measures the pool on its corpora.
+
+`--verify-methods` names how each speculative step is verified (`flashspec.sampling.METHODS`: ``token``, ``block``);
+parts 3-6 run once per method, one after the other, each with its own decoders, under the part's name for ``token``
+(the layout of every earlier record) and ``<part>[block]`` for block verification; every such part records its
+``verify_method``. Per domain (zoo domain or chat category) the speed part reports each method's tokens per step,
+tok/s and ratio to fast plain of its last round, the switching part each contestant's tokens per step and the
+adaptive-γ part each contestant's.
+
     python experiments/real_pool.py --out results/real_pool_h200.json
+    python experiments/real_pool.py --workload chat --verify-methods token block --out results/real_pool_chat_h200.json
 """
 from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
 import sys
 import time
@@ -39,15 +57,26 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashspec as fs  # noqa: E402
-from flashspec_lab import cli_checks, provenance, switching, zoo  # noqa: E402
+from flashspec_lab import cli_checks, provenance, switching, workloads, zoo  # noqa: E402
 from flashspec_lab.zoo import distill  # noqa: E402
 from flashspec.bandits import make_policy  # noqa: E402
 from flashspec.drafters import PromptLookupDrafter  # noqa: E402
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
 from flashspec.rewards import StepCosts  # noqa: E402
+from flashspec.sampling import METHODS as VERIFY_METHODS  # noqa: E402
 
 
 PARTS = ("quality", "switching", "speed", "adaptive_gamma", "anatomy")
+WORKLOADS = ("corpus", "chat")  # --workload: the pool's zoo domains, or the chat prompt set's categories
+CHAT_TEACHERS = ("smollm2",)  # teachers whose tokenizer carries a chat template, which workloads.render needs
+SWITCHING_T = 1.0  # the temperature of the switching part's streams (and of the chat oracle's measurement)
+ORACLE_FROM = {
+    "quality": "per domain, the draft of highest exact acceptance Σ min(p, q) at T = 1 on held-out corpus text "
+               "(the quality part)",
+    "names": "per domain, the specialist named after it (the quality part was not run)",
+    "fixed": "fixed drafts per category: each category's draft of most tokens per step, every fixed draft serving "
+             "the distinct requests of both switching workloads at T = 1 in this run",
+}
 
 
 PER_ARM = ":per-arm"  # a --gamma-policies suffix: the policy with per-arm costs (no cost groups)
@@ -63,12 +92,126 @@ def gamma_policy(name: str) -> tuple[str, bool, int | None]:
     return policy, per_arm, int(gamma) if gamma else None
 
 
+def part_key(part: str, method: str) -> str:
+    """Where a part verified by `method` goes in the record's results: under the part's name for token verification
+    (the layout of every record before --verify-methods), `part[method]` for another method."""
+    return part if method == "token" else f"{part}[{method}]"
+
+
+def chat_order(categories: list[str], seed: int) -> dict[str, list[workloads.Prompt]]:
+    """Each category's chat prompts (`workloads.prompts`) in an order drawn from `seed`, one shuffle per category in
+    the order given: the switching workloads take a category's prompts in this order, so `seed` fixes which prompts
+    a run serves and in what order."""
+    chooser = random.Random(seed)
+    ordered = {}
+    for category in categories:
+        prompts = workloads.prompts([category])
+        ordered[category] = chooser.sample(prompts, len(prompts))
+    return ordered
+
+
+def render_domains(tokenizer: Any, ordered: dict[str, list[workloads.Prompt]]) -> dict[str, list[list[int]]]:
+    """The switching workloads' prompts (category -> token-id lists) of `chat_order`'s prompts, each rendered through
+    the tokenizer's chat template up to the assistant header (`workloads.render`), so the model answers."""
+    return {category: [workloads.render(tokenizer, prompt)[0].tolist() for prompt in prompts]
+            for category, prompts in ordered.items()}
+
+
+def oracle_requests(streams: list[list[switching.Request]]) -> list[switching.Request]:
+    """The distinct requests (domain and prompt) of `streams`, in first-served order: what every fixed draft serves
+    to measure the chat oracle, so each category any workload serves is measured on the prompts it serves."""
+    seen: set[tuple[str, tuple[int, ...]]] = set()
+    distinct = []
+    for request in (request for served in streams for request in served):
+        key = (request.domain, tuple(request.prompt_ids))
+        if key not in seen:
+            seen.add(key)
+            distinct.append(request)
+    return distinct
+
+
+def budget_tokens(run: dict[str, Any], requests: int, new_tokens: int) -> list[int]:
+    """Each request's generated tokens in a `switching.serve_stream` run of `requests` requests, which reports only
+    the total: its whole budget `new_tokens`, since every stream here ignores EOS. A total that says otherwise is a
+    ValueError rather than wrong per-domain numbers."""
+    if run["generated_tokens"] != requests * new_tokens:
+        raise ValueError(f"the stream generated {run['generated_tokens']} tokens over {requests} requests, not "
+                         f"{new_tokens} each: its per-request tokens are unknown")
+    return [new_tokens] * requests
+
+
+def domain_summary(domains: list[str], request_of_step: list[int], request_tokens: list[int],
+                   request_seconds: list[float] | None = None) -> dict[str, dict[str, Any]]:
+    """Per domain of a served stream (request i of `domains[i]`; `request_of_step`: each step's request), in
+    first-served order: requests, generated tokens, steps, tokens per step and, given each request's seconds,
+    seconds and tok/s (None where a domain has no steps or no time)."""
+    if len(request_tokens) != len(domains) or (request_seconds is not None and len(request_seconds) != len(domains)):
+        raise ValueError(f"one domain, token count and time per request: got {len(domains)} domains, "
+                         f"{len(request_tokens)} token counts, "
+                         f"{'no' if request_seconds is None else len(request_seconds)} times")
+    summary: dict[str, dict[str, Any]] = {}
+    for index, domain in enumerate(domains):
+        entry = summary.setdefault(domain, {"requests": 0, "tokens": 0, "steps": 0})
+        entry["requests"] += 1
+        entry["tokens"] += request_tokens[index]
+        if request_seconds is not None:
+            entry["seconds"] = entry.get("seconds", 0.0) + request_seconds[index]
+    for request in request_of_step:
+        summary[domains[request]]["steps"] += 1
+    for entry in summary.values():
+        entry["tokens_per_step"] = entry["tokens"] / entry["steps"] if entry["steps"] else None
+        if request_seconds is not None:
+            entry["tok_s"] = entry["tokens"] / entry["seconds"] if entry["seconds"] else None
+    return summary
+
+
+def tokens_per_step_per_domain(run: dict[str, Any], domains: list[str], new_tokens: int) -> dict[str, float | None]:
+    """Tokens per step per domain of a `switching.serve_stream` run over requests of `domains`."""
+    summary = domain_summary(domains, run["request_of_step"], budget_tokens(run, len(domains), new_tokens))
+    return {domain: entry["tokens_per_step"] for domain, entry in summary.items()}
+
+
+def ratio_per_domain(summary: dict[str, dict[str, Any]], base: dict[str, dict[str, Any]]) -> dict[str, float | None]:
+    """Per domain, a stream's tok/s over a baseline's on the same requests (`domain_summary`s with times)."""
+    return {domain: entry["tok_s"] / base[domain]["tok_s"] if entry["tok_s"] and base[domain]["tok_s"] else None
+            for domain, entry in summary.items()}
+
+
+def oracle_from_fixed(measured: dict[str, dict[str, float | None]], names: list[str]) -> dict[str, int]:
+    """The chat oracle's arm per category: the index in `names` of the fixed draft with the most tokens per step
+    there (`measured`: draft -> category -> tokens per step, as this run measured them; the first of `names` on a
+    tie). Every draft must have been measured on the same categories."""
+    domains = list(measured[names[0]])
+    for name in names:
+        if set(measured[name]) != set(domains) or any(measured[name][d] is None for d in domains):
+            raise ValueError(f"draft {name!r} has tokens per step on {measured[name]}, not a number on each of "
+                             f"{domains}: every fixed draft must serve the same requests, with steps")
+    return switching.oracle_arms(measured, names, domains)
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--size", default="smollm2", choices=[s for s, c in zoo.SIZES.items() if c.distilled])
     parser.add_argument("--device", default=None)
-    parser.add_argument("--requests", type=int, default=12, help="requests per switching workload")
+    parser.add_argument("--workload", choices=WORKLOADS, default="corpus",
+                        help="what the switching, speed, anatomy and adaptive-γ parts serve: the pool's held-out "
+                             "prompts of its zoo domains (corpus), or the chat prompt set rendered through the "
+                             "model's chat template, one domain per category (chat; a pool distilled from "
+                             f"{' or '.join(CHAT_TEACHERS)})")
+    parser.add_argument("--categories", nargs="+", choices=workloads.CATEGORIES, default=None,
+                        help="--workload chat: the chat prompt set's categories served, in this block order "
+                             "(default: all)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seeds the workloads (chat: each category's prompt order; both: the mixed workload's "
+                             "draws) and the switching part's contestants and sampling")
+    parser.add_argument("--verify-methods", nargs="+", choices=VERIFY_METHODS, default=["token"],
+                        help="how speculative steps are verified: the switching, speed, anatomy and adaptive-γ "
+                             "parts run once per method, in this order (results under '<part>' for token, "
+                             "'<part>[<method>]' otherwise)")
+    parser.add_argument("--requests", type=int, default=None,
+                        help="requests per switching workload (default: 12 for corpus, one --block per category "
+                             "for chat)")
     parser.add_argument("--block", type=int, default=3, help="requests per domain block")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--gamma", type=int, default=4)
@@ -108,6 +251,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
     cli_checks.output_file(parser, "--out", args.out)
+    check_workload(parser, args)
+    if len(set(args.verify_methods)) != len(args.verify_methods):
+        parser.error(f"--verify-methods: {args.verify_methods} names a method more than once; name each once")
     for name in args.gamma_policies:
         if ":" in name.removesuffix(PER_ARM):
             parser.error(f"--gamma-policies: {name!r} has an unknown suffix; the suffixes are '{AT_GAMMA}G' and "
@@ -119,6 +265,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def check_workload(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Exit with an argparse error unless --workload, --categories and --requests fit together; fills in the
+    defaults that depend on the workload (chat: every category, one --block of requests per category)."""
+    for option, value in (("--block", args.block), ("--requests", args.requests)):
+        if value is not None and value < 1:
+            parser.error(f"{option} {value}: must be at least 1")
+    if args.workload == "corpus":
+        if args.categories is not None:
+            parser.error("--categories: picks the chat prompt set's categories, which only --workload chat serves; "
+                         "drop --categories or add --workload chat")
+        args.requests = 12 if args.requests is None else args.requests
+        return
+    teacher = args.teacher or zoo.SIZES[args.size].teacher
+    if teacher not in CHAT_TEACHERS:
+        parser.error(f"--workload chat: renders prompts through the pool tokenizer's chat template, and --size "
+                     f"{args.size}{f' --teacher {teacher}' if args.teacher else ''} distils from {teacher!r}, whose "
+                     f"tokenizer has none; use a pool distilled from {' or '.join(CHAT_TEACHERS)} (e.g. --size "
+                     f"smollm2 without --teacher) or --workload corpus")
+    categories = args.categories = list(args.categories or workloads.CATEGORIES)
+    if len(set(categories)) != len(categories):
+        parser.error(f"--categories: {categories} names a category more than once; name each once")
+    one_block_each = args.block * len(categories)
+    if args.requests is None:
+        args.requests = one_block_each
+    elif args.requests < one_block_each:
+        reached = -(-args.requests // args.block)  # blocks begun: ceil(requests / block)
+        parser.error(f"--requests {args.requests}: the blocks workload then never reaches {categories[reached:]} "
+                     f"({args.block} requests per category in turn); pass --requests {one_block_each} or more, "
+                     f"fewer --categories or a smaller --block")
+
+
 def token_agreement(base: dict[str, Any], other: dict[str, Any]) -> float:
     """Share of positions where two `stream` runs over the same requests emitted the same token."""
     same = [a == b for x, y in zip(base["outputs"], other["outputs"]) for a, b in zip(x, y)]
@@ -128,17 +305,21 @@ def token_agreement(base: dict[str, Any], other: dict[str, Any]) -> float:
 def stream(decoder: Any, requests: list[switching.Request], sampling: fs.SamplingParams, new_tokens: int,
            device: torch.device) -> dict[str, Any]:
     """Serve `requests` one by one (seeds 0, 1, ...) with a fast decoder: seconds, tokens, tokens/s, every
-    request's tokens, the CUDA graphs captured inside that timing, and where the time went (`breakdown`: the
-    prefills, the steps as the decoder timed them, the rest of `generate`, steps and draft switches)."""
+    request's tokens, the CUDA graphs captured inside that timing, where the time went (`breakdown`: the
+    prefills, the steps as the decoder timed them, the rest of `generate`, steps and draft switches), and each
+    request's generated tokens and seconds (for `domain_summary`)."""
     seconds, tokens, outputs, arm_trace, request_of_step = 0.0, 0, [], [], []
+    request_tokens, request_seconds = [], []
     parts = {"prefill_s": 0.0, "steps_s": 0.0, "generate_s": 0.0, "steps": 0, "switches": 0}
     captured_before = decoder.graphs_captured
     for index, request in enumerate(requests):
         prompt = torch.tensor([request.prompt_ids], dtype=torch.long, device=device)
         started = time.perf_counter()
         result = decoder.generate(prompt, max_new_tokens=new_tokens, sampling=sampling, seed=index, ignore_eos=True)
-        seconds += time.perf_counter() - started
-        tokens += int(result.num_generated.sum())
+        request_seconds.append(time.perf_counter() - started)
+        request_tokens.append(int(result.num_generated.sum()))
+        seconds += request_seconds[-1]
+        tokens += request_tokens[-1]
         outputs.append(result.sequences[0, prompt.shape[1]:].tolist())
         run = result.stats
         parts["prefill_s"] += run.prefill_s
@@ -153,7 +334,8 @@ def stream(decoder: Any, requests: list[switching.Request], sampling: fs.Samplin
     parts["tokens_per_step"] = tokens / parts["steps"] if parts["steps"] else None
     return {"seconds": seconds, "tokens": tokens, "tok_s": tokens / seconds, "outputs": outputs,
             "graph_captures": decoder.graphs_captured - captured_before, "breakdown": parts,
-            "arm_trace": arm_trace, "request_of_step": request_of_step}
+            "arm_trace": arm_trace, "request_of_step": request_of_step, "request_tokens": request_tokens,
+            "request_seconds": request_seconds}
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -281,39 +463,71 @@ def main(argv: list[str] | None = None) -> int:
 
     measured = part("quality", quality) if "quality" in args.parts else None
     drafts = dict(pool.drafts)
-    prompts = {d: pool.prompts[d] for d in pool.domains}
-    oracle = switching.oracle_arms(measured["acceptance_t1"], names, pool.domains) if measured else {
-        d: names.index(d) for d in pool.domains}
+    if args.workload == "chat":
+        ordered = chat_order(args.categories, args.seed)
+        prompts = render_domains(pool.tokenizer, ordered)
+        record["settings"]["chat_prompts"] = {category: [p.id for p in served] for category, served in ordered.items()}
+        record["settings"]["prompt_set_sha256"] = workloads.fingerprint([p for v in ordered.values() for p in v])
+        write()
+    else:
+        prompts = {d: pool.prompts[d] for d in pool.domains}
     options = dict(gamma=args.gamma, compile=args.compile)
-    fast = FastSpeculativeDecoder(pool.target, list(drafts.values()), policy="fixed", **options)
-
-    if "switching" in args.parts:
-        part("switching", lambda: {
-            "oracle_arms": {d: names[a] for d, a in oracle.items()},
-            **switching.run_switching_experiment(pool.target, drafts, prompts, oracle, args.requests, args.block,
-                                                 args.new_tokens, args.gamma, tuple(args.bandits), progress=False,
-                                                 decoder=fast)})
-
     blocks = switching.make_workload(prompts, "blocks", args.requests, args.block)
+    block_domains = [request.domain for request in blocks]
     plain = FastPlainDecoder(pool.target, compile=args.compile)
 
-    def speed() -> dict[str, Any]:
-        out: dict[str, Any] = {"prompt_lookup": args.prompt_lookup}
+    def oracle_of(fast: FastSpeculativeDecoder) -> tuple[dict[str, int], dict[str, Any]]:
+        """The switching part's oracle arm per domain, and what defined it (for the record). A chat category has no
+        corpus acceptance, so each fixed draft serves the workloads' distinct requests on `fast` and the oracle
+        takes each category's draft of most tokens per step."""
+        if args.workload == "corpus":
+            if measured:
+                return (switching.oracle_arms(measured["acceptance_t1"], names, pool.domains),
+                        {"oracle_from": ORACLE_FROM["quality"]})
+            return {d: names.index(d) for d in pool.domains}, {"oracle_from": ORACLE_FROM["names"]}
+        served = oracle_requests([switching.make_workload(prompts, kind, args.requests, args.block, args.seed)
+                                  for kind in switching.WORKLOADS])
+        domains = [request.domain for request in served]
+        table = {}
+        for arm, name in enumerate(names):
+            run = switching.serve_stream(pool.target, drafts, served, make_policy("fixed", len(names), arm=arm),
+                                         args.gamma, args.new_tokens, SWITCHING_T, seed=args.seed, decoder=fast)
+            table[name] = tokens_per_step_per_domain(run, domains, args.new_tokens)
+        return oracle_from_fixed(table, names), {"oracle_from": ORACLE_FROM["fixed"], "oracle_requests": len(served),
+                                                  "oracle_tokens_per_step": table}
+
+    def switching_part(fast: FastSpeculativeDecoder, verify_method: str) -> dict[str, Any]:
+        """Every switching contestant on both workloads, served by `fast`, with its tokens per step per domain."""
+        oracle, how = oracle_of(fast)
+        out = {"verify_method": verify_method, "oracle_arms": {d: names[a] for d, a in oracle.items()}, **how,
+               **switching.run_switching_experiment(pool.target, drafts, prompts, oracle, args.requests, args.block,
+                                                    args.new_tokens, args.gamma, tuple(args.bandits), seed=args.seed,
+                                                    progress=False, temperature=SWITCHING_T, decoder=fast)}
+        for kind in switching.WORKLOADS:
+            entry = out[kind]
+            entry["tokens_per_step_per_domain"] = {
+                label: tokens_per_step_per_domain(run, entry["requests"], args.new_tokens)
+                for label, run in entry["runs"].items()}
+        return out
+
+    def speed(fast: FastSpeculativeDecoder, verify_method: str) -> dict[str, Any]:
+        key = part_key("speed", verify_method)
+        out: dict[str, Any] = {"verify_method": verify_method, "prompt_lookup": args.prompt_lookup}
         gammas = sorted(set(args.speed_gammas or [args.gamma]))
+        made = dict(compile=args.compile, verify_method=verify_method)  # how every decoder of the part is built
         # the pool the choosing contestants draw from: the distilled drafts, and prompt lookup if asked for
         chooser_pool = list(drafts.values()) + ([PromptLookupDrafter()] if args.prompt_lookup else [])
         pool_names = names + (["prompt-lookup"] if args.prompt_lookup else [])
         decoders = {g: fast if g == args.gamma and not args.prompt_lookup else FastSpeculativeDecoder(
-            pool.target, chooser_pool, policy="fixed", gamma=g, compile=args.compile) for g in gammas}
+            pool.target, chooser_pool, policy="fixed", gamma=g, **made) for g in gammas}
         # one draft alone at γ (`single`): what choosing among the pool costs or gains
-        one_draft = FastSpeculativeDecoder(pool.target, [drafts[single]], policy="fixed", gamma=args.gamma,
-                                           compile=args.compile)
+        one_draft = FastSpeculativeDecoder(pool.target, [drafts[single]], policy="fixed", gamma=args.gamma, **made)
         lookup_alone = FastSpeculativeDecoder(pool.target, [PromptLookupDrafter()], policy="fixed", gamma=args.gamma,
-                                              compile=args.compile) if args.prompt_lookup else None
+                                              **made) if args.prompt_lookup else None
         # the shipped adaptive configuration: every draft at every γ of --speed-adaptive-gammas under gamma-ts
         adaptive = FastSpeculativeDecoder(pool.target, chooser_pool, policy="fixed",
                                           gamma=max(args.speed_adaptive_gammas), gammas=args.speed_adaptive_gammas,
-                                          compile=args.compile)
+                                          **made)
         adaptive_arms = len(adaptive.arms)
 
         def fresh_adaptive() -> None:  # each stream learns from nothing: a new policy, no cost measured
@@ -339,6 +553,7 @@ def main(argv: list[str] | None = None) -> int:
                                               "adaptive": [], **({"prompt_lookup": []} if lookup_alone else {})}
             captures: dict[str, list[int]] = {method: [] for method in rounds}
             breakdown: dict[str, dict] = {}  # of each method's last round
+            last: dict[str, dict[str, Any]] = {}  # each method's last round, for its numbers per domain
             agree: dict[str, float] = {}
             drafts_chosen: dict[str, dict[str, dict[str, float]]] = {}  # of each choosing contestant's last round
             adaptive_agree: float | None = None
@@ -349,6 +564,7 @@ def main(argv: list[str] | None = None) -> int:
                 rounds[method].append(served["tok_s"])
                 captures[method].append(served["graph_captures"])
                 breakdown[method] = served["breakdown"]
+                last[method] = served
                 return served
 
             def summary(method: str) -> dict[str, Any]:  # a speculative method's rounds against fast plain's
@@ -377,6 +593,8 @@ def main(argv: list[str] | None = None) -> int:
                     adaptive_agree = token_agreement(base, chosen)
                     one_draft_agree = token_agreement(base, alone)
             by_gamma = {str(g): summary(f"gamma{g}") for g in gammas}
+            per_domain = {method: domain_summary(block_domains, served["request_of_step"], served["request_tokens"],
+                                                 served["request_seconds"]) for method, served in last.items()}
             main_gamma = by_gamma[str(args.gamma)] if args.gamma in gammas else by_gamma[str(gammas[0])]
             out[label] = {"fast_plain": spread(rounds["fast_plain"]),
                           "fast_plain_graph_captures": captures["fast_plain"], **main_gamma, "by_gamma": by_gamma,
@@ -393,8 +611,12 @@ def main(argv: list[str] | None = None) -> int:
                              if lookup_alone else {}),
                           "pool": pool_names,
                           "draft_share_per_domain_last_round": drafts_chosen,
-                          "breakdown_last_round": breakdown}
-            results["speed"] = out  # written per sampling setting: a cut run keeps the finished ones
+                          "breakdown_last_round": breakdown,
+                          "per_domain_last_round": per_domain,
+                          "ratio_vs_fast_plain_per_domain_last_round": {
+                              method: ratio_per_domain(domains, per_domain["fast_plain"])
+                              for method, domains in per_domain.items() if method != "fast_plain"}}
+            results[key] = out  # written per sampling setting: a cut run keeps the finished ones
             write()
             for g, entry in by_gamma.items():
                 print(f"[real_pool] {label} γ={g}: plain {out[label]['fast_plain']['median']:.1f} tok/s, speculative "
@@ -407,52 +629,53 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[real_pool] {label} prompt lookup alone (γ={args.gamma}): ratio "
                       f"{out[label]['prompt_lookup_alone']['ratio_per_round']}", flush=True)
             print(f"[real_pool] {label} drafts chosen per domain: {drafts_chosen}", flush=True)
+            for method, domains in per_domain.items():
+                print(f"[real_pool] {label} {method} per domain ({verify_method} verification): " + ", ".join(
+                    f"{d} {e['tokens_per_step']:.2f} tok/step {e['tok_s']:.1f} tok/s" for d, e in domains.items()
+                    if e["tokens_per_step"] is not None and e["tok_s"] is not None), flush=True)
             for method, parts in breakdown.items():
                 print(f"[real_pool] {label} {method}: " + ", ".join(
                     f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in parts.items()), flush=True)
         return out
 
-    if "speed" in args.parts:
-        part("speed", speed)
-
-
-    def anatomy() -> dict[str, Any]:
+    def anatomy(verify_method: str) -> dict[str, Any]:
         from experiments.bench_fast import anatomy as step_anatomy
 
         timed = single  # the speed part's one-draft contestant: the anatomy times its runner
-        one = FastSpeculativeDecoder(pool.target, [drafts[timed]], policy="fixed", **options)
+        one = FastSpeculativeDecoder(pool.target, [drafts[timed]], policy="fixed", verify_method=verify_method,
+                                     **options)
         prompt = torch.tensor([blocks[0].prompt_ids], dtype=torch.long, device=device)
         one.generate(prompt, max_new_tokens=args.new_tokens, ignore_eos=True)
         steady = one.generate(prompt, max_new_tokens=args.new_tokens, ignore_eos=True).stats.summary()
         bucket = max(key[2] for key in one._session.graphs if key[0] == "step")
         parts = step_anatomy(one, device, bucket)
-        return {"draft": timed, "bucket": bucket, "parts_ms": parts,
+        return {"verify_method": verify_method, "draft": timed, "bucket": bucket, "parts_ms": parts,
                 "step_ms_p50": 1e3 * steady["p50_step_latency_s"],
                 "step_over_parts": 1e3 * steady["p50_step_latency_s"] / parts["sum_of_parts_ms"]}
 
-    if device.type == "cuda" and "anatomy" in args.parts:
-        part("anatomy", anatomy)
-
-    def adaptive_gamma() -> dict[str, Any]:
+    def adaptive_gamma(fast: FastSpeculativeDecoder, verify_method: str) -> dict[str, Any]:
         sampling_t = 1.0
         kept = ("tokens_per_s", "tokens_per_step", "mean_acceptance", "graph_captures")
-        out: dict[str, Any] = {"fixed": {}}
+        out: dict[str, Any] = {"verify_method": verify_method, "fixed": {}}
 
         def keep_so_far() -> None:  # a run cut by its time limit keeps every contestant that finished
-            results["adaptive_gamma"] = {**out, "partial": True}
+            results[part_key("adaptive_gamma", verify_method)] = {**out, "partial": True}
             write()
 
         fixed_decoders = {}  # γ -> its decoder, kept for the policies run at a fixed γ (NAME@G)
         for gamma in args.gammas:
             decoder = fixed_decoders[gamma] = fast if gamma == args.gamma else FastSpeculativeDecoder(
-                pool.target, list(drafts.values()), policy="fixed", gamma=gamma, compile=args.compile)
+                pool.target, list(drafts.values()), policy="fixed", gamma=gamma, compile=args.compile,
+                verify_method=verify_method)
             run = switching.serve_stream(pool.target, drafts, blocks, make_policy("thompson", len(names), seed=0),
                                          gamma, args.new_tokens, sampling_t, decoder=decoder, warm_up="all")
             out["fixed"][str(gamma)] = {k: run[k] for k in kept}
+            out["fixed"][str(gamma)]["tokens_per_step_per_domain"] = tokens_per_step_per_domain(
+                run, block_domains, args.new_tokens)
             out["fixed"][str(gamma)]["step_ms"] = step_ms_by_gamma(run, [gamma] * len(decoder.arms))[str(gamma)]
             keep_so_far()
         decoder = FastSpeculativeDecoder(pool.target, list(drafts.values()), policy="fixed", gamma=max(args.gammas),
-                                         gammas=args.gammas, compile=args.compile)
+                                         gammas=args.gammas, compile=args.compile, verify_method=verify_method)
         best = max(out["fixed"], key=lambda g: out["fixed"][g]["tokens_per_s"])
         out["best_fixed_gamma"] = int(best)
         out["adaptive_by_policy"] = {}
@@ -472,6 +695,7 @@ def main(argv: list[str] | None = None) -> int:
                                              args.gamma if at_gamma is None else at_gamma, args.new_tokens,
                                              sampling_t, decoder=runner, warm_up="all")
                 entry = {k: run[k] for k in kept}
+                entry["tokens_per_step_per_domain"] = tokens_per_step_per_domain(run, block_domains, args.new_tokens)
                 entry["gamma_share_per_domain"] = share_per_domain(run, blocks, runner_gammas)
                 entry["step_ms_by_gamma"] = step_ms_by_gamma(run, runner_gammas)
                 entry["cost_estimates"] = cost_estimates(runner.step_costs,
@@ -486,8 +710,23 @@ def main(argv: list[str] | None = None) -> int:
         out["adaptive_vs_best_fixed"] = out["adaptive"]["vs_best_fixed"]
         return out
 
-    if "adaptive_gamma" in args.parts:
-        part("adaptive_gamma", adaptive_gamma)
+    def measure_with(verify_method: str) -> None:
+        """The switching, speed, anatomy and adaptive-γ parts asked for, every speculative step verified by
+        `verify_method`, each written under `part_key`; the pool decoder is freed at the end."""
+        fast = FastSpeculativeDecoder(pool.target, list(drafts.values()), policy="fixed", verify_method=verify_method,
+                                      **options)
+        if "switching" in args.parts:
+            part(part_key("switching", verify_method), lambda: switching_part(fast, verify_method))
+        if "speed" in args.parts:
+            part(part_key("speed", verify_method), lambda: speed(fast, verify_method))
+        if device.type == "cuda" and "anatomy" in args.parts:
+            part(part_key("anatomy", verify_method), lambda: anatomy(verify_method))
+        if "adaptive_gamma" in args.parts:
+            part(part_key("adaptive_gamma", verify_method), lambda: adaptive_gamma(fast, verify_method))
+        fast.close()
+
+    for verify_method in args.verify_methods:
+        measure_with(verify_method)
     record["provenance"]["wall_seconds"] = time.perf_counter() - started
     write()
     print(f"wrote {out}", flush=True)
