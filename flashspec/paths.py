@@ -26,7 +26,7 @@ import torch
 
 from flashspec import rng
 from flashspec.sampling import SamplingParams, block_race, warp_logits
-from flashspec.verify import VerifyOutput, check_shapes, check_values, draft_log_probs
+from flashspec.verify import BACKENDS, VerifyOutput, _triton_available, check_shapes, check_values, draft_log_probs
 
 
 @dataclass(frozen=True)
@@ -46,6 +46,7 @@ def verify_paths(
     generator: torch.Generator | int | None = None,
     draft_is_log_probs: bool = False,
     validate: bool = True,
+    backend: str = "auto",
 ) -> PathsOutput:
     """Verify K drafted paths of γ tokens per row together (the module docstring gives the algorithm).
 
@@ -60,8 +61,12 @@ def verify_paths(
         generator: torch.Generator, int seed or None, as for `flashspec.verify`.
         draft_is_log_probs: `draft_logits` holds the drafts' warped log-probs.
         validate: check values (token range, NaN/inf rows).
+        backend: "auto" (Triton on CUDA when available, else PyTorch), "torch" or "triton"; both draw the same
+            numbers from one key.
     """
     params = SamplingParams() if params is None else params
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     if not isinstance(params, SamplingParams):
         raise ValueError(f"params must be a flashspec.SamplingParams, got {type(params).__name__}")
     for name, tensor, dims in (("target_logits", target_logits, 4), ("draft_tokens", draft_tokens, 3),
@@ -83,8 +88,31 @@ def verify_paths(
     check_shapes(*flat)  # dtypes and devices
     if validate:
         check_values(*flat, params, draft_is_log_probs)
-    return verify_paths_reference(target_logits, draft_logits, draft_tokens, params,
-                                  rng.key_from_generator(generator), draft_is_log_probs)
+    key = rng.key_from_generator(generator)
+    if backend == "auto":
+        backend = "triton" if target_logits.is_cuda and _triton_available() else "torch"
+    if backend == "triton":
+        from flashspec.kernels.paths import verify_paths_triton  # noqa: PLC0415  (Triton is imported on demand)
+
+        log_p, q = paths_inputs(target_logits, draft_logits, draft_tokens, params, draft_is_log_probs)
+        tokens, num_accepted, path = verify_paths_triton(log_p, q, draft_tokens, key)
+        return PathsOutput(tokens=tokens, num_accepted=num_accepted, path=path)
+    return verify_paths_reference(target_logits, draft_logits, draft_tokens, params, key, draft_is_log_probs)
+
+
+def paths_inputs(target_logits: torch.Tensor, draft_logits: torch.Tensor | None, draft_tokens: torch.Tensor,
+                 params: SamplingParams, draft_is_log_probs: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """What both backends verify with: the target's warped log-probs [B, K, γ+1, V] and the drafts'
+    probabilities q [B, K, γ, V] (fp32; one-hot at the drafted tokens when greedy or deterministic)."""
+    batch, paths, gamma = draft_tokens.shape
+    vocab = target_logits.shape[-1]
+    log_p = warp_logits(target_logits, params)
+    tokens = draft_tokens.long()
+    if params.greedy:
+        return log_p, torch.nn.functional.one_hot(tokens, vocab).float()     # the argmax is all that counts
+    flat = None if draft_logits is None else draft_logits.flatten(0, 1)
+    q = draft_log_probs(flat, tokens.flatten(0, 1), params, vocab, draft_is_log_probs)
+    return log_p, q.view(batch, paths, gamma, vocab).exp()
 
 
 def verify_paths_reference(target_logits: torch.Tensor, draft_logits: torch.Tensor | None,
@@ -97,12 +125,7 @@ def verify_paths_reference(target_logits: torch.Tensor, draft_logits: torch.Tens
     device = target_logits.device
     tokens_in = draft_tokens.long()
     rows = torch.arange(batch, device=device)
-    log_p = warp_logits(target_logits, params)                                    # [B, K, γ+1, V]
-    if params.greedy:
-        q = torch.nn.functional.one_hot(tokens_in, vocab).float()                # the argmax is all that counts
-    else:
-        q = draft_log_probs(None if draft_logits is None else draft_logits.flatten(0, 1), tokens_in.flatten(0, 1),
-                            params, vocab, draft_is_log_probs).view(batch, paths, gamma, vocab).exp()
+    log_p, q = paths_inputs(target_logits, draft_logits, draft_tokens, params, draft_is_log_probs)
     uniforms = rng.uniforms(key, rng.STREAM_ACCEPT, batch, gamma, paths, device=device)  # [B, γ, K]
     active = torch.ones(batch, paths, dtype=torch.bool, device=device)
     open_rows = torch.ones(batch, dtype=torch.bool, device=device)               # every depth so far accepted

@@ -4,11 +4,13 @@ when every draft's chains are verified together, and the negative controls that 
 The χ² family here has its own Bonferroni level: 0.01 over its tests."""
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
 import flashspec as fs
-from flashspec.paths import verify_paths
+from flashspec.paths import PathsOutput, verify_paths
 from flashspec_lab import exactness as ex
 from flashspec_lab import exactness_paths as xp
 
@@ -26,7 +28,8 @@ CASES = [
 ]
 SAMPLED_CASES = [case for case in CASES if case[1] is not CERTAIN]
 CONTROL_CASES = ("two-drafts-g2-T1", "one-draft-x3-g3-T1")
-NUM_TESTS = 2 * len(CASES) + len(xp.PATHS_NEGATIVE_CONTROLS) * len(CONTROL_CASES)
+NUM_TESTS = (3 * len(CASES) + len(xp.PATHS_NEGATIVE_CONTROLS) * len(CONTROL_CASES)
+             + len(xp.BACKEND_CONTROLS) * len(CONTROL_CASES))
 ALPHA_EACH = 0.01 / NUM_TESTS
 
 
@@ -41,6 +44,55 @@ def fit(case: tuple, verifier: xp.PathsVerifier, seed: int) -> ex.FitResult:
 def test_joint_law_is_the_targets(case):
     result = fit(case, xp.library_paths_verifier(), seed=11)
     assert result.passes(ALPHA_EACH), f"{case[0]}: {result} (alpha {ALPHA_EACH:.2e})"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda case: case[0])
+def test_joint_law_is_the_targets_triton(case):
+    pytest.importorskip("triton")
+    result = fit(case, xp.library_paths_verifier("triton"), seed=11)
+    assert result.passes(ALPHA_EACH), f"{case[0]} (triton): {result} (alpha {ALPHA_EACH:.2e})"
+
+
+@pytest.mark.parametrize("bug,case_name", [(bug, name) for bug in xp.BACKEND_CONTROLS for name in CONTROL_CASES])
+def test_negative_control_fails_triton(bug, case_name):
+    pytest.importorskip("triton")
+    case = next(case for case in CASES if case[0] == case_name)
+    control = xp.on_triton_device(functools.partial(xp.PATHS_NEGATIVE_CONTROLS[bug], backend="triton"))
+    result = fit(case, control, seed=13)
+    assert not result.passes(ALPHA_EACH), f"the harness let '{bug}' (triton) through on {case_name}: {result}"
+
+
+# (batch, paths, gamma, vocab, sampling, deterministic): one-block and two-level races, greedy, truncation
+SHAPES = [(512, 3, 3, 16, fs.SamplingParams(1.0), False), (96, 2, 4, 700, fs.SamplingParams(0.8, top_k=50), False),
+          (128, 3, 2, 16, fs.SamplingParams(0.0), False), (128, 3, 3, 300, fs.SamplingParams(1.0, top_p=0.9), True)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda shape: f"B{shape[0]}-K{shape[1]}-g{shape[2]}-V{shape[3]}")
+def test_triton_backend_draws_what_the_reference_draws(shape):
+    """One key, both backends: the same tokens, counts and kept paths, row for row (shared prefixes included)."""
+    pytest.importorskip("triton")
+    batch, paths, gamma, vocab, params, deterministic = shape
+    generator = torch.Generator().manual_seed(5)
+    target = 2 * torch.randn(batch, paths, gamma + 1, vocab, generator=generator)
+    draft = None if deterministic else 2 * torch.randn(batch, paths, gamma, vocab, generator=generator)
+    if draft is None:
+        tokens = torch.randint(0, vocab, (batch, paths, gamma), generator=generator)
+    else:  # drafted from the warped drafts, as a truncating sampler needs
+        weights = fs.sampling.warp_logits(draft, params).exp().view(-1, vocab)
+        tokens = torch.multinomial(weights, 1, generator=generator).view(batch, paths, gamma)
+    half = batch // 2  # the first half's paths 0 and 1 share two tokens, so their target rows agree there too
+    tokens[:half, 1, :2] = tokens[:half, 0, :2]
+    target[:half, 1, :3] = target[:half, 0, :3]
+    if draft is not None:
+        draft[:half, 1, :2] = draft[:half, 0, :2]
+    torch_out = verify_paths(target, draft, tokens, params, generator=9, backend="torch")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    triton_out = verify_paths(target.to(device), None if draft is None else draft.to(device), tokens.to(device), params,
+                              generator=9, backend="triton")
+    triton_out = PathsOutput(triton_out.tokens.cpu(), triton_out.num_accepted.cpu(), triton_out.path.cpu())
+    assert torch.equal(torch_out.tokens, triton_out.tokens)
+    assert torch.equal(torch_out.num_accepted, triton_out.num_accepted)
+    assert torch.equal(torch_out.path, triton_out.path)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case[0])

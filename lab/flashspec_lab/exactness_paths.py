@@ -24,13 +24,30 @@ from flashspec_lab.exactness import LoopState, ToyModel, append_tokens, propose,
 PathsVerifier = Callable[[torch.Tensor, "torch.Tensor | None", torch.Tensor, SamplingParams, int], PathsOutput]
 
 
+BACKENDS = ("torch", "triton")
+
+
 def library_paths_verifier(backend: str = "torch") -> PathsVerifier:
-    """`flashspec.paths.verify_paths` in the harness's signature (the PyTorch reference is its one backend)."""
-    if backend != "torch":
-        raise ValueError(f"verify_paths has one backend, 'torch'; got {backend!r}")
+    """`flashspec.paths.verify_paths` on one backend in the harness's signature."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
     def run(target_logits, draft_logits, draft_tokens, params, seed):
-        return verify_paths(target_logits, draft_logits, draft_tokens, params, generator=seed)
+        return verify_paths(target_logits, draft_logits, draft_tokens, params, generator=seed, backend=backend)
+
+    return on_triton_device(run) if backend == "triton" else run
+
+
+def on_triton_device(verifier: PathsVerifier) -> PathsVerifier:
+    """`verifier` run on the GPU when there is one (its outputs brought back), else where the inputs are (the
+    Triton interpreter runs on CPU tensors)."""
+    if not torch.cuda.is_available():
+        return verifier
+
+    def run(target_logits, draft_logits, draft_tokens, params, seed):
+        out = verifier(target_logits.cuda(), None if draft_logits is None else draft_logits.cuda(),
+                       draft_tokens.cuda(), params, seed)
+        return PathsOutput(tokens=out.tokens.cpu(), num_accepted=out.num_accepted.cpu(), path=out.path.cpu())
 
     return run
 
@@ -89,18 +106,20 @@ def _reorder(tensor: torch.Tensor | None, order: torch.Tensor) -> torch.Tensor |
     return tensor.gather(1, index)
 
 
-def best_path_verifier(target_logits, draft_logits, draft_tokens, params, seed) -> PathsOutput:
+def best_path_verifier(target_logits, draft_logits, draft_tokens, params, seed, backend: str = "torch"
+                       ) -> PathsOutput:
     """BUG: only the path whose first token the target likes most is verified (the paths chosen by their samples)."""
     order = _first_scores(target_logits, draft_tokens, params).argsort(dim=1, descending=True)[:, :1]
     return verify_paths(_reorder(target_logits, order), _reorder(draft_logits, order),
-                        _reorder(draft_tokens, order), params, generator=seed)
+                        _reorder(draft_tokens, order), params, generator=seed, backend=backend)
 
 
-def liked_first_verifier(target_logits, draft_logits, draft_tokens, params, seed) -> PathsOutput:
+def liked_first_verifier(target_logits, draft_logits, draft_tokens, params, seed, backend: str = "torch"
+                         ) -> PathsOutput:
     """BUG: every path verified, but tried in the order of the target's liking for its first token."""
     order = _first_scores(target_logits, draft_tokens, params).argsort(dim=1, descending=True, stable=True)
     return verify_paths(_reorder(target_logits, order), _reorder(draft_logits, order),
-                        _reorder(draft_tokens, order), params, generator=seed)
+                        _reorder(draft_tokens, order), params, generator=seed, backend=backend)
 
 
 PATHS_NEGATIVE_CONTROLS: dict[str, PathsVerifier] = {
@@ -108,3 +127,6 @@ PATHS_NEGATIVE_CONTROLS: dict[str, PathsVerifier] = {
     "best_path_only": best_path_verifier,
     "liked_path_first": liked_first_verifier,
 }
+# the controls that choose the paths run through either backend's verifier (the residual control patches the
+# PyTorch reference's update, so it has no Triton twin)
+BACKEND_CONTROLS = ("best_path_only", "liked_path_first")
