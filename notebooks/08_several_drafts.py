@@ -46,8 +46,10 @@ from flashspec_lab import exactness, exactness_paths, provenance
 from flashspec_lab.pages import glue  # glue: numbers in the prose
 
 device_name = torch.cuda.get_device_name() if torch.cuda.is_available() else "CPU"
-print(f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
-      f"{device_name}{' (Colab)' if ON_COLAB else ''}")
+print(
+    f"flashspec {fs.__version__}, torch {torch.__version__}, running on "
+    f"{device_name}{' (Colab)' if ON_COLAB else ''}"
+)
 
 # %% [markdown]
 # ## The algorithm
@@ -125,15 +127,33 @@ def random_law() -> tuple[Fraction, ...]:
     return tuple(weight / sum(weights) for weight in weights)
 
 
-prefixes = [c for n in range(GAMMA + 1) for c in itertools.product(range(V), repeat=n)]
-P = {prefix: random_law() for prefix in prefixes}                           # the target
-Q = [{prefix: random_law() for prefix in prefixes if len(prefix) < GAMMA} for _ in range(K)]  # two drafts
-VARIANTS = ("one path", "two paths", "two paths, unchanged residual", "two paths, liked first")
+prefixes = [
+    c for n in range(GAMMA + 1) for c in itertools.product(range(V), repeat=n)
+]
+P = {prefix: random_law() for prefix in prefixes}  # the target
+Q = [
+    {prefix: random_law() for prefix in prefixes if len(prefix) < GAMMA}
+    for _ in range(K)
+]  # two drafts
+VARIANTS = (
+    "one path",
+    "two paths",
+    "two paths, unchanged residual",
+    "two paths, liked first",
+)
 
 
-def node(variant: str, paths: list[tuple[int, ...]], order: list[int], s: tuple[int, ...],
-         active: list[int], mass: Fraction, out: dict) -> None:
-    """Follow the algorithm from node s with probability `mass`, adding each emitted sequence's mass to `out`."""
+def node(
+    variant: str,
+    paths: list[tuple[int, ...]],
+    order: list[int],
+    s: tuple[int, ...],
+    active: list[int],
+    mass: Fraction,
+    out: dict,
+) -> None:
+    """Follow the algorithm from node s with probability `mass`; add each emitted
+    sequence's mass to `out`."""
     depth = len(s)
     if depth == GAMMA:
         for y in range(V):
@@ -144,7 +164,15 @@ def node(variant: str, paths: list[tuple[int, ...]], order: list[int], s: tuple[
         x, q = paths[k][depth], Q[k][s]
         accept = min(Fraction(1), r[x] / q[x])
         if accept > 0:
-            node(variant, paths, order, s + (x,), [j for j in active if paths[j][depth] == x], mass * accept, out)
+            node(
+                variant,
+                paths,
+                order,
+                s + (x,),
+                [j for j in active if paths[j][depth] == x],
+                mass * accept,
+                out,
+            )
         mass *= 1 - accept
         if variant != "two paths, unchanged residual":
             left = [max(r[v] - q[v], Fraction(0)) for v in range(V)]
@@ -154,13 +182,20 @@ def node(variant: str, paths: list[tuple[int, ...]], order: list[int], s: tuple[
 
 
 def step_law(variant: str) -> tuple[dict, Fraction]:
-    """The completed law of one step's output (GAMMA + 1 tokens) and its expected emitted tokens."""
+    """The completed law of one step's output (GAMMA + 1 tokens) and its expected
+    emitted tokens."""
     law, emitted = defaultdict(Fraction), Fraction(0)
     used = [0] if variant == "one path" else list(range(K))
-    for paths in itertools.product(itertools.product(range(V), repeat=GAMMA), repeat=len(used)):
-        chance = prod(Q[k][paths[k][:n]][x] for k in used for n, x in enumerate(paths[k]))
+    for paths in itertools.product(
+        itertools.product(range(V), repeat=GAMMA), repeat=len(used)
+    ):
+        chance = prod(
+            Q[k][paths[k][:n]][x] for k in used for n, x in enumerate(paths[k])
+        )
         order = used
-        if variant == "two paths, liked first":          # the order depends on the drafted tokens: broken
+        if (
+            variant == "two paths, liked first"
+        ):  # the order depends on the drafted tokens: broken
             order = sorted(used, key=lambda k: -P[()][paths[k][0]])
         out = defaultdict(Fraction)
         node(variant, list(paths), order, (), used, chance, out)
@@ -168,7 +203,9 @@ def step_law(variant: str) -> tuple[dict, Fraction]:
             emitted += mass * len(sequence)
             for tail in itertools.product(range(V), repeat=GAMMA + 1 - len(sequence)):
                 full = sequence + tail
-                law[full] += mass * prod(P[full[:n]][full[n]] for n in range(len(sequence), GAMMA + 1))
+                law[full] += mass * prod(
+                    P[full[:n]][full[n]] for n in range(len(sequence), GAMMA + 1)
+                )
     return law, emitted
 
 
@@ -204,21 +241,46 @@ glue("exact_two_paths", float(exact_emitted["two paths"]), display=False)
 # %%
 TOY_VOCAB, LENGTH, ROWS = 4, 3, 20_000
 target = exactness.make_toy(TOY_VOCAB, seed=1)
-drafts = [exactness.make_toy(TOY_VOCAB, seed=2), exactness.make_toy(TOY_VOCAB, seed=3, scale=0.8)]
+drafts = [
+    exactness.make_toy(TOY_VOCAB, seed=2),
+    exactness.make_toy(TOY_VOCAB, seed=3, scale=0.8),
+]
 truth = exactness.exact_sequence_probs(target, fs.SamplingParams(1.0), LENGTH)
-backends = ["torch"] + (["triton"] if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
-                        else [])
-checks = [(f"two drafts, {backend}", exactness_paths.library_paths_verifier(backend)) for backend in backends]
-checks += [(f"broken: {name}", control) for name, control in exactness_paths.PATHS_NEGATIVE_CONTROLS.items()]
+backends = ["torch"] + (
+    ["triton"]
+    if torch.cuda.is_available() or os.environ.get("TRITON_INTERPRET") == "1"
+    else []
+)
+checks = [
+    (f"two drafts, {backend}", exactness_paths.library_paths_verifier(backend))
+    for backend in backends
+]
+checks += [
+    (f"broken: {name}", control)
+    for name, control in exactness_paths.PATHS_NEGATIVE_CONTROLS.items()
+]
 print(f"{'verifier':34s} {'chi2':>9s} {'dof':>4s} {'p':>8s}")
 fits = {}
 for name, verifier in checks:
-    sequences = exactness_paths.sample_sequences_paths(target, drafts, fs.SamplingParams(1.0), 2, ROWS, LENGTH,
-                                                       seed=11, verifier=verifier)
+    sequences = exactness_paths.sample_sequences_paths(
+        target,
+        drafts,
+        fs.SamplingParams(1.0),
+        2,
+        ROWS,
+        LENGTH,
+        seed=11,
+        verifier=verifier,
+    )
     fits[name] = exactness.chi_square_test(sequences, truth, TOY_VOCAB)
-    print(f"{name:34s} {fits[name].statistic:9.1f} {fits[name].dof:4d} {fits[name].p_value:8.3g}")
+    print(
+        f"{name:34s} {fits[name].statistic:9.1f} {fits[name].dof:4d} "
+        f"{fits[name].p_value:8.3g}"
+    )
 ALPHA = 1e-3  # each test's level
-assert all(fit.passes(ALPHA) != name.startswith("broken") for name, fit in fits.items())
+assert all(
+    fit.passes(ALPHA) != name.startswith("broken") for name, fit in fits.items()
+)
 glue("chi_backends", " and ".join(backends), display=False)
 
 # %% [markdown]
@@ -239,10 +301,16 @@ record = provenance.load_result("paths_gain_smollm2_cpu.json")
 settings, summary = record["settings"], record["results"]["summary"]["T=1"]
 glue("pg_gamma", settings["gamma"], display=False)
 glue("pg_prompts", settings["prompts_per_category"], display=False)
-print(f"{'category':14s} {'token':>6s} {'block':>6s} {'K=1':>6s} {'K=2':>6s} {'K=3':>6s} {'K=3/block':>10s}")
+print(
+    f"{'category':14s} {'token':>6s} {'block':>6s} {'K=1':>6s} {'K=2':>6s} "
+    f"{'K=3':>6s} {'K=3/block':>10s}"
+)
 for category, row in summary.items():
-    print(f"{category:14s} {row['token']:6.3f} {row['block']:6.3f} {row['paths1']:6.3f} {row['paths2']:6.3f} "
-          f"{row['paths3']:6.3f} {row['paths_over_block']:10.3f}")
+    print(
+        f"{category:14s} {row['token']:6.3f} {row['block']:6.3f} "
+        f"{row['paths1']:6.3f} {row['paths2']:6.3f} "
+        f"{row['paths3']:6.3f} {row['paths_over_block']:10.3f}"
+    )
 print("tokens per step at T = 1; K chains of one draft verified together")
 mixed = summary["mixed"]
 glue("pg_block", mixed["block"], display=False)
@@ -251,8 +319,10 @@ glue("pg_ratio", mixed["paths_over_block"], display=False)
 glue("pg_gain", mixed["paths_minus_block"], display=False)
 glue("pg_gain_se", mixed["paths_minus_block_standard_error"], display=False)
 made = record["provenance"]
-print(f"measured on {made['hardware'].get('cpu') or 'a CPU'} "
-      f"({made['hardware'].get('cpu_count')} cores), {made['date_utc'][:10]}")
+print(
+    f"measured on {made['hardware'].get('cpu') or 'a CPU'} "
+    f"({made['hardware'].get('cpu_count')} cores), {made['date_utc'][:10]}"
+)
 
 # %% [markdown]
 # Over the mixed prompt set, three chains verified together make {glue:text}`pg_paths3:.3f` tokens per step
