@@ -16,11 +16,14 @@ import triton
 import triton.language as tl
 from triton.language import core as tlcore  # noqa: F401  (the interpreter patches the reductions through it)
 
-from flashspec import rng
+from flashspec import rng, sampling
 from flashspec.kernels import rng as krng
 from flashspec.kernels.rng import device_function
 from flashspec.kernels.shims import _exp, _fold_first_max, _log, _max, _max_index, _min, _sum, interpreting
-from flashspec.sampling import BLOCK_NOISE_INDEX, SAMPLE_BLOCK
+
+# read inside the kernels: constexpr when compiled, plain ints in the interpreter's plain-Python helpers
+SAMPLE_BLOCK = sampling.SAMPLE_BLOCK if interpreting() else tl.constexpr(sampling.SAMPLE_BLOCK)
+BLOCK_NOISE_INDEX = sampling.BLOCK_NOISE_INDEX if interpreting() else tl.constexpr(sampling.BLOCK_NOISE_INDEX)
 
 
 @device_function
@@ -44,26 +47,28 @@ def _race_row(work_ptr, rows64, finished, base, vocab, PRECISE: tl.constexpr, ON
         u = krng.uniform_from_base(base[:, None], lanes[None, :])
         score = tl.where(mask, _log(w, PRECISE) - _log(-_log(u, PRECISE), PRECISE), float("-inf"))
         _, arg = _max_index(score, axis=1)
-        return arg.to(tl.int64)
-    BLOCKS: tl.constexpr = BLOCK_V // SAMPLE_BLOCK
-    best = tl.full([BLOCK_B], float("-inf"), tl.float32)
-    best_block = tl.zeros([BLOCK_B], tl.int64)
-    for start in range(0, vocab, BLOCK_V):
-        cols = start + lanes
-        mask = finished[:, None] & (cols < vocab)[None, :]
-        w = tl.load(work_ptr + rows64[:, None] * vocab + cols[None, :], mask=mask, other=0.0)
-        masses = _sum(tl.reshape(w, [BLOCK_B, BLOCKS, SAMPLE_BLOCK]), axis=2)
-        blocks = start // SAMPLE_BLOCK + tl.arange(0, BLOCKS).to(tl.int64)
-        u = krng.uniform_from_base(base[:, None], (-blocks + BLOCK_NOISE_INDEX)[None, :])
-        score = tl.where(masses > 0.0, _log(masses, PRECISE) - _log(-_log(u, PRECISE), PRECISE), float("-inf"))
-        best, best_block = _fold_first_max(best, best_block, score, start // SAMPLE_BLOCK)
-    cols = best_block[:, None] * SAMPLE_BLOCK + tl.arange(0, SAMPLE_BLOCK).to(tl.int64)[None, :]
-    mask = finished[:, None] & (cols < vocab)
-    w = tl.load(work_ptr + rows64[:, None] * vocab + cols, mask=mask, other=0.0)
-    u = krng.uniform_from_base(base[:, None], cols)
-    score = tl.where(mask, _log(w, PRECISE) - _log(-_log(u, PRECISE), PRECISE), float("-inf"))
-    _, arg = _max_index(score, axis=1)
-    return best_block * SAMPLE_BLOCK + arg.to(tl.int64)
+        token = arg.to(tl.int64)
+    else:
+        BLOCKS: tl.constexpr = BLOCK_V // SAMPLE_BLOCK
+        best = tl.full([BLOCK_B], float("-inf"), tl.float32)
+        best_block = tl.zeros([BLOCK_B], tl.int64)
+        for start in range(0, vocab, BLOCK_V):
+            cols = start + lanes
+            mask = finished[:, None] & (cols < vocab)[None, :]
+            w = tl.load(work_ptr + rows64[:, None] * vocab + cols[None, :], mask=mask, other=0.0)
+            masses = _sum(tl.reshape(w, [BLOCK_B, BLOCKS, SAMPLE_BLOCK]), axis=2)
+            blocks = start // SAMPLE_BLOCK + tl.arange(0, BLOCKS).to(tl.int64)
+            u = krng.uniform_from_base(base[:, None], (-blocks + BLOCK_NOISE_INDEX)[None, :])
+            score = tl.where(masses > 0.0, _log(masses, PRECISE) - _log(-_log(u, PRECISE), PRECISE), float("-inf"))
+            best, best_block = _fold_first_max(best, best_block, score, start // SAMPLE_BLOCK)
+        cols = best_block[:, None] * SAMPLE_BLOCK + tl.arange(0, SAMPLE_BLOCK).to(tl.int64)[None, :]
+        mask = finished[:, None] & (cols < vocab)
+        w = tl.load(work_ptr + rows64[:, None] * vocab + cols, mask=mask, other=0.0)
+        u = krng.uniform_from_base(base[:, None], cols)
+        score = tl.where(mask, _log(w, PRECISE) - _log(-_log(u, PRECISE), PRECISE), float("-inf"))
+        _, arg = _max_index(score, axis=1)
+        token = best_block * SAMPLE_BLOCK + arg.to(tl.int64)
+    return token
 
 
 @triton.jit(do_not_specialize=["accept_prefix", "sample_prefix"])
@@ -157,7 +162,7 @@ def verify_paths_triton(log_p: torch.Tensor, q: torch.Tensor, tokens: torch.Tens
     device = log_p.device
     log_p, q = log_p.float().contiguous(), q.float().contiguous()
     tokens = tokens.long().contiguous()
-    one_block = vocab <= SAMPLE_BLOCK
+    one_block = vocab <= sampling.SAMPLE_BLOCK
     block_v = max(16, triton.next_power_of_2(vocab)) if one_block else 1024
     if interpreting():  # each program costs Python per operation: many rows per program
         block_b = max(1, min(triton.next_power_of_2(batch), (1 << 16) // block_v))
