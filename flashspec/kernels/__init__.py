@@ -3,7 +3,8 @@
 `verify_triton` is the backend; `flashspec.kernels.rng` is the uint32 Triton twin of `flashspec.rng`'s hash;
 `flashspec.kernels.structures` is the registry of launch structures a plan may name (the two launches, the one
 pass and block verification's three launches, registered here; other structures register themselves from the lab:
-`import flashspec_lab.kernels`).
+`import flashspec_lab.kernels`). `flashspec.kernels.paths` is the Triton backend of `flashspec.paths.verify_paths`
+(several drafted paths verified together), imported when that backend is asked for.
 """
 from flashspec.kernels import block_pass, one_pass, structures, two_launch
 
