@@ -71,7 +71,8 @@ def _race_row(work_ptr, rows64, finished, base, vocab, PRECISE: tl.constexpr, ON
     return token
 
 
-@triton.jit(do_not_specialize=["accept_prefix", "sample_prefix"])
+# sizes of 1 are not specialised: Triton 3.6 miscompiles the path loop once `paths` is the constant 1
+@triton.jit(do_not_specialize=["accept_prefix", "sample_prefix", "batch", "paths", "gamma"])
 def _paths_kernel(log_p_ptr, q_ptr, tokens_ptr, work_ptr, out_tokens_ptr, out_accepted_ptr, out_path_ptr,
                   accept_prefix, sample_prefix, batch, paths, gamma, vocab,
                   PRECISE: tl.constexpr, ONE_BLOCK: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import fcntl
+import inspect
 import json
 import sys
 import time
@@ -128,7 +129,8 @@ def gpt_fast_request(shape: str, device: torch.device, settings: dict[str, Any])
         raise RuntimeError(f"converted logits disagree with Hugging Face's: cosine {cosine}")
     if settings["compile"] and device.type == "cuda":
         gen.decode_one_token = torch.compile(gen.decode_one_token, mode="reduce-overhead", fullgraph=True)
-    extra = {"batch_size": 1} if "batch_size" in gen.generate.__code__.co_varnames else {}
+    # signature() reads through the torch.no_grad wrapper (its __code__ is the wrapper's)
+    extra = {"batch_size": 1} if "batch_size" in inspect.signature(gen.generate).parameters else {}
 
     def request() -> int:
         sequence, _ = gen.generate(model, prompt, settings["new_tokens"], **extra, interactive=False,
