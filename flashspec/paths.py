@@ -121,7 +121,6 @@ def verify_paths_reference(target_logits: torch.Tensor, draft_logits: torch.Tens
     """`verify_paths` without checks, drawing from `key`: uniform (row, depth, path) of the accept stream decides
     path k's test at a depth; the residual or bonus token races on the sample stream at (row, depth)."""
     batch, paths, gamma = draft_tokens.shape
-    vocab = target_logits.shape[-1]
     device = target_logits.device
     tokens_in = draft_tokens.long()
     rows = torch.arange(batch, device=device)
