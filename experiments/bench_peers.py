@@ -83,8 +83,9 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
 
 def child(args: argparse.Namespace) -> int:
     system, shape, out = args.child
-    record = peers.run_system(system, shape, settings_of(args))
-    Path(out).write_text(json.dumps(record))
+    path = Path(out)
+    # written after every method, so the parent keeps what finished if this process runs out of time
+    peers.run_system(system, shape, settings_of(args), save=lambda record: path.write_text(json.dumps(record)))
     return 0
 
 
@@ -109,10 +110,15 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     # the child's progress and errors go to this process's stderr as they happen
                     done = subprocess.run(command, timeout=args.timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-                    cells[shape][system] = (json.loads(out.read_text()) if out.is_file() else
-                                            {"error": f"exit {done.returncode} (its stderr is above)"})
+                    error = None if done.returncode == 0 else f"exit {done.returncode} (its stderr is above)"
                 except subprocess.TimeoutExpired:
-                    cells[shape][system] = {"error": f"no result within {args.timeout} s"}
+                    error = f"no result within {args.timeout} s"
+                # the methods the child finished, and why the rest are missing
+                cells[shape][system] = json.loads(out.read_text()) if out.is_file() else {}
+                if error is not None:
+                    cells[shape][system].setdefault("error", error)
+                elif not cells[shape][system]:
+                    cells[shape][system] = {"error": "no method ran (its stderr is above)"}
             print(f"bench_peers: {system} at {shape}: {summary(cells[shape][system])}", file=sys.stderr, flush=True)
             if args.out:
                 provenance.write_result(args.out, record, settings, {"cells": cells})
@@ -138,10 +144,11 @@ def floors(args: argparse.Namespace, settings: dict[str, Any]) -> dict[str, Any]
 
 
 def summary(record: dict[str, Any]) -> str:
+    measured = ", ".join(f"{method} {value['tok_s_median']:.0f} tok/s" for method, value in record.items()
+                         if isinstance(value, dict) and "tok_s_median" in value)
     if "error" in record:
-        return "error: " + record["error"][:300]
-    return ", ".join(f"{method} {value['tok_s_median']:.0f} tok/s" for method, value in record.items()
-                     if isinstance(value, dict) and "tok_s_median" in value) or json.dumps(record)[:300]
+        return (f"{measured}; " if measured else "") + "error: " + record["error"][:300]
+    return measured or json.dumps(record)[:300]
 
 
 if __name__ == "__main__":

@@ -219,6 +219,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--speed-gammas", type=int, nargs="+", default=None,
                         help="γ values of the speculative-vs-plain comparison (default: --gamma alone)")
+    parser.add_argument("--speed-temperatures", type=float, nargs="+", default=[0.0, 1.0],
+                        help="sampling temperatures of the speed part, in this order (results under 'greedy' for 0, "
+                             "'t1' for 1, 't<T>' otherwise, e.g. t0.7)")
     parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS),
                         help="what to measure after the build (default: all)")
     parser.add_argument("--teacher", choices=sorted(distill.TEACHERS), default=None,
@@ -252,6 +255,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     cli_checks.output_file(parser, "--out", args.out)
     check_workload(parser, args)
+    temperatures = args.speed_temperatures
+    if min(temperatures) < 0 or len(set(temperatures)) != len(temperatures):
+        parser.error(f"--speed-temperatures {temperatures}: each must be >= 0 and named once (e.g. 0 0.7 1)")
     if len(set(args.verify_methods)) != len(args.verify_methods):
         parser.error(f"--verify-methods: {args.verify_methods} names a method more than once; name each once")
     for name in args.gamma_policies:
@@ -294,6 +300,11 @@ def check_workload(parser: argparse.ArgumentParser, args: argparse.Namespace) ->
         parser.error(f"--requests {args.requests}: the blocks workload then never reaches {categories[reached:]} "
                      f"({args.block} requests per category in turn); pass --requests {one_block_each} or more, "
                      f"fewer --categories or a smaller --block")
+
+
+def speed_label(temperature: float) -> str:
+    """The speed part's key of one sampling temperature: 'greedy' at 0, 't1' at 1, 't<T>' otherwise."""
+    return "greedy" if temperature == 0 else f"t{temperature:g}"
 
 
 def token_agreement(base: dict[str, Any], other: dict[str, Any]) -> float:
@@ -533,7 +544,8 @@ def main(argv: list[str] | None = None) -> int:
         def fresh_adaptive() -> None:  # each stream learns from nothing: a new policy, no cost measured
             adaptive.policy = make_policy(args.speed_adaptive_policy, adaptive_arms, seed=0)
             adaptive.step_costs = StepCosts(adaptive_arms, groups=adaptive.cost_groups)  # same-compute arms share costs
-        for label, temperature in (("greedy", 0.0), ("t1", 1.0)):
+        for temperature in args.speed_temperatures:
+            label = speed_label(temperature)
             sampling = fs.SamplingParams(temperature=temperature)
             # warm-up: the timed stream itself, under the same fresh policy and seeds, so every graph the
             # rounds replay is captured here (a shorter warm-up leaves arms and buckets to capture while timed)

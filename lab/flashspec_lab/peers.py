@@ -19,6 +19,7 @@ converted model's logits are compared with Hugging Face's before any timing (`lo
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import subprocess
 import sys
@@ -42,6 +43,9 @@ SHAPES: dict[str, tuple[Callable[..., Any], Callable[..., Any] | None]] = {
     "llama-2-7b": (models.llama_7b_config, None),
 }
 SYSTEMS = ("flashspec", "gpt-fast", "hf")
+# what the speculative run changes in gpt-fast at run time, recorded with its result
+CLONE_PATCH = ("decode_one_token's outputs cloned after each CUDA-graph replay (the draft loop keeps them across "
+               "replays, which torch refuses to read once overwritten)")
 MIN_COSINE = 0.99  # converted gpt-fast logits against Hugging Face's, below which nothing is timed
 
 
@@ -209,13 +213,15 @@ def timed(request: Callable[[], int], device: torch.device, repeats: int, label:
             "tok_s_max": ordered[-1], "first_request_s": first}
 
 
-def run_flashspec(shape: str, device: torch.device, settings: dict[str, Any]) -> dict[str, Any]:
+Keep = Callable[[str, dict[str, Any]], None]  # records one method's result as soon as it is measured
+
+
+def run_flashspec(shape: str, device: torch.device, settings: dict[str, Any], keep: Keep) -> None:
     """FlashSpec's fast path: plain, and speculative where the shape has a draft."""
     target, draft = build_models(shape, device, settings["smoke"])
     prompt = prompt_ids(settings["prompt_tokens"], target.config.vocab_size).to(device)
     sampling = fs.SamplingParams(1.0)
     compile_option = settings["compile"] or False
-    out: dict[str, Any] = {}
     decoders = {"plain": FastPlainDecoder(target, compile=compile_option, compile_scope=settings["compile_scope"])}
     if draft is not None and not settings.get("plain_only"):
         decoders["speculative"] = FastSpeculativeDecoder(target, [draft], gamma=settings["gamma"],
@@ -230,20 +236,17 @@ def run_flashspec(shape: str, device: torch.device, settings: dict[str, Any]) ->
             steps.append(len(result.stats.steps))
             return int(result.num_generated.sum())
 
-        out[method] = timed(request, device, settings["repeats"], f"flashspec {method}")
-        out[method]["tokens_per_step"] = settings["new_tokens"] / steps[-1]
-    return out
+        record = timed(request, device, settings["repeats"], f"flashspec {method}")
+        keep(method, {**record, "tokens_per_step": settings["new_tokens"] / steps[-1]})
 
 
-def run_gpt_fast(shape: str, device: torch.device, settings: dict[str, Any]) -> dict[str, Any]:
+def run_gpt_fast(shape: str, device: torch.device, settings: dict[str, Any], keep: Keep) -> None:
     """gpt-fast's `generate`: plain, or speculative with `--gpt-fast-speculative`'s checkout."""
-    out: dict[str, Any] = {}
     for method, key in (("plain", "gpt_fast"), ("speculative", "gpt_fast_speculative")):
         checkout = settings.get(key)
         if checkout is None or (method == "speculative" and (SHAPES[shape][1] is None or settings.get("plain_only"))):
             continue
-        out[method] = _gpt_fast_method(shape, device, settings, Path(checkout), method == "speculative")
-    return out
+        keep(method, _gpt_fast_method(shape, device, settings, Path(checkout), method == "speculative"))
 
 
 def _gpt_fast_method(shape: str, device: torch.device, settings: dict[str, Any], checkout: Path,
@@ -266,9 +269,14 @@ def _gpt_fast_method(shape: str, device: torch.device, settings: dict[str, Any],
     if min(cosine.values()) < MIN_COSINE:
         return {"error": f"converted logits disagree with Hugging Face's: cosine {cosine}", "logits_cosine": cosine}
     if settings["compile"] and device.type == "cuda":  # as gpt-fast's main() does
-        gen.decode_one_token = torch.compile(gen.decode_one_token, mode="reduce-overhead", fullgraph=True)
+        compiled = torch.compile(gen.decode_one_token, mode="reduce-overhead", fullgraph=True)
+        gen.decode_one_token = compiled
         if speculative:
             gen.model_forward = torch.compile(gen.model_forward, mode="reduce-overhead", fullgraph=True)
+            # its draft loop keeps each step's (token, probs) while the next replay overwrites the graph's
+            # outputs (torch >= 2.5 raises on the read): clone them, the smallest fix, recorded below
+            gen.decode_one_token = functools.wraps(compiled)(
+                lambda *a, **k: tuple(t.clone() for t in compiled(*a, **k)))
     extra = {"batch_size": 1} if "batch_size" in inspect.signature(gen.generate).parameters else {}
     accepted: list[list[int]] = []
 
@@ -282,20 +290,21 @@ def _gpt_fast_method(shape: str, device: torch.device, settings: dict[str, Any],
     torch.manual_seed(1234)
     record = timed(request, device, settings["repeats"], f"gpt-fast {'speculative' if speculative else 'plain'}")
     record["logits_cosine"] = cosine
+    if speculative and settings["compile"] and device.type == "cuda":
+        record["runtime_patch"] = CLONE_PATCH
     if speculative:
         counts = accepted[-1]
         record["tokens_per_step"] = sum((i + 1) * c for i, c in enumerate(counts)) / max(1, sum(counts))
     return record
 
 
-def run_hf(shape: str, device: torch.device, settings: dict[str, Any]) -> dict[str, Any]:
+def run_hf(shape: str, device: torch.device, settings: dict[str, Any], keep: Keep) -> None:
     """Hugging Face `generate` (pure sampling at T = 1) and assisted generation with the draft."""
     target, draft = build_models(shape, device, settings["smoke"])
     prompt = prompt_ids(settings["prompt_tokens"], target.config.vocab_size).to(device)
     sampling = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0,
                     max_new_tokens=settings["new_tokens"], min_new_tokens=settings["new_tokens"])
-    out: dict[str, Any] = {}
-    methods = {"plain": {}}
+    methods: dict[str, dict[str, Any]] = {"plain": {}}
     if draft is not None and not settings.get("plain_only"):
         methods["assisted"] = {"assistant_model": draft, "num_assistant_tokens": settings["gamma"],
                                "num_assistant_tokens_schedule": "constant"}
@@ -305,20 +314,29 @@ def run_hf(shape: str, device: torch.device, settings: dict[str, Any]) -> dict[s
             return sequence.shape[1] - prompt.shape[1]
 
         torch.manual_seed(0)
-        out[method] = timed(request, device, settings["hf_repeats"], f"hf {method}")
-    return out
+        keep(method, timed(request, device, settings["hf_repeats"], f"hf {method}"))
 
 
 RUNNERS = {"flashspec": run_flashspec, "gpt-fast": run_gpt_fast, "hf": run_hf}
 
 
-def run_system(system: str, shape: str, settings: dict[str, Any]) -> dict[str, Any]:
-    """One system at one shape, in this process: its methods' records, or {"error": text}."""
+def run_system(system: str, shape: str, settings: dict[str, Any],
+               save: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """One system at one shape, in this process: its methods' records, with "error" (text) added when one
+    failed; the methods measured before it stay. `save` gets the record after every method, so a process cut
+    by its time limit leaves what it finished."""
     device = torch.device(settings["device"])
+    out: dict[str, Any] = {}
+
+    def keep(method: str, record: dict[str, Any]) -> None:
+        out[method] = record
+        if save is not None:
+            save(out)
     try:
-        return RUNNERS[system](shape, device, settings)
+        RUNNERS[system](shape, device, settings, keep)
     except Exception as error:  # noqa: BLE001 - recorded, the other systems still run
-        return {"error": f"{type(error).__name__}: {error}"[:2000]}
+        out["error"] = f"{type(error).__name__}: {error}"[:2000]
+    return out
 
 
 def hbm_floor_ms(shape: str, copy_bytes_per_s: float | None, filled: int) -> float | None:

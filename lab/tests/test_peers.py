@@ -72,6 +72,20 @@ def test_systems_run_in_process_at_smoke_shapes(system):
     assert peers.run_system(system, "no-such-shape", settings)["error"].startswith("ValueError: shape must be")
 
 
+def test_a_failing_method_keeps_the_ones_before_it(monkeypatch):
+    """A system whose second method raises keeps the first method's record beside the error, and `save`
+    sees the record after each finished method (what a child cut by its time limit leaves its parent)."""
+    def runner(shape, device, settings, keep):
+        keep("plain", {"tok_s_median": 5.0})
+        raise RuntimeError("graph output overwritten")
+
+    monkeypatch.setitem(peers.RUNNERS, "fake", runner)
+    saved = []
+    record = peers.run_system("fake", "tinyllama-1.1b", {"device": "cpu"}, save=lambda r: saved.append(dict(r)))
+    assert record == {"plain": {"tok_s_median": 5.0}, "error": "RuntimeError: graph output overwritten"}
+    assert saved == [{"plain": {"tok_s_median": 5.0}}]
+
+
 def test_hbm_floor_of_the_7b_shape():
     """Llama-2-7B: 6.5e9 weights read per token (the embedding table is not), 13.0 GB at 4.28 TB/s is ~3.0 ms."""
     floor = peers.hbm_floor_ms("llama-2-7b", 4.28e12, filled=160)

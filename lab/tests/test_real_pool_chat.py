@@ -102,3 +102,13 @@ def test_the_command_line_checks_the_workload_options(tmp_path: Path, capsys: py
         with pytest.raises(SystemExit):
             real_pool.parse_args(["--out", out, *argv])
         assert f"error: {option}" in capsys.readouterr().err
+
+
+def test_speed_temperatures_name_their_results_and_are_checked(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    args = real_pool.parse_args(["--out", str(tmp_path / "r.json"), "--speed-temperatures", "1", "0.7", "0"])
+    assert [real_pool.speed_label(t) for t in args.speed_temperatures] == ["t1", "t0.7", "greedy"]
+    assert real_pool.parse_args(["--out", str(tmp_path / "r.json")]).speed_temperatures == [0.0, 1.0]
+    for bad in (["-0.5"], ["1", "1"]):
+        with pytest.raises(SystemExit):
+            real_pool.parse_args(["--out", str(tmp_path / "r.json"), "--speed-temperatures", *bad])
+        assert "--speed-temperatures" in capsys.readouterr().err
