@@ -20,8 +20,11 @@ export PYTHONUNBUFFERED=1 MPLBACKEND=Agg FLASHSPEC_CACHE=$HOME/flashspec-cache
 mkdir -p "$HOME/smollm2"
 cp "$carried"/smol.part* "$HOME/smollm2/"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site "$carried"/*.whl \
-  && export PYTHONPATH=/tmp/site || exit 1
-pip install -q --no-deps --no-build-isolation -e . >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+  || exit 1
+pip install -q --no-deps --no-build-isolation -e . -e lab >"$OUT/install.log" 2>&1 || { cat "$OUT/install.log"; exit 1; }
+# the checkout and its lab first on the path (the drivers and tests import flashspec_lab; the device's pip can
+# serve another interpreter than `python`), then the carried wheel
+export PYTHONPATH="$PWD:$PWD/lab:/tmp/site"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$OUT/gpu.txt"
 sha=${FLASHSPEC_GIT_SHA:0:7}
 if [ "$stage" = first ]; then
