@@ -549,20 +549,37 @@ def main(argv: list[str] | None = None) -> int:
             sampling = fs.SamplingParams(temperature=temperature)
             # warm-up: the timed stream itself, under the same fresh policy and seeds, so every graph the
             # rounds replay is captured here (a shorter warm-up leaves arms and buckets to capture while timed)
-            stream(plain, blocks, sampling, args.new_tokens, device)
-            for decoder in decoders.values():
-                decoder.policy = make_policy("thompson", len(pool_names), seed=0)
+            warm_up_s: dict[str, float] = {}  # each contestant's untimed stream: its compiles and captures
+
+            def warm_up(method: str, decoder: Any) -> None:
+                begun = time.perf_counter()
                 stream(decoder, blocks, sampling, args.new_tokens, device)
-            stream(one_draft, blocks, sampling, args.new_tokens, device)
+                warm_up_s[method] = time.perf_counter() - begun
+                print(f"[real_pool] {label} warm-up {method}: {warm_up_s[method]:.1f} s", flush=True)
+                keep_so_far()
+
+            def keep_so_far() -> None:  # a run cut by its time limit keeps the warm-ups and rounds it finished
+                results[key] = {**out, label: {"partial": True, "warm_up_s": warm_up_s, "tok_s_rounds": rounds}}
+                write()
+            rounds: dict[str, list[float]] = {}
+            warm_up("fast_plain", plain)
+            for g, decoder in decoders.items():
+                decoder.policy = make_policy("thompson", len(pool_names), seed=0)
+                warm_up(f"gamma{g}", decoder)
+            warm_up("one_draft", one_draft)
             if lookup_alone is not None:
-                stream(lookup_alone, blocks, sampling, args.new_tokens, device)
+                warm_up("prompt_lookup", lookup_alone)
             fresh_adaptive()
-            stream(adaptive, blocks, sampling, args.new_tokens, device)
+            warm_up("adaptive", adaptive)
             # its choices follow measured times, so the timed stream may reach other arms: capture them all first
             longest = max(len(r.prompt_ids) for r in blocks) + args.new_tokens + adaptive.max_gamma + 1
+            begun = time.perf_counter()
             adaptive.capture_graphs(range(1, longest + 1))
-            rounds: dict[str, list[float]] = {"fast_plain": [], **{f"gamma{g}": [] for g in gammas}, "one_draft": [],
-                                              "adaptive": [], **({"prompt_lookup": []} if lookup_alone else {})}
+            warm_up_s["adaptive_capture_all"] = time.perf_counter() - begun
+            print(f"[real_pool] {label} adaptive: every reachable graph captured in "
+                  f"{warm_up_s['adaptive_capture_all']:.1f} s", flush=True)
+            rounds.update({"fast_plain": [], **{f"gamma{g}": [] for g in gammas}, "one_draft": [], "adaptive": [],
+                           **({"prompt_lookup": []} if lookup_alone else {})})
             captures: dict[str, list[int]] = {method: [] for method in rounds}
             breakdown: dict[str, dict] = {}  # of each method's last round
             last: dict[str, dict[str, Any]] = {}  # each method's last round, for its numbers per domain
@@ -577,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
                 captures[method].append(served["graph_captures"])
                 breakdown[method] = served["breakdown"]
                 last[method] = served
+                keep_so_far()
                 return served
 
             def summary(method: str) -> dict[str, Any]:  # a speculative method's rounds against fast plain's
@@ -608,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
             per_domain = {method: domain_summary(block_domains, served["request_of_step"], served["request_tokens"],
                                                  served["request_seconds"]) for method, served in last.items()}
             main_gamma = by_gamma[str(args.gamma)] if args.gamma in gammas else by_gamma[str(gammas[0])]
-            out[label] = {"fast_plain": spread(rounds["fast_plain"]),
+            out[label] = {"warm_up_s": warm_up_s, "fast_plain": spread(rounds["fast_plain"]),
                           "fast_plain_graph_captures": captures["fast_plain"], **main_gamma, "by_gamma": by_gamma,
                           "greedy_token_agreement_with_plain": agree.get(str(args.gamma)),
                           "greedy_token_agreement_by_gamma": agree or None,

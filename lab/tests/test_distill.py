@@ -259,6 +259,39 @@ def test_real_pool_speed_part_with_prompt_lookup(micro_cache: Path, tmp_path: Pa
     assert speed["greedy"]["one_draft"]["greedy_token_agreement_with_plain"] == 1.0
 
 
+def test_real_pool_speed_part_at_one_temperature_with_plain_as_an_arm(micro_cache: Path, tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """--speed-temperatures 1 runs T = 1 alone; the adaptive contestant's γ may be 0 (plain decoding as an arm),
+    under both verify methods; each contestant's warm-up time is recorded, and a part cut mid-way keeps the
+    warm-ups it finished beside its error."""
+    from experiments import real_pool
+
+    out = tmp_path / "pool.json"
+    argv = ["--size", "micro-distill", "--out", str(out), "--requests", "2", "--block", "1", "--new-tokens", "6",
+            "--repeats", "1", "--device", "cpu", "--parts", "speed", "--speed-temperatures", "1",
+            "--speed-adaptive-gammas", "0", "2", "--gamma", "2", "--verify-methods", "token", "block"]
+    assert real_pool.main(argv) == 0
+    results = json.loads(out.read_text())["results"]
+    for key in ("speed", "speed[block]"):
+        assert "error" not in results[key] and set(results[key]) >= {"t1"} and "greedy" not in results[key]
+        entry = results[key]["t1"]
+        assert set(entry["warm_up_s"]) == {"fast_plain", "gamma2", "one_draft", "adaptive", "adaptive_capture_all"}
+        assert entry["adaptive"]["gammas"] == [0, 2] and "partial" not in entry
+    served = real_pool.stream
+    calls = []
+
+    def cut(*args, **kwargs):  # the third stream (the first speculative contestant's warm-up after γ = 2) fails
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("cut here")
+        return served(*args, **kwargs)
+    monkeypatch.setattr(real_pool, "stream", cut)
+    real_pool.main(argv[:-1])
+    speed = json.loads(out.read_text())["results"]["speed"]
+    assert "cut here" in speed["error"] and speed["t1"]["partial"] is True
+    assert set(speed["t1"]["warm_up_s"]) == {"fast_plain", "gamma2"}
+
+
 def test_real_pool_experiment_runs_end_to_end_on_tiny_shapes(micro_cache: Path, tmp_path: Path) -> None:
     from experiments import real_pool
 
