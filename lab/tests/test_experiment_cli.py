@@ -192,3 +192,18 @@ def test_under_torchrun_names_what_is_missing(parser, monkeypatch, capsys):
     assert line == ("flashspec probe: error: not started by torchrun (MASTER_PORT is not set): this command runs "
                     "one process per rank; launch it as `torchrun --nproc-per-node 4 -m flashspec bench tp --out "
                     "'a b.json'`")
+
+
+def test_compile_nested_probe_compares_each_variant_with_eager(tmp_path):
+    """The probe times each variant in its own process and records its logits' distance from the eager forward's:
+    the whole-forward compile agrees (it is what the fast path ships)."""
+    import json
+
+    from experiments import compile_nested_probe
+
+    out = tmp_path / "probe.json"
+    assert compile_nested_probe.main(["--layers", "1", "--variants", "whole", "--out", str(out)]) == 0
+    variants = json.loads(out.read_text())["results"]["variants"]
+    assert set(variants) == {"eager", "whole"}
+    assert variants["whole"]["logits_finite"] and variants["whole"]["max_abs_logit_difference_vs_eager"] < 1e-4
+    assert variants["whole"]["first_compiled_call_s"] > 0
