@@ -274,7 +274,7 @@ def _gpt_fast_method(shape: str, device: torch.device, settings: dict[str, Any],
         if speculative:
             gen.model_forward = torch.compile(gen.model_forward, mode="reduce-overhead", fullgraph=True)
             # its draft loop keeps each step's (token, probs) while the next replay overwrites the graph's
-            # outputs (torch >= 2.5 raises on the read): clone them, the smallest fix, recorded below
+            # outputs (torch 2.11 raises on the read): clone them, the smallest fix, recorded below
             gen.decode_one_token = functools.wraps(compiled)(
                 lambda *a, **k: tuple(t.clone() for t in compiled(*a, **k)))
     extra = {"batch_size": 1} if "batch_size" in inspect.signature(gen.generate).parameters else {}
