@@ -7,7 +7,8 @@
    domain-switching workloads (blocks and mixed, `--requests` held-out prompts, `--new-tokens` each): every
    fixed draft, the per-domain oracle and the shipped bandits, all served by one `FastSpeculativeDecoder`.
 4. Fast speculative (Thompson over the pool) against fast plain decoding of SmolLM2 on the blocks workload,
-   greedy and T = 1, `--repeats` rounds each (the spread is reported), with tokens agreeing with plain greedy.
+   at each of `--speed-temperatures` (default greedy and T = 1), `--repeats` rounds each (the spread is
+   reported), with tokens agreeing with plain greedy; each contestant's warm-up seconds are recorded.
    `--prompt-lookup` adds the model-free prompt-lookup drafter to the pool of every contestant that chooses
    (Thompson at each γ, the adaptive one) and times it alone; each records which draft served each domain.
 5. The step anatomy of a one-draft step (target and draft forwards timed alone from their graphs).
