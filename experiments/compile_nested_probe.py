@@ -78,9 +78,10 @@ def nest(variant: str, eps: float) -> None:
 
     runner.project_qkv = lambda layer, x, cos, sin, heads, fused: before(
         x, layer.input_layernorm.weight, fused.qkv, cos, sin, *heads)
+    cloned = variant == "nested_tensors_cloned"
     runner.finish_layer = lambda layer, x, attended, fused: after(
-        x.clone() if variant == "nested_tensors_cloned" else x, attended, layer.self_attn.o_proj.weight, layer.post_attention_layernorm.weight, fused.gate_up,
-        layer.mlp.down_proj.weight)
+        x.clone() if cloned else x, attended, layer.self_attn.o_proj.weight, layer.post_attention_layernorm.weight,
+        fused.gate_up, layer.mlp.down_proj.weight)
 
 
 def child(args: argparse.Namespace) -> int:
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     env = {**os.environ, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0", "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
     runs: dict[str, dict[str, Any]] = {}
     logits: dict[str, torch.Tensor] = {}
-    forwarded = [a for a in (argv if argv is not None else sys.argv[1:])]
+    forwarded = list(argv if argv is not None else sys.argv[1:])
     with tempfile.TemporaryDirectory() as folder:
         for variant in ("eager", *[v for v in args.variants if v != "eager"]):
             path = Path(folder) / f"{variant}.pt"

@@ -269,8 +269,7 @@ def _gpt_fast_method(shape: str, device: torch.device, settings: dict[str, Any],
     if min(cosine.values()) < MIN_COSINE:
         return {"error": f"converted logits disagree with Hugging Face's: cosine {cosine}", "logits_cosine": cosine}
     if settings["compile"] and device.type == "cuda":  # as gpt-fast's main() does
-        compiled = torch.compile(gen.decode_one_token, mode="reduce-overhead", fullgraph=True)
-        gen.decode_one_token = compiled
+        compiled = gen.decode_one_token = torch.compile(gen.decode_one_token, mode="reduce-overhead", fullgraph=True)
         if speculative:
             gen.model_forward = torch.compile(gen.model_forward, mode="reduce-overhead", fullgraph=True)
             # its draft loop keeps each step's (token, probs) while the next replay overwrites the graph's
