@@ -10,7 +10,8 @@ its HBM floor (weights and K/V at the measured copy bandwidth). See `flashspec_l
         --gpt-fast-speculative ~/gpt-fast-e2cfa34 --shapes tinyllama-1.1b                      # + its speculative
     python experiments/bench_peers.py --smoke --systems flashspec hf                             # CPU: it runs
 
-gpt-fast is not vendored: `--gpt-fast` is a checkout of pytorch-labs/gpt-fast (its commit is recorded). Its
+gpt-fast is not vendored: `--gpt-fast` is a checkout of pytorch-labs/gpt-fast (its commit is recorded: its git
+HEAD, or for a copy without .git the first word of a `COMMIT` file in it). Its
 speculative path fails at batch 1 since its batched-generation change (61c193d); `--gpt-fast-speculative`
 takes a checkout of the commit before it (e2cfa34) for the speculative run.
 """

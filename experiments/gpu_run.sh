@@ -8,9 +8,10 @@
 # PROFILE_TAG ends its file names, e.g. _triton39), interference (experiments/verify_interference.py: the eager step
 # timed after different preceding calls), prefill (experiments/prefill_profile.py: where a request's prefill goes), profile-plain
 # (experiments/profile_plain.py: the plain step kernel by kernel beside gpt-fast's; GPT_FAST: a carried checkout,
-# default .peers/gpt-fast), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
+# default .peers/gpt-fast), peers (experiments/bench_peers.py beside gpt-fast at GPT_FAST and GPT_FAST_SPECULATIVE, default
+# .peers/gpt-fast and .peers/gpt-fast-e2cfa34; PEERS_ARGS: more options, e.g. --shapes ... --timeout ...), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
 # bitsandbytes must be importable), reproduce (flashspec reproduce t4 --source random: the paper's T4 table on this GPU with
-# TinyLlama/68m-shaped random weights, NF4; bitsandbytes must be importable). TESTS: the test files of the tests phase. Time limits (s): TESTS_LIMIT, BENCH_LIMIT, NF4_LIMIT, VERIFY_LIMIT, PREFILL_LIMIT; PREFILL_ARGS: more
+# TinyLlama/68m-shaped random weights, NF4; bitsandbytes must be importable). TESTS: the test files of the tests phase. Time limits (s): TESTS_LIMIT, BENCH_LIMIT, PEERS_LIMIT, NF4_LIMIT, VERIFY_LIMIT, PREFILL_LIMIT; PREFILL_ARGS: more
 # prefill_profile options (e.g. --compile default, as the real-pool runs); VERIFY_ARGS: more bench verify options (e.g.
 # --variants ... --skip-sweep). TRITON_TARBALL: a .tar.xz of another Triton's package folder (carried: the device has
 # no network), unpacked under $HOME and put first on PYTHONPATH, so every phase runs that Triton (e.g. 3.9, whose
@@ -78,6 +79,10 @@ for name in "$@"; do
     profile-plain) phase "profile_plain_$sha" "${PROFILE_LIMIT:-540}" python experiments/profile_plain.py \
                --gpt-fast "${GPT_FAST:-.peers/gpt-fast}" --timeout "$(( ${PROFILE_LIMIT:-540} - 20 ))" \
                --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/profile_plain_h200.json" ;;
+    peers) # shellcheck disable=SC2086  # PEERS_ARGS is a list of options
+           phase "peers_$sha" "${PEERS_LIMIT:-540}" python experiments/bench_peers.py \
+             --gpt-fast "${GPT_FAST:-.peers/gpt-fast}" --gpt-fast-speculative "${GPT_FAST_SPECULATIVE:-.peers/gpt-fast-e2cfa34}" \
+             --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/peers.json" ${PEERS_ARGS:-} ;;
     prefill) phase "prefill_profile_h200_$sha" "${PREFILL_LIMIT:-150}" python -m experiments.prefill_profile \
                --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/prefill_profile_h200.json" ${PREFILL_ARGS:-} ;;
     *) echo "unknown phase $name" >&2; exit 2 ;;

@@ -132,14 +132,22 @@ def gpt_fast_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def checkout_commit(path: Path | None) -> str | None:
-    """The commit a gpt-fast checkout is at (git, else its .git folder), or None."""
+    """The commit a gpt-fast checkout is at: its own git repository's HEAD, else the first line of a
+    `COMMIT` file beside its code (a copy made without .git), else None. Never the repository that holds
+    the copy: git asked inside a folder without .git answers for the folder above."""
     if path is None:
         return None
+    if (path / ".git").exists():
+        try:
+            return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                  timeout=10, check=True).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return provenance._sha_from_git_folder(path / ".git")
     try:
-        return subprocess.run(["git", "-C", str(path), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              timeout=10, check=True).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return provenance._sha_from_git_folder(path / ".git")
+        lines = (path / "COMMIT").read_text().split()
+    except OSError:
+        return None
+    return lines[0] if lines else None
 
 
 @contextlib.contextmanager
@@ -191,15 +199,46 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def compile_frames() -> list[dict[str, Any]]:
+    """Every frame torch.compile compiled in this process since the last `clear_compile_frames`, in order:
+    its function, where it is, and its seconds (the whole frame; of them, inductor's)."""
+    metrics = getattr(torch._dynamo.utils, "get_compilation_metrics", lambda: [])()
+    return [{"function": m.co_name, "where": f"{Path(m.co_filename or '?').name}:{m.co_firstlineno}",
+             "compile_s": m.entire_frame_compile_time_s, "inductor_s": m.inductor_compile_time_s,
+             "failed": m.fail_reason} for m in metrics]
+
+
+def clear_compile_frames() -> None:
+    getattr(torch._dynamo.utils, "clear_compilation_metrics", lambda: None)()
+
+
+def first_request_breakdown(first_s: float, frames: list[dict[str, Any]]) -> dict[str, Any]:
+    """Where a first request's seconds went: the compiled frames (summed per function and place, largest
+    first), their total, and the rest (eager runs, graph captures, Triton kernels built on first launch)."""
+    per: dict[tuple[str, str], dict[str, Any]] = {}
+    for frame in frames:
+        entry = per.setdefault((frame["function"], frame["where"]), {
+            "function": frame["function"], "where": frame["where"], "frames": 0, "compile_s": 0.0})
+        entry["frames"] += 1
+        entry["compile_s"] += frame["compile_s"] or 0.0
+    compile_s = sum(entry["compile_s"] for entry in per.values())
+    return {"compile_s": compile_s, "other_s": first_s - compile_s,
+            "by_function": sorted(per.values(), key=lambda entry: -entry["compile_s"])}
+
+
 def timed(request: Callable[[], int], device: torch.device, repeats: int, label: str = "") -> dict[str, Any]:
     """Run `request` (returns the tokens it generated) once (compiles, captures), then `repeats` times;
-    tok/s of each timed one. Progress goes to stderr under `label`."""
+    tok/s of each timed one, and where the first request's time went (`first_request_breakdown`). Progress
+    goes to stderr under `label`."""
     sync(device)
+    clear_compile_frames()
     start = time.perf_counter()
     request()
     sync(device)
     first = time.perf_counter() - start
-    print(f"  {label}: first request {first:.1f} s", file=sys.stderr, flush=True)
+    breakdown = first_request_breakdown(first, compile_frames())
+    print(f"  {label}: first request {first:.1f} s ({breakdown['compile_s']:.1f} s compiling "
+          f"{sum(entry['frames'] for entry in breakdown['by_function'])} frames)", file=sys.stderr, flush=True)
     rates = []
     for _ in range(repeats):
         sync(device)
@@ -210,7 +249,7 @@ def timed(request: Callable[[], int], device: torch.device, repeats: int, label:
         print(f"  {label}: {rates[-1]:.1f} tok/s", file=sys.stderr, flush=True)
     ordered = sorted(rates)
     return {"tok_s": rates, "tok_s_median": ordered[len(ordered) // 2], "tok_s_min": ordered[0],
-            "tok_s_max": ordered[-1], "first_request_s": first}
+            "tok_s_max": ordered[-1], "first_request_s": first, "first_request": breakdown}
 
 
 Keep = Callable[[str, dict[str, Any]], None]  # records one method's result as soon as it is measured
@@ -237,6 +276,7 @@ def run_flashspec(shape: str, device: torch.device, settings: dict[str, Any], ke
             return int(result.num_generated.sum())
 
         record = timed(request, device, settings["repeats"], f"flashspec {method}")
+        record["graphs_captured"] = decoder.graphs_captured  # over all its requests (the first captures)
         keep(method, {**record, "tokens_per_step": settings["new_tokens"] / steps[-1]})
 
 

@@ -2,6 +2,8 @@
 model arguments, the in-process system runs at smoke shapes, the floor, and the driver's refusals."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -69,6 +71,7 @@ def test_systems_run_in_process_at_smoke_shapes(system):
     assert all(value["tok_s_median"] > 0 and len(value["tok_s"]) == 1 for value in record.values())
     if system == "flashspec":
         assert record["plain"]["tokens_per_step"] == 1.0 and record["speculative"]["tokens_per_step"] >= 1.0
+    assert all(value["first_request"]["compile_s"] == 0.0 for value in record.values())  # nothing compiled
     assert peers.run_system(system, "no-such-shape", settings)["error"].startswith("ValueError: shape must be")
 
 
@@ -103,3 +106,43 @@ def test_driver_refuses_a_folder_that_is_not_gpt_fast(tmp_path, capsys):
         bench_peers.parse_args(["--repeats", "0"])
     args = bench_peers.parse_args(["--smoke"])
     assert "gpt-fast" not in args.systems and args.new_tokens == 8
+
+
+def test_a_checkout_copy_without_git_names_its_own_commit_not_the_repository_around_it(tmp_path):
+    """A gpt-fast copy inside this repository (no .git of its own): git asked there answers for FlashSpec's
+    checkout, so the commit comes from the copy's COMMIT file, or is unknown."""
+    copy = tmp_path / "gpt-fast"
+    copy.mkdir()
+    assert peers.checkout_commit(copy) is None
+    (copy / "COMMIT").write_text("32971d3129541c5bfb4f715abc33d1c5f408d204\n")
+    assert peers.checkout_commit(copy) == "32971d3129541c5bfb4f715abc33d1c5f408d204"
+    inside = Path(__file__).resolve().parent / "_no_git_here"
+    inside.mkdir(exist_ok=True)
+    try:
+        assert peers.checkout_commit(inside) is None        # not the FlashSpec commit around it
+    finally:
+        inside.rmdir()
+
+
+def test_first_request_breakdown_sums_frames_per_function():
+    frames = [{"function": "_layers", "where": "runner.py:399", "compile_s": 30.0},
+              {"function": "sample_from_logits", "where": "sampling.py:190", "compile_s": 2.0},
+              {"function": "_layers", "where": "runner.py:399", "compile_s": 10.0},
+              {"function": "commit", "where": "fast_session.py:40", "compile_s": None}]
+    breakdown = peers.first_request_breakdown(50.0, frames)
+    assert breakdown["compile_s"] == 42.0 and breakdown["other_s"] == 8.0
+    top = breakdown["by_function"][0]
+    assert (top["function"], top["frames"], top["compile_s"]) == ("_layers", 2, 40.0)
+    assert [entry["function"] for entry in breakdown["by_function"]] == ["_layers", "sample_from_logits", "commit"]
+
+
+def test_the_first_request_of_a_compiled_function_names_its_frame():
+    """`timed` sees torch.compile's frames in its first request only (the timed ones reuse them)."""
+    @torch.compile(fullgraph=True)
+    def double_plus_one(x: torch.Tensor) -> torch.Tensor:
+        return x * 2 + 1
+
+    record = peers.timed(lambda: int(double_plus_one(torch.ones(3)).sum()), torch.device("cpu"), repeats=1)
+    by_function = record["first_request"]["by_function"]
+    assert [entry["function"] for entry in by_function] == ["double_plus_one"]
+    assert by_function[0]["frames"] == 1 and 0 < by_function[0]["compile_s"] <= record["first_request_s"]
