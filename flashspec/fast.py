@@ -160,6 +160,8 @@ class FastSpeculativeDecoder(Front):
         """Free the session: its CUDA graphs, static KV caches and host buffers (the next `generate`
         builds them again). Under tensor parallelism, do this before `destroy_process_group`: graphs
         that captured NCCL collectives keep the communicator alive (`flashspec.tp.shutdown`)."""
+        if self._session is not None:
+            self._session.close()
         self._session = None
 
     def capture_graphs(self, lengths: Sequence[int]) -> int:
@@ -196,6 +198,7 @@ class FastSpeculativeDecoder(Front):
         key = (batch, capacity, request.sampling, tuple(sorted(request.stop_ids)), use_graphs, self.draft_sync,
                self.compile, self.compile_scope)
         if self._session is None or self._session.key != key:
+            self.close()  # the old session's graphs and caches go before the new one allocates its own
             self._session = Session(self, key, batch, capacity, request.sampling, set(request.stop_ids), use_graphs)
         session = self._session
         stats.synchronized_timing = device.type == "cuda"

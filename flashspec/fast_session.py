@@ -336,6 +336,13 @@ class Session:
             graph.replay()
         return captured
 
+    def close(self) -> None:
+        """Drop every graph this session and its runners hold, now: a runner and its prefill graphs refer to
+        each other, so without this they (and their caches) wait for the garbage collector."""
+        self.graphs.clear()
+        for model in self.runners():
+            model.release_graphs()
+
     def runners(self) -> list[runner.LlamaRunner]:
         """The target's runner, then each model draft's (prompt-lookup drafts have none)."""
         return [self.target, *(d for d in self.drafts if isinstance(d, runner.LlamaRunner))]
@@ -384,19 +391,12 @@ class Session:
         b = self.buffers
         b.frozen.fill_(True)
         try:
-            stream = torch.cuda.Stream()
-            stream.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(stream):
-                for _ in range(2):
-                    run()
-            torch.cuda.current_stream().wait_stream(stream)
-            graph = torch.cuda.CUDAGraph()
-            try:
-                with torch.cuda.graph(graph):
-                    run()
-            except RuntimeError as error:  # e.g. a kernel (a quantized matmul) that synchronises with the host
-                raise RuntimeError(f"capturing a fast step in a CUDA graph failed: {error}. Pass graphs=False to "
-                                   "run the steps without graphs") from error
+            graph, _ = runner.capture(run, warmup=2)
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError as error:  # e.g. a kernel (a quantized matmul) that synchronises with the host
+            raise RuntimeError(f"capturing a fast step in a CUDA graph (its warm-up runs or the capture) failed: "
+                               f"{error}. Pass graphs=False to run the steps without graphs") from error
         finally:
             b.frozen.fill_(False)
         return graph

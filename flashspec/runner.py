@@ -15,6 +15,9 @@ Nothing in `forward` turns a device value into a host int, so it replays inside 
 """
 from __future__ import annotations
 
+import contextlib
+import gc
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -489,6 +492,10 @@ class LlamaRunner:
         logits = self.prefill_graph(batch, padded)(tokens, positions, last)
         return logits[:, 0].clone(), lengths                            # the graph's output is reused
 
+    def release_graphs(self) -> None:
+        """Forget the prefill graphs (`prefill_graph`); later prefills capture again."""
+        self._graphs.clear()
+
     def prefill_graph(self, batch: int, width: int) -> GraphedStep:
         """The memoised `GraphedStep` of a prefill of `width` (a `bucket_for` value) with the head at one
         column per row."""
@@ -549,16 +556,35 @@ class GraphedStep:
         return self.logits
 
 
+@contextlib.contextmanager
+def no_collection() -> Iterator[None]:
+    """Python's cyclic garbage collector paused for the block (restored after, also on an error).
+
+    A collection during a CUDA graph capture may free unreachable objects that hold another graph (a
+    replaced session's runners: a runner and its `GraphedStep`s refer to each other); destroying a graph is
+    illegal while a stream captures, and it invalidates the capture (cudaErrorStreamCaptureInvalidated).
+    `torch.cuda.graph` collects before capturing only under `torch.compiler.config.force_cudagraph_gc`."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def capture(fn: Any, warmup: int = 3) -> tuple[torch.cuda.CUDAGraph, Any]:
-    """Warm `fn` up on a side stream (lazy init, cuBLAS workspaces, autotuning), then capture it.
-    Returns the graph and `fn`'s output, which each replay rewrites."""
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        for _ in range(warmup):
-            fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = fn()
+    """Warm `fn` up on a side stream (lazy init, cuBLAS workspaces, autotuning), then capture it, with
+    the garbage collector paused throughout (`no_collection`). Returns the graph and `fn`'s output, which
+    each replay rewrites."""
+    with no_collection():
+        stream = torch.cuda.Stream()
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            for _ in range(warmup):
+                fn()
+        torch.cuda.current_stream().wait_stream(stream)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn()
     return graph, out

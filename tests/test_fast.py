@@ -128,6 +128,33 @@ def test_requests_of_similar_lengths_share_a_session_and_a_seed_still_fixes_the_
     assert decoder._session is not session and decoder._session.capacity >= len(PROMPT) + 40 + 4
 
 
+def test_a_replaced_session_is_freed_at_once_with_its_graphs(pool):
+    """A runner and its prefill graphs refer to each other: a session replaced by a request of another size
+    must drop them itself, or they (graphs and caches) wait for a garbage collection, which may come in the
+    middle of the next capture and invalidate it. Checked with the collector off, on CPU (where a runner's
+    prefill graph is a `GraphedStep` that runs eagerly)."""
+    import gc
+    import weakref
+
+    target, near, _ = pool
+    decoder = FastSpeculativeDecoder(target, [near], policy="fixed", gamma=3)
+    decoder.generate(PROMPT[None], max_new_tokens=8, ignore_eos=True)
+    old = decoder._session
+    for model in old.runners():
+        model.prefill_graph(1, len(PROMPT))          # what a graphed prefill leaves in each runner
+    held = [weakref.ref(obj) for obj in (old, *old.runners())]
+    del old, model
+    gc.disable()
+    try:
+        decoder.generate(PROMPT[None], max_new_tokens=60, ignore_eos=True)  # another cache size: a new session
+        assert [ref() is None for ref in held] == [True] * len(held)
+        replacement = weakref.ref(decoder._session)
+        decoder.close()
+        assert replacement() is None
+    finally:
+        gc.enable()
+
+
 def test_session_capacity_rounds_onto_the_bucket_grid():
     from flashspec.fast_session import session_capacity
 

@@ -326,3 +326,39 @@ def test_bench_script_smoke(tmp_path):
     assert [cell["q"] for cell in cells] == [1, 3]
     assert all(cell["check_eager_vs_hf"]["max_abs_error"] <= TOL for cell in cells)
     assert result["provenance"]["git_sha"] and result["provenance"]["versions"]["torch"].split("+")[0] == torch.__version__.split("+")[0]
+
+
+def test_capture_pauses_the_garbage_collector_and_restores_it(monkeypatch):
+    """A collection inside a capture can free another (unreachable) graph, which invalidates the capture: the
+    collector is off through the warm-up runs and the capture, and back on after, also when `fn` raises.
+    CUDA's graph objects are stood in for, so this runs without a GPU."""
+    import contextlib
+    import gc
+
+    from flashspec import runner
+
+    class FakeStream:
+        def wait_stream(self, other):
+            pass
+
+    monkeypatch.setattr(torch.cuda, "Stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "current_stream", FakeStream)
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", object)
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph: contextlib.nullcontext())
+    seen = []
+    graph, out = runner.capture(lambda: seen.append(gc.isenabled()) or len(seen), warmup=2)
+    assert seen == [False, False, False] and out == 3 and gc.isenabled()
+
+    def failing():
+        raise RuntimeError("capture invalidated")
+
+    with pytest.raises(RuntimeError, match="capture invalidated"):
+        runner.capture(failing)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        runner.capture(lambda: None)
+        assert not gc.isenabled()  # a collector the caller had off stays off
+    finally:
+        gc.enable()
