@@ -18,6 +18,7 @@ takes a checkout of the commit before it (e2cfa34) for the speculative run.
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import json
 import os
 import subprocess
@@ -43,7 +44,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--compile", default="default", choices=["default", "max-autotune-no-cudagraphs", "none"],
                         help="FlashSpec's compile mode (none: graphs only); gpt-fast always compiles as its main does")
     parser.add_argument("--compile-scope", default="forward", choices=["forward", "regions"])
-    parser.add_argument("--plain-only", action="store_true", help="leave out the speculative and assisted runs")
+    only = parser.add_mutually_exclusive_group()
+    only.add_argument("--plain-only", action="store_true", help="leave out the speculative and assisted runs")
+    only.add_argument("--speculative-only", action="store_true",
+                      help="leave out the plain runs (the speculative and assisted runs alone)")
+    parser.add_argument("--stack-every", type=float, default=None, metavar="S",
+                        help="each system's process prints its Python stack to stderr every S seconds (where a slow "
+                             "first request spends its time, also when its time limit cuts it)")
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--prompt-tokens", type=int, default=32)
     parser.add_argument("--gamma", type=int, default=4)
@@ -55,6 +62,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
     cli_checks.output_file(parser, "--out", args.out)
+    if args.stack_every is not None and args.stack_every <= 0:
+        parser.error(f"--stack-every must be > 0 seconds, got {args.stack_every}")
     for name in ("new_tokens", "prompt_tokens", "gamma", "repeats", "hf_repeats"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -75,7 +84,7 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
 
     return {"device": "cuda" if torch.cuda.is_available() and not args.smoke else "cpu", "smoke": args.smoke,
             "compile": None if args.compile == "none" else args.compile, "compile_scope": args.compile_scope,
-            "plain_only": args.plain_only,
+            "plain_only": args.plain_only, "speculative_only": args.speculative_only,
             "new_tokens": args.new_tokens, "prompt_tokens": args.prompt_tokens, "gamma": args.gamma,
             "repeats": args.repeats, "hf_repeats": args.hf_repeats, "temperature": 1.0, "batch": 1,
             "gpt_fast": str(args.gpt_fast) if args.gpt_fast else None,
@@ -85,6 +94,8 @@ def settings_of(args: argparse.Namespace) -> dict[str, Any]:
 def child(args: argparse.Namespace) -> int:
     system, shape, out = args.child
     path = Path(out)
+    if args.stack_every:
+        faulthandler.dump_traceback_later(args.stack_every, repeat=True, file=sys.stderr)
     # written after every method, so the parent keeps what finished if this process runs out of time
     peers.run_system(system, shape, settings_of(args), save=lambda record: path.write_text(json.dumps(record)))
     return 0

@@ -261,7 +261,8 @@ def run_flashspec(shape: str, device: torch.device, settings: dict[str, Any], ke
     prompt = prompt_ids(settings["prompt_tokens"], target.config.vocab_size).to(device)
     sampling = fs.SamplingParams(1.0)
     compile_option = settings["compile"] or False
-    decoders = {"plain": FastPlainDecoder(target, compile=compile_option, compile_scope=settings["compile_scope"])}
+    decoders = {} if settings.get("speculative_only") else {
+        "plain": FastPlainDecoder(target, compile=compile_option, compile_scope=settings["compile_scope"])}
     if draft is not None and not settings.get("plain_only"):
         decoders["speculative"] = FastSpeculativeDecoder(target, [draft], gamma=settings["gamma"],
                                                          compile=compile_option,
@@ -285,6 +286,8 @@ def run_gpt_fast(shape: str, device: torch.device, settings: dict[str, Any], kee
     for method, key in (("plain", "gpt_fast"), ("speculative", "gpt_fast_speculative")):
         checkout = settings.get(key)
         if checkout is None or (method == "speculative" and (SHAPES[shape][1] is None or settings.get("plain_only"))):
+            continue
+        if method == "plain" and settings.get("speculative_only"):
             continue
         keep(method, _gpt_fast_method(shape, device, settings, Path(checkout), method == "speculative"))
 
@@ -343,7 +346,7 @@ def run_hf(shape: str, device: torch.device, settings: dict[str, Any], keep: Kee
     prompt = prompt_ids(settings["prompt_tokens"], target.config.vocab_size).to(device)
     sampling = dict(do_sample=True, temperature=1.0, top_k=0, top_p=1.0, pad_token_id=0,
                     max_new_tokens=settings["new_tokens"], min_new_tokens=settings["new_tokens"])
-    methods: dict[str, dict[str, Any]] = {"plain": {}}
+    methods: dict[str, dict[str, Any]] = {} if settings.get("speculative_only") else {"plain": {}}
     if draft is not None and not settings.get("plain_only"):
         methods["assisted"] = {"assistant_model": draft, "num_assistant_tokens": settings["gamma"],
                                "num_assistant_tokens_schedule": "constant"}

@@ -146,3 +146,10 @@ def test_the_first_request_of_a_compiled_function_names_its_frame():
     by_function = record["first_request"]["by_function"]
     assert [entry["function"] for entry in by_function] == ["double_plus_one"]
     assert by_function[0]["frames"] == 1 and 0 < by_function[0]["compile_s"] <= record["first_request_s"]
+
+
+@pytest.mark.parametrize("system, second", [("flashspec", "speculative"), ("hf", "assisted")])
+def test_speculative_only_leaves_the_plain_runs_out(system, second):
+    settings = dict(device="cpu", smoke=True, compile=None, compile_scope="forward", new_tokens=4, prompt_tokens=4,
+                    gamma=2, repeats=1, hf_repeats=1, speculative_only=True)
+    assert set(peers.run_system(system, "tinyllama-1.1b", settings)) == {second}
