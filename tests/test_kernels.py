@@ -181,6 +181,25 @@ def test_rows_of_several_sampling_blocks(params: SamplingParams, with_draft: boo
     cases.check_several_blocks(params, with_draft, ACCEPT_PLANS[plan], shape)
 
 
+@pytest.mark.parametrize("reshape", [True, False], ids=["reshaped", "block-by-block"])
+@pytest.mark.parametrize("plan", ["default", "block"])
+@pytest.mark.parametrize("params", [SamplingParams(1.0), SamplingParams(0.7)], ids=str)
+def test_tiles_of_several_blocks_sum_them_either_way(params: SamplingParams, plan: str, reshape: bool,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sampling tile of four blocks (V = 700: three of them in use, one chunk): `_block_race` sums the blocks
+    from the tile reshaped (Triton >= 3.9) or block by block (older Tritons, `shims.RESHAPED_BLOCK_SUMS`); either
+    way the tokens are the reference's. Compiled, only the installed Triton's way runs (a jit global is fixed)."""
+    from flashspec.kernels import sample_pass
+
+    if ON_GPU and reshape != bool(sample_pass.RESHAPE_BLOCKS):
+        pytest.skip("compiled Triton runs the installed version's way only")
+    monkeypatch.setattr(sample_pass, "RESHAPE_BLOCKS", tl.constexpr(reshape))
+    shape = dict(block_b=2, block_v=4 * SAMPLE_BLOCK, num_splits=1)
+    chosen = cases.plan_of(4, 3, 700, params.greedy, PLANS[plan], **shape)
+    assert chosen.sample_block_v == 4 * SAMPLE_BLOCK and chosen.sample_splits == 1
+    cases.check_several_blocks(params, True, PLANS[plan], shape)
+
+
 @pytest.mark.parametrize("with_draft", ["logits", "log-probs", "none"])
 def test_one_pass_proposals_and_fallback_at_several_blocks(with_draft: str) -> None:
     """The one-pass plan (residual="rejection") at V = 700 in three splits of one sampling block: a draft near the

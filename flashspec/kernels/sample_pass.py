@@ -12,8 +12,8 @@ from triton.language import core as tlcore  # noqa: F401  (the interpreter patch
 
 from flashspec import sampling
 from flashspec.kernels import rng as krng
-from flashspec.kernels.shims import (INT32_MAX, _combine_lse, _draft_scale, _exp, _fold_first_max, _log, _max,
-                                     _max_index, _min, _scale, _sum, gdc_wait)
+from flashspec.kernels.shims import (INT32_MAX, RESHAPED_BLOCK_SUMS, _combine_lse, _draft_scale, _exp,
+                                     _fold_first_max, _log, _max, _max_index, _min, _scale, _sum, gdc_wait)
 from flashspec.kernels.rng import device_function
 
 
@@ -32,6 +32,7 @@ def _write_outputs(out_tokens_ptr, out_accepted_ptr, rows64, row_ok, positions, 
 
 SAMPLE_BLOCK = tl.constexpr(sampling.SAMPLE_BLOCK)  # constexpr: read inside the kernels
 BLOCK_NOISE_INDEX = tl.constexpr(sampling.BLOCK_NOISE_INDEX)
+RESHAPE_BLOCKS = tl.constexpr(RESHAPED_BLOCK_SUMS)  # how `_block_race` sums a tile of several blocks
 
 
 @device_function
@@ -113,19 +114,38 @@ def _block_race(target_ptr, draft_ptr, target_row, draft_row, n_p_max, n_p_log_s
     token); the blocks race with their own noise; the chunk's winning block then races inside. Returns the
     winning block's score log W_c - log(-log u_c) (what the chunks compare) and the token that won inside it."""
     BLOCKS: tl.constexpr = BLOCK_V // SAMPLE_BLOCK
-    lanes = tl.arange(0, BLOCK_V).to(tl.int64)
     best = tl.full([BLOCK_B], float("-inf"), tl.float32)
     best_block = tl.zeros([BLOCK_B], tl.int64)
-    for start in range(0, CHUNK, BLOCK_V):
-        cols = first + start + lanes
-        mask = row_ok[:, None] & (cols < vocab)[None, :]
-        w, _ = _weights(target_ptr, draft_ptr, target_row, draft_row, cols[None, :], mask, n_p_max, n_p_log_sum,
-                        n_q_max, n_q_log_sum, n_token, rejected, scale, SCALE_MODE, HAS_DRAFT, RESIDUAL, PRECISE)
-        masses = _sum(tl.reshape(tl.where(mask, w, 0.0), [BLOCK_B, BLOCKS, SAMPLE_BLOCK]), axis=2)
-        blocks = (first + start) // SAMPLE_BLOCK + tl.arange(0, BLOCKS).to(tl.int64)
-        u = krng.uniform_from_base(noise_base[:, None], (-blocks + BLOCK_NOISE_INDEX)[None, :])
-        score = tl.where(masses > 0.0, _log(masses, PRECISE) - _log(-_log(u, PRECISE), PRECISE), float("-inf"))
-        best, best_block = _fold_first_max(best, best_block, score, (first + start) // SAMPLE_BLOCK)
+    if RESHAPE_BLOCKS and BLOCKS > 1:  # the tile's blocks summed at once
+        lanes = tl.arange(0, BLOCK_V).to(tl.int64)
+        for start in range(0, CHUNK, BLOCK_V):
+            cols = first + start + lanes
+            mask = row_ok[:, None] & (cols < vocab)[None, :]
+            w, _ = _weights(target_ptr, draft_ptr, target_row, draft_row, cols[None, :], mask, n_p_max,
+                            n_p_log_sum, n_q_max, n_q_log_sum, n_token, rejected, scale, SCALE_MODE, HAS_DRAFT,
+                            RESIDUAL, PRECISE)
+            masses = _sum(tl.reshape(tl.where(mask, w, 0.0), [BLOCK_B, BLOCKS, SAMPLE_BLOCK]), axis=2)
+            blocks = (first + start) // SAMPLE_BLOCK + tl.arange(0, BLOCKS).to(tl.int64)
+            u = krng.uniform_from_base(noise_base[:, None], (-blocks + BLOCK_NOISE_INDEX)[None, :])
+            score = tl.where(masses > 0.0, _log(masses, PRECISE) - _log(-_log(u, PRECISE), PRECISE), float("-inf"))
+            best, best_block = _fold_first_max(best, best_block, score, (first + start) // SAMPLE_BLOCK)
+    else:  # each block of the tile summed as its own [BLOCK_B, SAMPLE_BLOCK] tile (`RESHAPED_BLOCK_SUMS`)
+        inner = tl.arange(0, SAMPLE_BLOCK).to(tl.int64)
+        for start in range(0, CHUNK, BLOCK_V):
+            for j in tl.static_range(BLOCKS):
+                block_first = first + start + j * SAMPLE_BLOCK
+                cols = block_first + inner
+                mask = row_ok[:, None] & (cols < vocab)[None, :]
+                w, _ = _weights(target_ptr, draft_ptr, target_row, draft_row, cols[None, :], mask, n_p_max,
+                                n_p_log_sum, n_q_max, n_q_log_sum, n_token, rejected, scale, SCALE_MODE, HAS_DRAFT,
+                                RESIDUAL, PRECISE)
+                mass = _sum(tl.where(mask, w, 0.0), axis=1)                               # [BLOCK_B]
+                block = block_first // SAMPLE_BLOCK
+                u = krng.uniform_from_base(noise_base, -block + BLOCK_NOISE_INDEX)
+                score = tl.where(mass > 0.0, _log(mass, PRECISE) - _log(-_log(u, PRECISE), PRECISE), float("-inf"))
+                better = score > best  # strict, blocks in order: the first block of the largest score wins
+                best = tl.where(better, score, best)
+                best_block = tl.where(better, block, best_block)
     # the race inside the winning block (its logits were just read: L1/L2 hits)
     cols = best_block[:, None] * SAMPLE_BLOCK + tl.arange(0, SAMPLE_BLOCK).to(tl.int64)[None, :]
     mask = (row_ok & (best > float("-inf")))[:, None] & (cols < vocab)

@@ -34,6 +34,10 @@ def _triton_version() -> tuple[int, int]:
 # Reductions across the blocks of a thread-block cluster (`num_ctas` > 1) lower from Triton 3.9 on; 3.6 fails
 # to compile them (experiments/cluster_reduce_probe.py)
 CLUSTERS_AVAILABLE = _triton_version() >= (3, 9)
+# Per-block sums of a tile reshaped to [rows, blocks, block] lower well from Triton 3.9 on; 3.6 then gives the
+# race inside the winning block a layout in which every thread holds the whole block (~40x the code, a minute or
+# more of ptxas at the first launch), so there `sample_pass._block_race` sums each block as its own tile
+RESHAPED_BLOCK_SUMS = _triton_version() >= (3, 9)
 
 # How a logit is scaled by the temperature, chosen to round exactly as torch does it:
 # torch divides on the CPU and multiplies by float32(1/T) on CUDA (a CPU-scalar divisor).

@@ -82,17 +82,19 @@ def sm90_planner(sms: int = SM90_SMS) -> Iterator:
 
 
 def bind_step(plan, batch: int, gamma: int, vocab: int, params, with_draft: bool = True,
-              device_key: bool = False) -> tuple:
+              device_key: bool = False, dtype: torch.dtype = torch.bfloat16, draft_is_log_probs: bool = False) -> tuple:
     """(prepared step, target) of one verify step under `plan`, bound to tiny CPU tensors of the GPU dtypes: a
-    launch's types and constexprs do not depend on the sizes, which the plan and the shape carry. Nothing runs."""
+    launch's types and constexprs do not depend on the sizes, which the plan and the shape carry. Nothing runs.
+    `dtype`: the logits' (the fast path verifies float32 logits); `draft_is_log_probs`: the draft's warped log-probs
+    in place of its logits (what the fast path passes)."""
     from flashspec import rng
     from flashspec.kernels import structures
     from flashspec.kernels import verify as kernels
     from flashspec.kernels.shims import SCALE_MULTIPLY, SCALE_NONE
     from flashspec.kernels.step import _work_layout
 
-    target = torch.zeros(1, gamma + 1, 8, dtype=torch.bfloat16)
-    draft = torch.zeros(1, gamma, 8, dtype=torch.bfloat16) if with_draft else target
+    target = torch.zeros(1, gamma + 1, 8, dtype=dtype)
+    draft = torch.zeros(1, gamma, 8, dtype=dtype) if with_draft else target
     tokens = torch.zeros(1, gamma, dtype=torch.int64)
     layout = _work_layout(batch, gamma, plan, params.greedy, vocab)
     memory = torch.empty(layout.words // 2, dtype=torch.int64)
@@ -104,7 +106,9 @@ def bind_step(plan, batch: int, gamma: int, vocab: int, params, with_draft: bool
     else:
         prefix = (*kernels._prefixes(key), False)
     scale_mode = SCALE_NONE if params.temperature in (0.0, 1.0) else SCALE_MULTIPLY
-    flags = dict(SCALE_MODE=scale_mode, HAS_DRAFT=with_draft and not params.greedy, GREEDY=params.greedy)
+    has_draft = with_draft and not params.greedy  # HAS_DRAFT: 0 none, 1 logits, 2 warped log-probs
+    flags = dict(SCALE_MODE=scale_mode, HAS_DRAFT=(2 if draft_is_log_probs else 1) if has_draft else 0,
+                 GREEDY=params.greedy)
     scale = 1.0 if params.temperature in (0.0, 1.0) else 1.0 / params.temperature
     launches = structures.get(plan.structure).bind(plan, (target, draft, tokens), outputs, layout.views(memory),
                                                    (batch, gamma, vocab), scale, flags, prefix, memory.device, False)
@@ -112,13 +116,16 @@ def bind_step(plan, batch: int, gamma: int, vocab: int, params, with_draft: bool
 
 
 def bound_launches(batch: int, gamma: int, vocab: int, params, with_draft: bool = True,
-                   tuning: tuple[tuple[str, int], ...] | None = None, device_key: bool = False) -> tuple:
+                   tuning: tuple[tuple[str, int], ...] | None = None, device_key: bool = False,
+                   sampler: str = "race", dtype: torch.dtype = torch.bfloat16,
+                   draft_is_log_probs: bool = False) -> tuple:
     """(plan, [described launch, ...]) of one verify step as an SM90 GPU would launch it: the plan `make_plan`
-    makes there (`tuning` as the benchmark's variants give it; None: the shape's `SHAPE_PLANS` entry), bound by
-    `bind_step`."""
+    makes there (`tuning` as the benchmark's variants give it; None: the shape's `SHAPE_PLANS` entry; `sampler`:
+    its structures' key, "race", "rejection" or block verification's `block_pass.SAMPLER`), bound by `bind_step`."""
     with sm90_planner() as plan_module:
-        plan = plan_module.make_plan(batch, gamma, vocab, torch.device("cuda", 0), params.greedy, tuning=tuning)
-    prepared, _ = bind_step(plan, batch, gamma, vocab, params, with_draft, device_key)
+        plan = plan_module.make_plan(batch, gamma, vocab, torch.device("cuda", 0), params.greedy, tuning=tuning,
+                                     residual=sampler)
+    prepared, _ = bind_step(plan, batch, gamma, vocab, params, with_draft, device_key, dtype, draft_is_log_probs)
     return plan, [describe(kernel, args, meta, plan.precise) for kernel, args, meta in kernel_launches(prepared)]
 
 
@@ -128,10 +135,10 @@ def compile_sass(launch: dict, capability: int = 90) -> str:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from flashspec.kernels import one_pass, sample_pass, stats_pass
+    from flashspec.kernels import block_pass, one_pass, sample_pass, stats_pass
     from flashspec_lab.kernels import chain_probe, cluster_pass, coop_pass, fused_pass
 
-    modules = (chain_probe, cluster_pass, coop_pass, fused_pass, one_pass, sample_pass, stats_pass)
+    modules = (block_pass, chain_probe, cluster_pass, coop_pass, fused_pass, one_pass, sample_pass, stats_pass)
     kernel = next(getattr(module, launch["kernel"]) for module in modules if hasattr(module, launch["kernel"]))
     if not hasattr(kernel, "fn"):
         raise RuntimeError("the kernels are interpreted here: compile with TRITON_INTERPRET unset")
