@@ -63,6 +63,8 @@ from flashspec_lab.zoo import distill  # noqa: E402
 from flashspec.bandits import make_policy  # noqa: E402
 from flashspec.drafters import PromptLookupDrafter  # noqa: E402
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
+from flashspec.fast_session import session_capacity  # noqa: E402
+from flashspec.front import position_limit  # noqa: E402
 from flashspec.rewards import StepCosts  # noqa: E402
 from flashspec.sampling import METHODS as VERIFY_METHODS  # noqa: E402
 
@@ -314,6 +316,16 @@ def token_agreement(base: dict[str, Any], other: dict[str, Any]) -> float:
     return sum(same) / len(same)
 
 
+def cache_sizes(requests: list[switching.Request], new_tokens: int, gammas: list[int], target: Any,
+                drafts: list[Any]) -> int:
+    """How many fast-path sessions (cache sizes, `fast_session.session_capacity`) `requests` fall into for a
+    decoder whose largest γ is any of `gammas` (the most of them): what each must keep to serve them all without
+    capturing again."""
+    limit, _ = position_limit(target, drafts)
+    return max(len({session_capacity(len(r.prompt_ids) + new_tokens, gamma + 1, limit) for r in requests})
+               for gamma in gammas)
+
+
 def stream(decoder: Any, requests: list[switching.Request], sampling: fs.SamplingParams, new_tokens: int,
            device: torch.device) -> dict[str, Any]:
     """Serve `requests` one by one (seeds 0, 1, ...) with a fast decoder: seconds, tokens, tokens/s, every
@@ -483,10 +495,15 @@ def main(argv: list[str] | None = None) -> int:
         write()
     else:
         prompts = {d: pool.prompts[d] for d in pool.domains}
-    options = dict(gamma=args.gamma, compile=args.compile)
     blocks = switching.make_workload(prompts, "blocks", args.requests, args.block)
+    # every decoder keeps a session per cache size the stream's prompts fall into, so that a timed stream replays
+    # the graphs its warm-up captured instead of capturing them again at each change of size
+    kept = cache_sizes(blocks, args.new_tokens, [args.gamma, *args.gammas, *(args.speed_gammas or []),
+                                                 *args.speed_adaptive_gammas], pool.target, list(drafts.values()))
+    record["settings"]["sessions_kept"] = kept
+    options = dict(gamma=args.gamma, compile=args.compile, sessions=kept)
     block_domains = [request.domain for request in blocks]
-    plain = FastPlainDecoder(pool.target, compile=args.compile)
+    plain = FastPlainDecoder(pool.target, compile=args.compile, sessions=kept)
 
     def oracle_of(fast: FastSpeculativeDecoder) -> tuple[dict[str, int], dict[str, Any]]:
         """The switching part's oracle arm per domain, and what defined it (for the record). A chat category has no
@@ -526,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
         key = part_key("speed", verify_method)
         out: dict[str, Any] = {"verify_method": verify_method, "prompt_lookup": args.prompt_lookup}
         gammas = sorted(set(args.speed_gammas or [args.gamma]))
-        made = dict(compile=args.compile, verify_method=verify_method)  # how every decoder of the part is built
+        made = dict(compile=args.compile, verify_method=verify_method, sessions=kept)  # every decoder of the part
         # the pool the choosing contestants draw from: the distilled drafts, and prompt lookup if asked for
         chooser_pool = list(drafts.values()) + ([PromptLookupDrafter()] if args.prompt_lookup else [])
         pool_names = names + (["prompt-lookup"] if args.prompt_lookup else [])

@@ -38,6 +38,7 @@ gives the eager engine's tokens. Greedy output equals the target's greedy decodi
 """
 from __future__ import annotations
 
+import collections
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -57,6 +58,7 @@ DRAFT_SYNC_MODES = ("lazy", "all")
 ENGINES = ("auto", "fast", "eager")
 # The options only the fast engine takes, with their defaults (`make_decoder` refuses them for the eager one).
 FAST_OPTIONS = {"graphs": None, "lag": 2, "draft_sync": "lazy", "compile": False, "compile_scope": "forward",
+                "sessions": 1,
                 "tp": None}
 
 
@@ -65,7 +67,8 @@ class FastSpeculativeDecoder(Front):
 
     Requests share a session (static caches, buffers, captured graphs) when their batch, sampling, stop
     tokens and cache size match; the cache size is prompt + max_new_tokens rounded up onto the attention
-    buckets' grid (`fast_session.session_capacity`), so requests of similar lengths reuse one session.
+    buckets' grid (`fast_session.session_capacity`), so requests of similar lengths reuse one session. The
+    decoder keeps the `sessions` most recently used ones.
 
     Args:
         target: a Llama-family HF causal LM (`flashspec.runner.supports`).
@@ -93,6 +96,9 @@ class FastSpeculativeDecoder(Front):
         compile_scope: what `compile` compiles, one of `runner.COMPILE_SCOPES`: "forward" (default: each
             model's whole decode/verify forward as one graph, q/k/v and gate/up fused, attention over the
             whole cache) or "regions" (per-layer dense regions). A sharded target compiles regions.
+        sessions: how many sessions to keep (default 1), the least recently used dropped first: a stream whose
+            requests fall into a few cache sizes (prompts of different lengths) then replays each size's graphs
+            instead of capturing them again at every change of size; each one kept holds its own static caches.
         tp: a `flashspec.tp.TensorParallel` when the target is sharded over its ranks
             (`flashspec.tp.shard_target`); every rank then runs the same `generate`, and the ranks
             check on the host that they got the same request and emit the same tokens (`tp.guard_*`).
@@ -106,9 +112,12 @@ class FastSpeculativeDecoder(Front):
                  policy_kwargs: dict[str, Any] | None = None, graphs: bool | None = None, lag: int = 2,
                  backend: str = "auto", draft_sync: str = "lazy", compile: bool | str = False, *,
                  tp: Any = None, gammas: Sequence[int] | None = None, arm_costs: Sequence[float] | None = None,
-                 compile_scope: str = "forward", verify_method: str = "token", _plain: bool = False) -> None:
+                 compile_scope: str = "forward", verify_method: str = "token", sessions: int = 1,
+                 _plain: bool = False) -> None:
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
             raise ValueError(f"lag must be an int >= 1 (steps before the host reads an outcome), got {lag!r}")
+        if isinstance(sessions, bool) or not isinstance(sessions, int) or sessions < 1:
+            raise ValueError(f"sessions must be an int >= 1 (cache sizes kept with their graphs), got {sessions!r}")
         if graphs is not None and not isinstance(graphs, bool):
             raise ValueError(f"graphs must be True, False or None (None: on CUDA), got {graphs!r}")
         if draft_sync not in DRAFT_SYNC_MODES:
@@ -139,7 +148,8 @@ class FastSpeculativeDecoder(Front):
             raise ValueError("FeatureDraft drafts read the target's hidden states, which a sharded target does not "
                              "hand over: run them without tp")
         self.state_layers: tuple[int, ...] = next(iter(read), ())  # what the target's runner writes for them
-        self._session: Session | None = None
+        self.sessions = sessions
+        self._sessions: collections.OrderedDict[tuple, Session] = collections.OrderedDict()  # oldest use first
         self.graphs_captured = 0  # over every session: a new session captures its graphs again
 
     def _accept_drafts(self, drafts: list[Any]) -> list[Any]:
@@ -159,13 +169,19 @@ class FastSpeculativeDecoder(Front):
     def close(self) -> None:
         """Free the session: its CUDA graphs, static KV caches and host buffers (the next `generate`
         builds them again). Under tensor parallelism, do this before `destroy_process_group`: graphs
-        that captured NCCL collectives keep the communicator alive (`flashspec.tp.shutdown`)."""
-        if self._session is not None:
-            self._session.close()
-        self._session = None
+        that captured NCCL collectives keep the communicator alive (`flashspec.tp.shutdown`). Every session kept
+        goes."""
+        while self._sessions:
+            self._sessions.popitem(last=False)[1].close()
+
+    @property
+    def _session(self) -> Session | None:
+        """The session of the last `generate` (None before the first)."""
+        return next(reversed(self._sessions.values()), None)
 
     def capture_graphs(self, lengths: Sequence[int]) -> int:
-        """Capture ahead of time, in the session of the last `generate`, every graph a step can replay while
+        """Capture ahead of time, in every session kept (those of the last `sessions` cache sizes; lengths past a
+        session's capacity are capped at it), every graph a step can replay while
         its longest row holds one of `lengths` tokens: each arm's step at that length's attention bucket and,
         for a model draft under lazy sync, its catch-up at every length the step loop can ask for there
         (`catch_up_tokens`: powers of two, capped at the bucket), and each runner's prefill of a prompt
@@ -173,12 +189,12 @@ class FastSpeculativeDecoder(Front):
         nothing, whichever arms its policy picks and whatever its prompts' widths below the largest length.
         Nothing is committed: the captures run frozen, at a fill that fits each bucket, and the buffers are
         put back. Returns the graphs captured (0 without graphs)."""
-        session = self._session
-        if session is None:
+        if not self._sessions:
             raise ValueError("capture_graphs needs a session: call generate once first (it fixes the shapes)")
         if isinstance(lengths, (str, bytes)) or not all(isinstance(n, int) and n > 0 for n in lengths):
             raise ValueError(f"lengths must be positive ints (tokens in the longest row), got {lengths!r}")
-        captured = session.capture_all(lengths)
+        lengths = list(lengths)
+        captured = sum(session.capture_all(lengths) for session in self._sessions.values())
         self.graphs_captured += captured
         return captured
 
@@ -197,10 +213,13 @@ class FastSpeculativeDecoder(Front):
             raise ValueError("graphs=True needs the target on a CUDA device")
         key = (batch, capacity, request.sampling, tuple(sorted(request.stop_ids)), use_graphs, self.draft_sync,
                self.compile, self.compile_scope)
-        if self._session is None or self._session.key != key:
-            self.close()  # the old session's graphs and caches go before the new one allocates its own
-            self._session = Session(self, key, batch, capacity, request.sampling, set(request.stop_ids), use_graphs)
-        session = self._session
+        session = self._sessions.get(key)
+        if session is None:
+            while len(self._sessions) >= self.sessions:  # the least recently used goes before the new one allocates
+                self._sessions.popitem(last=False)[1].close()
+            session = self._sessions[key] = Session(self, key, batch, capacity, request.sampling,
+                                                    set(request.stop_ids), use_graphs)
+        self._sessions.move_to_end(key)
         stats.synchronized_timing = device.type == "cuda"
         start = time.perf_counter()
         lengths = session.prefill(request.tokens.to(device), request.mask.to(device), budgets, request.seed,
@@ -220,9 +239,10 @@ class FastPlainDecoder(FastSpeculativeDecoder):
     forward and one on-device sample per token. The baseline a fast engine must beat (as gpt-fast)."""
 
     def __init__(self, target: torch.nn.Module, graphs: bool | None = None, lag: int = 2,
-                 compile: bool | str = False, *, tp: Any = None, compile_scope: str = "forward") -> None:
+                 compile: bool | str = False, *, tp: Any = None, compile_scope: str = "forward",
+                 sessions: int = 1) -> None:
         super().__init__(target, [], policy="fixed", gamma=1, graphs=graphs, lag=lag, compile=compile, tp=tp,
-                         compile_scope=compile_scope, _plain=True)
+                         compile_scope=compile_scope, sessions=sessions, _plain=True)
 
 
 def unsupported_draft(draft: torch.nn.Module) -> str | None:
@@ -282,8 +302,8 @@ def make_decoder(target: torch.nn.Module, drafts: Sequence[Any], fast: bool | st
     """The decoder for this pool: a `FastSpeculativeDecoder` or the eager `SpeculativeDecoder`, chosen by
     `choose_engine` (the CLI's `--engine` calls this too). `engine` ("auto", "fast", "eager") or, as before,
     `fast` (True = "fast", False = "eager", "auto"). `options` go to the decoder; the fast-only ones (`graphs`,
-    `lag`, `draft_sync`, `compile`, `compile_scope`, `tp`) are refused for the eager engine unless left at their
-    defaults."""
+    `lag`, `draft_sync`, `compile`, `compile_scope`, `sessions`, `tp`) are refused for the eager engine unless left
+    at their defaults."""
     if engine is None:
         if fast not in (True, False, "auto"):
             raise ValueError(f"fast must be True, False or 'auto', got {fast!r}")

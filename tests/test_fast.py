@@ -155,6 +155,30 @@ def test_a_replaced_session_is_freed_at_once_with_its_graphs(pool):
         gc.enable()
 
 
+def test_kept_sessions_serve_alternating_cache_sizes_without_rebuilding(pool):
+    """`sessions=2`: requests alternating between two cache sizes reuse both sessions (the least recently used
+    goes when a third shape comes), and a kept session gives the tokens a fresh decoder gives."""
+    target, near, _ = pool
+    decoder = FastSpeculativeDecoder(target, [near], policy="fixed", gamma=3, sessions=2)
+    short, long = dict(max_new_tokens=8), dict(max_new_tokens=60)
+    decoder.generate(PROMPT[None], seed=1, ignore_eos=True, **short)
+    small = decoder._session
+    decoder.generate(PROMPT[None], seed=1, ignore_eos=True, **long)
+    large = decoder._session
+    again = decoder.generate(PROMPT[None], seed=3, ignore_eos=True, **short)
+    assert decoder._session is small and small is not large and len(decoder._sessions) == 2
+    fresh = FastSpeculativeDecoder(target, [near], policy="fixed", gamma=3).generate(
+        PROMPT[None], seed=3, ignore_eos=True, **short)
+    assert torch.equal(again.sequences, fresh.sequences)
+    decoder.generate(PROMPT[None].repeat(2, 1), seed=1, ignore_eos=True, **short)  # a third shape: `large` goes
+    assert list(decoder._sessions.values())[0] is small and large not in decoder._sessions.values()
+    decoder.close()
+    assert decoder._session is None and not decoder._sessions
+    for bad in (0, -1, 1.5, True, "2"):
+        with pytest.raises(ValueError, match="sessions must be an int >= 1"):
+            FastSpeculativeDecoder(target, [near], sessions=bad)
+
+
 def test_session_capacity_rounds_onto_the_bucket_grid():
     from flashspec.fast_session import session_capacity
 
