@@ -50,6 +50,13 @@ warnings.filterwarnings("ignore", message="IProgress not found")
 from flashspec_lab import bench_engine
 
 PAGE_RECORDS = [
+    "results/verify_compile_time_sm90_triton39.json",
+    "results/verify_compile_time_sm90_triton36.json",
+    "results/verify_compile_time_sm90_triton36_f8483f1.json",
+    "results/peers_spec_stacks_h100_f8483f1.json",
+    "results/peers_h100_cda1ad8.json",
+    "results/peers_h100_tinyllama_53cdb0f.json",
+    "results/peers_h100_first_46715d1.json",
     "results/bench_fast_b32_fastonly_compile_h200.json",
     "results/bench_fast_b32_compile_h200.json",
     "results/bench_fast_nf4_h200.json",
@@ -803,3 +810,76 @@ for path in engine_files[1:]:
         for name, comparison in bench_engine.comparisons(block["cells"]).items():
             print(f"    {name:32s} {comparison.ratio:5.2f}x (runs {comparison.low:.2f}-{comparison.high:.2f}x) "
                   f"{comparison.verdict}")
+
+
+# %% [markdown]
+# ## First requests on an H100: where their seconds go
+#
+# The peers benchmark (`experiments/bench_peers.py`, its records in chapter 4 on the H200) ran three times on
+# NVIDIA H100 machines (torch 2.11, Triton 3.6). Since `results/peers_h100_cda1ad8.json` every first request is split
+# into the frames `torch.compile` compiled during it and the rest (eager runs, graph captures, kernels built at their
+# first launch, inductor's coordinate-descent tuning). The three H100 records, each system's median tok/s and its
+# first request:
+
+# %% tags=["hide-input"]
+H100_PEERS = ["peers_h100_cda1ad8.json", "peers_h100_tinyllama_53cdb0f.json",
+              "peers_h100_first_46715d1.json"]
+for name in H100_PEERS:
+    record = result_file(name)
+    if record is None:
+        continue
+    print_wrapped(f"results/{name}: {provenance.caption(record)}", indent="")
+    for shape, systems in body(record)["cells"].items():
+        for system, methods in systems.items():
+            for method, cell in methods.items():
+                if not isinstance(cell, dict):  # "error": why the rest is missing
+                    print(f"  {shape:15s} {system:9s} {method}: {cell.splitlines()[0][:48]}")
+                    continue
+                split = cell.get("first_request")
+                compiled = f" ({split['compile_s']:.1f} compiling)" if split else ""
+                print(f"  {shape:15s} {system:9s} {method:11s} "
+                      f"{cell['tok_s_median']:7.1f} tok/s, first "
+                      f"{cell['first_request_s']:.1f} s{compiled}")
+
+# %% [markdown]
+# In all three runs FlashSpec's speculative process ran out of its limit before its first request ended. Its stack,
+# printed every 15 s (`--stack-every 15`, `results/peers_spec_stacks_h100_f8483f1.log`), says where: the innermost
+# frames of each stack of the main thread, and where in FlashSpec it was.
+
+# %% tags=["hide-input"]
+stacks = (RESULTS / "peers_spec_stacks_h100_f8483f1.log").read_text()
+for seconds, dump in enumerate(re.split(r"Timeout \(0:00:15\)!", stacks)[1:], 1):
+    # faulthandler lists the threads newest first: the main thread comes last
+    main = re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.strip())[-1]
+    frames = [f"{Path(path).name}:{line} {name}"
+              for path, line, name in re.findall(r'File "([^"]+)", line (\d+) in (\S+)', main)]
+    ours = next((f for f in frames if f.split(":")[0] in {
+        "launcher.py", "fast_session.py", "runner.py"}), "?")
+    # Triton's build stage where there is one (ptxas runs under make_cubin)
+    stage = next((f for f in frames if f.split()[-1] in {
+        "make_ttgir", "make_llir", "make_ptx", "make_cubin"}), frames[0])
+    print(f"  {15 * seconds:3d} s  {stage:28s} in {ours}")
+
+# %% [markdown]
+# From about 100 s on it sat in ptxas, building the verify launches at their first call. Compiled for SM90 on a CPU
+# (`experiments/verify_compile_time.py`: each launch the fast path's step makes, from a cold cache), the sampling
+# launch took a minute under Triton 3.6 and about a second under 3.9, with some forty times the machine code: the
+# tile's per-block sums, reshaped to [rows, blocks, block], left the race inside the winning block in a layout where
+# every thread holds the whole block. The kernel now sums a tile of one block directly and, under Triton older than
+# 3.9, each block of a larger tile as its own tile (`flashspec.kernels.shims.RESHAPED_BLOCK_SUMS`). Seconds to build
+# each fast-path verify step and its largest launch's SASS instructions, before and after, on this page's records:
+
+# %% tags=["hide-input"]
+COMPILE_RECORDS = ["verify_compile_time_sm90_triton36_f8483f1.json",
+                   "verify_compile_time_sm90_triton36.json",
+                   "verify_compile_time_sm90_triton39.json"]
+for name in COMPILE_RECORDS:
+    record = result_file(name)
+    if record is None:
+        continue
+    print_wrapped(f"results/{name}: Triton {record['settings']['triton']}, "
+                  f"kernels at {record['provenance']['git_sha'][:7]}", indent="")
+    for point in body(record):
+        largest = max(launch["sass_instructions"] for launch in point["launches"])
+        print(f"  B={point['batch']:<3d} V={point['vocab']:<7d} {point['method']:6s}"
+              f"{point['compile_s']:6.1f} s, {largest:6d} instructions")
