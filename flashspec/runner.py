@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -287,6 +287,49 @@ def compile_region(fn: Any, mode: str = "default", options: dict[str, Any] | Non
     return torch.compile(fn, fullgraph=True, dynamic=False, options={**settings, **options})
 
 
+class TokenTree:
+    """The shape of a token tree, shared by every row of a `LlamaRunner.tree_forward`: `parents[i]` is node i's
+    parent (-1 for the root, node 0; every parent comes before its children). Depth and ancestry follow."""
+
+    def __init__(self, parents: Sequence[int]) -> None:
+        parents = tuple(int(parent) for parent in parents)
+        if not parents or parents[0] != -1 or any(not 0 <= parent < node for node, parent in
+                                                   enumerate(parents) if node):
+            raise ValueError(f"parents must start with -1 (the root) and name an earlier node for every other node, "
+                             f"got {parents}")
+        self.parents = parents
+        self.depth = [0] * len(parents)
+        for node in range(1, len(parents)):
+            self.depth[node] = self.depth[parents[node]] + 1
+        self._tensors: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    @classmethod
+    def chains(cls, paths: int, gamma: int) -> TokenTree:
+        """`paths` chains of `gamma` nodes under one root (paths k's node d at 1 + k·γ + d - 1)."""
+        if paths < 1 or gamma < 1:
+            raise ValueError(f"paths and gamma must be >= 1, got {paths} and {gamma}")
+        return cls([-1] + [0 if d == 0 else 1 + k * gamma + d - 1 for k in range(paths) for d in range(gamma)])
+
+    def __len__(self) -> int:
+        return len(self.parents)
+
+    def path(self, node: int) -> list[int]:
+        """The nodes from the root to `node`, in depth order."""
+        nodes = [node]
+        while self.parents[nodes[-1]] >= 0:
+            nodes.append(self.parents[nodes[-1]])
+        return nodes[::-1]
+
+    def tensors(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """(depth [N] long, ancestors [N, N] bool: ancestors[i, j] when j is i or an ancestor of i) on `device`."""
+        if device not in self._tensors:
+            ancestors = torch.zeros(len(self), len(self), dtype=torch.bool)
+            for node in range(len(self)):
+                ancestors[node, self.path(node)] = True
+            self._tensors[device] = (torch.tensor(self.depth, device=device), ancestors.to(device))
+        return self._tensors[device]
+
+
 class LlamaRunner:
     """Static-cache forward of a Llama-family HF causal LM (llama, qwen2, mistral within its window).
 
@@ -400,15 +443,21 @@ class LlamaRunner:
         return self._layers(tokens, positions, bucket, logits_index, compiled)
 
     def _layers(self, tokens: torch.Tensor, positions: torch.Tensor, bucket: int,
-                logits_index: torch.Tensor | None = None, compiled: bool = False) -> torch.Tensor:
-        """`forward`'s work, through the compiled regions when `compiled` (also what scope "forward" compiles)."""
+                logits_index: torch.Tensor | None = None, compiled: bool = False, *,
+                write_slots: torch.Tensor | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
+        """`forward`'s work, through the compiled regions when `compiled` (also what scope "forward" compiles).
+        `tree_forward` passes the slots the K/V go to ([B, q], default: `positions`) and the mask ([B, 1, q,
+        bucket], default: each query sees the slots up to its position)."""
         batch, length = tokens.shape
         fold = self.attention == "fold" or (self.attention == "auto" and (
             not HAS_ENABLE_GQA or (batch * length > FOLD_ABOVE and length <= FOLD_MAX_Q)))
         x = self.inputs(tokens, positions, compiled)                    # [B, q, hidden]
         cos = self.cos[positions].unsqueeze(2)                          # [B, q, 1, D]
         sin = self.sin[positions].unsqueeze(2)
-        visible = (self.slots[:bucket] <= positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, q, S]
+        if visible is None:
+            visible = (self.slots[:bucket] <= positions.unsqueeze(-1)).unsqueeze(1)  # [B, 1, q, S]
+        if write_slots is None:
+            write_slots = positions
         groups = self.num_heads // self.num_kv_heads
         mask = fold_mask(visible, groups) if fold and groups > 1 else visible
         rows = self.rows[:batch, None]                                  # [B, 1]
@@ -418,7 +467,7 @@ class LlamaRunner:
         self._write_state(state, 0, x, rows, positions)
         for index, (layer, fused) in enumerate(zip(self.layers, self.fused)):
             q, k, v = qkv(layer, x, cos, sin, heads, fused)
-            self.cache.write(index, rows, positions, k, v)
+            self.cache.write(index, rows, write_slots, k, v)
             keys, values = self.cache.read(index, batch, bucket)
             x = finish(layer, x, attend(q, keys, values, mask, self.scale, fold), fused)
             if index + 1 < len(self.layers):
@@ -427,6 +476,47 @@ class LlamaRunner:
         if logits_index is not None:
             x = x.gather(1, logits_index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [B, k, hidden]
         return self.output(head, x, compiled)                            # [B, q or k, V]
+
+    @torch.no_grad()
+    def tree_forward(self, tokens: torch.Tensor, root: torch.Tensor, tree: TokenTree, bucket: int) -> torch.Tensor:
+        """Logits [B, N, V] of a token tree in one forward: node i of `tree` (shared by the rows) holds `tokens`
+        [B, N], sits at position root + depth(i) (`root` [B]: each row's root position, the pending token's) and
+        attends to the slots before `root` and to its ancestors and itself, each of which this call writes at
+        slot root + i. Node i's logits are those of a chain forward of its path from the root; `keep_path` then
+        moves one path's K/V to the slots of its positions. The slots root .. root + N - 1 must lie in the cache
+        and in the first `bucket`. Eager (not compiled); a runner that writes hidden states (`state_layers`)
+        refuses it."""
+        if self.state_layers:
+            raise ValueError("tree_forward writes sibling nodes at one position, where state_layers would keep one "
+                             "state: run trees with a runner without state_layers")
+        batch, nodes = tokens.shape
+        if nodes != len(tree):
+            raise ValueError(f"tokens has {nodes} nodes per row but the tree {len(tree)}")
+        depth, ancestors = tree.tensors(self.device)
+        root = root.to(self.device).view(batch, 1)
+        positions = root + depth                                                  # [B, N]
+        write_slots = root + torch.arange(nodes, device=self.device)              # [B, N]
+        before = self.slots[:bucket] < root.unsqueeze(-1)                         # [B, 1, S]
+        # node i sees slot s when s holds one of its ancestors (or itself): any over j of ancestors[i, j] and
+        # write_slots[j] == s
+        holds = write_slots[:, None, :, None] == self.slots[:bucket]              # [B, 1, N, S]
+        in_tree = (ancestors[None, :, :, None] & holds).any(2)                    # [B, N, S]
+        visible = (before | in_tree).unsqueeze(1)                                 # [B, 1, N, S]
+        return self._layers(tokens, positions, bucket, write_slots=write_slots, visible=visible)
+
+    @torch.no_grad()
+    def keep_path(self, root: torch.Tensor, path_nodes: torch.Tensor) -> None:
+        """After `tree_forward`: copy the K/V of nodes `path_nodes` [B, L] (a root-to-node path, node indices in
+        depth order) from their tree slots root + node to the slots of their positions root + depth, so the cache
+        holds that path as a chain forward would have left it (slot == position again)."""
+        batch, length = path_nodes.shape
+        root = root.to(self.device).view(batch, 1)
+        source = root + path_nodes.to(self.device)
+        target = root + torch.arange(length, device=self.device)
+        rows = self.rows[:batch, None]
+        for layer in range(len(self.layers)):
+            for store in (self.cache.k, self.cache.v):
+                store[layer][rows, :, target] = store[layer][rows, :, source]  # the right side is a copy
 
     def next_draft(self, tokens: torch.Tensor, positions: torch.Tensor, bucket: int) -> torch.Tensor:
         """A draft's next drafted token's logits, `tokens` [B, 1] the one it drafted last: a plain forward."""

@@ -362,3 +362,70 @@ def test_capture_pauses_the_garbage_collector_and_restores_it(monkeypatch):
         assert not gc.isenabled()  # a collector the caller had off stays off
     finally:
         gc.enable()
+
+
+# ------------------------------------------------------------------------------------------ token trees
+
+
+@pytest.mark.parametrize("attention", ["fold", "gqa"])
+def test_tree_forward_gives_each_paths_chain_logits_and_keep_path_leaves_its_cache(attention):
+    """Two paths sharing their first drafted token (nodes 0-1-2-3 and 0-1-4-5, node 0 the pending token at
+    position 6) in one forward: every node's logits are those of a chain forward of its path from the root, and
+    after `keep_path` of the second path the cache holds what that path's chain forward wrote, so the next
+    token's logits agree too. Two rows, a GQA model (both attention layouts)."""
+    from flashspec.runner import TokenTree
+
+    model = llama()
+    rows = random_rows([6, 6], seed=4)
+    ids, mask = left_pad(rows)
+    tree = TokenTree([-1, 0, 1, 2, 1, 4])
+    tokens = torch.randint(3, VOCAB, (2, len(tree)), generator=torch.Generator().manual_seed(5))
+    root, bucket = torch.full((2,), 6), 16
+    runner = LlamaRunner(model, max_batch=2, max_len=32, attention=attention)
+    runner.prefill(ids, mask)
+    chains = {}
+    for leaf in (3, 5):
+        path = tree.path(leaf)
+        positions = (root[:, None] + torch.arange(len(path))).long()
+        chains[leaf] = runner.forward(tokens[:, path], positions, bucket)       # [2, 4, V]
+    # what the second path's chain forward (the last one) left in slots 6..9
+    saved = [(k[:2, :, 6:10].clone(), v[:2, :, 6:10].clone()) for k, v in zip(runner.cache.k, runner.cache.v)]
+    logits = runner.tree_forward(tokens, root, tree, bucket)                    # [2, 6, V]
+    for leaf in (3, 5):
+        assert max_error(logits[:, tree.path(leaf)], chains[leaf]) < 1e-5
+    runner.keep_path(root, torch.tensor([tree.path(5)] * 2))
+    for (k, v), (saved_k, saved_v) in zip(zip(runner.cache.k, runner.cache.v), saved):
+        assert max_error(k[:2, :, 6:10], saved_k) < 1e-5 and max_error(v[:2, :, 6:10], saved_v) < 1e-5
+    following = torch.full((2, 1), 7)
+    kept = runner.forward(following, torch.full((2, 1), 10), bucket)
+    chained = LlamaRunner(model, max_batch=2, max_len=32, attention=attention)
+    chained.prefill(ids, mask)
+    chained.forward(tokens[:, tree.path(5)], (root[:, None] + torch.arange(4)).long(), bucket)
+    assert max_error(kept, chained.forward(following, torch.full((2, 1), 10), bucket)) < 1e-5
+
+
+def test_a_tree_node_sees_its_ancestors_only():
+    """Changing the tokens of one path leaves the other path's logits alone (siblings do not see each other) and
+    changes that path's own deeper logits; the shapes of a tree are checked where it is built."""
+    from flashspec.runner import TokenTree
+
+    model = llama()
+    ids, mask = left_pad(random_rows([5], seed=6))
+    tree = TokenTree.chains(2, 3)                                                # 0-1-2-3 and 0-4-5-6
+    runner = LlamaRunner(model, max_batch=1, max_len=32)
+    runner.prefill(ids, mask)
+    tokens = torch.randint(3, VOCAB, (1, len(tree)), generator=torch.Generator().manual_seed(7))
+    first = runner.tree_forward(tokens, torch.tensor([5]), tree, 16)
+    changed = tokens.clone()
+    changed[0, 4] = (tokens[0, 4] + 1 - 3) % (VOCAB - 3) + 3                     # the second path's first token
+    second = runner.tree_forward(changed, torch.tensor([5]), tree, 16)
+    assert max_error(first[:, :4], second[:, :4]) < 1e-6                         # the root and the first path
+    assert max_error(first[:, 4:], second[:, 4:]) > 1e-3
+    for parents in ([0, 0], [-1, 1], [-1, 0, 3], []):
+        with pytest.raises(ValueError, match="parents must start with -1"):
+            TokenTree(parents)
+    with pytest.raises(ValueError, match="nodes per row but the tree"):
+        runner.tree_forward(tokens[:, :3], torch.tensor([5]), tree, 16)
+    states = LlamaRunner(model, max_batch=1, max_len=32, state_layers=(1,))
+    with pytest.raises(ValueError, match="state_layers"):
+        states.tree_forward(tokens, torch.tensor([5]), tree, 16)
