@@ -164,6 +164,11 @@ class Session:
         self.sync_all = decoder.draft_sync == "all"
         # the step's small device-side pieces: dozens of tiny kernels each unless compiled
         self.sample, self.prologue, self.commit = sample_from_logits, step_prologue, commit
+        # the draws' positions and streams as device scalars (one tensor each, the same values as the ints): the
+        # compiled sampler then serves every position and draft without compiling again
+        self.draw_positions = [torch.tensor(p, device=device) for p in range(self.max_gamma + 1)]
+        self.draw_streams = {stream: torch.tensor(stream, device=device) for stream in (
+            rng.STREAM_SAMPLE, *(rng.draft_stream(index) for index in range(len(decoder.drafts))))}
         if decoder.compile is not False:
             self.sample, self.prologue, self.commit = (torch.compile(fn, fullgraph=True) for fn in (
                 sample_from_logits, step_prologue, commit))
@@ -257,7 +262,8 @@ class Session:
         else:
             tokens, all_log_probs = [], []
             for position in range(gamma):  # the draft's own stream (index: the draft, not the arm)
-                token, log_probs = self.sample(logits, params, key, position=position, stream=rng.draft_stream(index))
+                token, log_probs = self.sample(logits, params, key, position=self.draw_positions[position],
+                                               stream=self.draw_streams[rng.draft_stream(index)])
                 tokens.append(token)
                 all_log_probs.append(log_probs)  # exactly the q it sampled from: the verifier reads it as given
                 if position < gamma - 1:
@@ -305,7 +311,8 @@ class Session:
         if self.sync_all:
             self.windows(bucket, last, 0, None)
         logits = self.target.forward(b.seq.gather(1, last[:, None]), last[:, None], bucket)[:, 0]
-        token, _ = self.sample(logits, self.sampling, key, position=0, stream=rng.STREAM_SAMPLE)
+        token, _ = self.sample(logits, self.sampling, key, position=self.draw_positions[0],
+                               stream=self.draw_streams[rng.STREAM_SAMPLE])
         padded = torch.nn.functional.pad(token[:, None], (0, self.max_gamma), value=-1)
         self.commit(b, padded, torch.zeros_like(token), out_offsets, nonfinite_rows(logits[:, None], None))
 

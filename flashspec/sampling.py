@@ -196,20 +196,23 @@ def sample_from_logits(
     logits: torch.Tensor,
     params: SamplingParams,
     key: rng.Key,
-    position: int = 0,
-    stream: int = rng.STREAM_DRAFT,
+    position: int | torch.Tensor = 0,
+    stream: int | torch.Tensor = rng.STREAM_DRAFT,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row of `logits` [B, V] from its warped distribution.
 
     Returns (tokens [B], the warped log-probs [B, V] the token was drawn from).  Drafts use
-    this with their own stream so their noise never feeds the verifier.
+    this with their own stream so their noise never feeds the verifier. `position` and `stream` may be int64
+    0-d tensors holding the same values (the same draws): a compiled caller then compiles this once for every
+    position and stream instead of once per Python int.
     """
     log_probs = warp_logits(logits, params)
     if params.greedy:
         return log_probs.argmax(dim=-1), log_probs
     rows, vocab = log_probs.shape
     row = torch.arange(rows, device=logits.device).view(rows, 1)
-    base = rng.base_hash(key, stream, row, torch.full_like(row, position))
+    at = torch.full_like(row, position) if isinstance(position, int) else row * 0 + position
+    base = rng.base_hash(key, stream, row, at)
     noise = rng.uniform_from_base(base, torch.arange(vocab, device=logits.device).view(1, vocab))
     return gumbel_argmax(log_probs, noise), log_probs
 

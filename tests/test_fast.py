@@ -313,6 +313,25 @@ def test_compiled_regions_match_target_greedy_generate():
         FastSpeculativeDecoder(target, [draft], draft_sync="sometimes")
 
 
+def test_the_compiled_draft_sampler_compiles_once_for_every_position_and_draft(pool):
+    """With two model drafts at γ = 3 and T = 1 the compiled step samples at three positions on two draft streams:
+    the positions and streams reach the sampler as device scalars, so it compiles once (Python ints would
+    specialise it: a recompile for the second position and another for the second draft)."""
+    from torch._dynamo.utils import clear_compilation_metrics, get_compilation_metrics
+
+    target, near, _ = pool
+    torch._dynamo.reset()  # earlier tests' compiled samplers would be reused, and not counted
+    clear_compilation_metrics()
+    # two drafts of one shape (their compiled regions are shared: a quicker test)
+    decoder = FastSpeculativeDecoder(target, [near, copy.deepcopy(near)], policy="exp3", gamma=3, compile=True,
+                                     compile_scope="regions", policy_kwargs={"seed": 0})
+    result = decoder.generate(PROMPT.expand(4, -1), max_new_tokens=16, sampling=fs.SamplingParams(1.0), seed=3,
+                              ignore_eos=True)
+    assert result.stats.steps and len({step.arm for step in result.stats.steps}) == 2  # both drafts sampled
+    frames = [m for m in get_compilation_metrics() if m.co_name == "sample_from_logits"]
+    assert len(frames) == 1, [m.fail_reason for m in frames]
+
+
 def test_fast_plain_greedy_equals_generate_and_samples_are_seeded(pool):
     from flashspec.fast import FastPlainDecoder
 
