@@ -429,3 +429,81 @@ def test_a_tree_node_sees_its_ancestors_only():
     states = LlamaRunner(model, max_batch=1, max_len=32, state_layers=(1,))
     with pytest.raises(ValueError, match="state_layers"):
         states.tree_forward(tokens, torch.tensor([5]), tree, 16)
+
+
+def tree_decode(target: torch.nn.Module, drafts: list, params, rows: int, seed: int, gamma: int = 2,
+                keep_chosen: bool = True) -> torch.Tensor:
+    """`test_engine_exact.LENGTH` tokens after its PROMPT for `rows` rows, each step one `tree_forward` of the target
+    over one chain per draft (`TokenTree.chains`), `flashspec.paths.verify_paths` on them, and `keep_path` of the
+    path it kept (`keep_chosen=False`: the other path's, a cache that does not hold the emitted text). Drafts sample
+    with HF forwards."""
+    from test_engine_exact import LENGTH, PROMPT
+    from test_engine_exact import VOCAB as EXACT_VOCAB
+
+    from flashspec.paths import verify_paths
+    from flashspec.runner import TokenTree
+    from flashspec.sampling import warp_logits
+
+    generator = torch.Generator().manual_seed(seed)
+    tree = TokenTree.chains(len(drafts), gamma)
+    runner = LlamaRunner(target, max_batch=rows, max_len=len(PROMPT) + LENGTH + len(tree) + 1)
+    runner.prefill(PROMPT.expand(rows, -1), torch.ones(rows, len(PROMPT), dtype=torch.long))
+    seqs = [PROMPT.tolist() for _ in range(rows)]
+    step = 0
+    while min(len(s) for s in seqs) < len(PROMPT) + LENGTH:
+        chains, chain_logits = [], []
+        for draft in drafts:  # each draft's chain of γ from each row's own sequence, rows grouped by length
+            tokens, logits = torch.zeros(rows, gamma, dtype=torch.long), torch.zeros(rows, gamma, EXACT_VOCAB)
+            for length in sorted({len(s) for s in seqs}):
+                group = [r for r, s in enumerate(seqs) if len(s) == length]
+                context = torch.tensor([seqs[r] for r in group])
+                for d in range(gamma):
+                    with torch.no_grad():
+                        out = draft(context).logits[:, -1]
+                    drawn = torch.multinomial(warp_logits(out, params).exp(), 1, generator=generator)
+                    tokens[group, d], logits[group, d] = drawn[:, 0], out
+                    context = torch.cat([context, drawn], 1)
+            chains.append(tokens)
+            chain_logits.append(logits)
+        root = torch.tensor([len(s) - 1 for s in seqs])
+        nodes = torch.cat([torch.tensor([s[-1] for s in seqs])[:, None], *chains], 1)   # [B, 1 + K·γ]
+        logits = runner.tree_forward(nodes, root, tree, bucket=runner.max_len)
+        along = torch.stack([logits[:, tree.path(1 + k * gamma + gamma - 1)] for k in range(len(drafts))], 1)
+        out = verify_paths(along, torch.stack(chain_logits, 1), torch.stack(chains, 1), params,
+                           generator=seed * 1000 + step, backend="torch")
+        kept = out.path if keep_chosen else (out.path + 1) % len(drafts)
+        runner.keep_path(root, torch.tensor([tree.path(1 + int(k) * gamma + gamma - 1) for k in kept]))
+        for r in range(rows):
+            seqs[r] += out.tokens[r, : int(out.num_accepted[r]) + 1].tolist()
+        step += 1
+    return torch.tensor([s[len(PROMPT): len(PROMPT) + LENGTH] for s in seqs])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("keep_chosen", [True, False], ids=["kept-path", "control-other-path-kept"])
+def test_tree_decoding_has_the_targets_joint_law(keep_chosen):
+    """Tree forwards, multi-path verification and keep_path together, three tokens at T = 1 over several steps
+    (two drafts, γ = 2): the χ² family of `test_engine_exact` accepts the target's law; keeping the other path's
+    keys and values (a cache that no longer holds the emitted text) must fail it."""
+    import copy
+
+    from test_engine_exact import VOCAB as EXACT_VOCAB
+    from test_engine_exact import exact_continuations, fit_p_values, passes
+
+    import flashspec as fs
+
+    # peaked, context-dependent distributions (a large initializer range): a wrong cache shows in the law
+    target = models.tiny_llama(vocab_size=EXACT_VOCAB, hidden_size=16, num_layers=1, initializer_range=0.8, seed=1)
+    other = copy.deepcopy(target)
+    noise = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in other.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=noise) * 0.3)
+    near, far = copy.deepcopy(target), other  # a draft equal to the target (long accepts) and a perturbed one
+    params = fs.SamplingParams(1.0)
+    # the perturbed draft's path first, so the target's copy is the kept path often; γ = 1: three tokens take two
+    # steps or more, the later ones reading what the first one kept
+    samples = torch.cat([tree_decode(target, [far, near], params, rows=1024, seed=seed, gamma=1,
+                                     keep_chosen=keep_chosen) for seed in range(16)])
+    p_values = fit_p_values(samples, exact_continuations(target, params))
+    assert passes(p_values) == keep_chosen, p_values
