@@ -288,6 +288,50 @@ glue("chi_backends", " and ".join(backends), display=False)
 # suite runs the same check on more configurations (several samples of one draft, top-$k$ and top-$p$ sampling,
 # deterministic proposals, and sampled paths verified as certain, which must pass), on both backends.
 #
+# ## One target forward over the tree
+#
+# The $K$ paths are scored by one forward of the target. Node $i$ of the tree (node 0 is the root, the pending
+# token) is written at cache slot root $+\,i$, sits at position root $+$ depth$(i)$, and sees the slots before the
+# root and those of its ancestors and itself: siblings never see each other, so every node's logits are those a
+# chain forward of its own path would give. The rotary embedding is applied to a key before it is stored, so once
+# a path is kept its keys and values can be copied to the slots of their positions (`keep_path`), and the static
+# cache holds slot = position again. `flashspec.runner.TokenTree` is the shape of the tree (shared by the rows),
+# `LlamaRunner.tree_forward` scores it; here two paths that share their first drafted token, on a tiny random
+# Llama, against a chain forward of each path:
+
+# %%
+from flashspec import models
+from flashspec.runner import LlamaRunner, TokenTree
+
+tiny = models.tiny_llama(vocab_size=32, hidden_size=32, num_layers=2, num_heads=4,
+                         num_kv_heads=2, initializer_range=0.3, seed=0)
+tree = TokenTree([-1, 0, 1, 2, 1, 4])        # paths 0-1-2-3 and 0-1-4-5
+prompt = torch.tensor([[5, 9, 2, 7, 11, 3]])
+nodes = torch.tensor([[4, 8, 1, 6, 13, 10]])  # node i's token; node 0 the pending one
+root = torch.tensor([prompt.shape[1]])         # its position
+
+def fresh_runner() -> LlamaRunner:
+    runner = LlamaRunner(tiny, max_batch=1, max_len=32)
+    runner.prefill(prompt, torch.ones_like(prompt))
+    return runner
+
+scored = fresh_runner()
+tree_logits = scored.tree_forward(nodes, root, tree, bucket=16)
+gap = 0.0
+for leaf in (3, 5):
+    path = tree.path(leaf)
+    chain = fresh_runner().forward(nodes[:, path], root[:, None] + torch.arange(4),
+                                   bucket=16)
+    gap = max(gap, float((tree_logits[:, path] - chain).abs().max()))
+print(f"largest |tree - chain| logit difference over both paths: {gap:.1e}")
+glue("tree_gap", f"{gap:.1e}", display=False)
+
+# %% [markdown]
+# The logits agree to {glue:text}`tree_gap` (float32 rounding). The test suite goes on from here: after
+# `keep_path` the cache and the next token's logits equal the chain's, and decoding three tokens over several
+# steps with `tree_forward`, `verify_paths` and `keep_path` passes the $\chi^2$ test of the target's joint law,
+# while a run that keeps the other path's keys and values fails it (`tests/test_runner.py`).
+#
 # ## On a real model
 #
 # The record below verifies, at each step of a decode of SmolLM2-135M-Instruct {cite}`smollm2` on the chat prompt
@@ -342,5 +386,7 @@ print(
 #   `verify_paths` on both backends); changing the residual, or choosing or ordering the paths by their tokens,
 #   breaks it and is caught.
 # - Paths may be samples of their drafts or fixed proposals verified as certain; both are exact.
+# - One target forward scores the whole tree (`LlamaRunner.tree_forward`: each node sees its ancestors only), and
+#   `keep_path` moves the kept path's keys and values to the slots of their positions.
 # - On SmolLM2 with three samples of a small draft it keeps {glue:text}`pg_ratio:.2f`× the tokens per step of one
 #   block-verified chain.
