@@ -15,8 +15,10 @@ __all__ += ["bandits", "rewards"]
 from flashspec import drafters, engine, models, stats  # noqa: E402  (the generation loop, drafters, loader, stats)
 from flashspec.drafters import ModelDrafter, PromptLookupDrafter  # noqa: E402
 from flashspec.engine import SpeculativeDecoder, generate  # noqa: E402
-from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder, make_decoder  # noqa: E402  (static caches, CUDA graphs)
+from flashspec.fast import (FastPathsDecoder, FastPlainDecoder, FastSpeculativeDecoder,  # noqa: E402
+                            make_decoder)  # static caches, CUDA graphs
 from flashspec.models import load_model  # noqa: E402
 
 __all__ += ["drafters", "engine", "models", "stats", "SpeculativeDecoder", "generate", "ModelDrafter",
-            "PromptLookupDrafter", "load_model", "FastSpeculativeDecoder", "FastPlainDecoder", "make_decoder"]
+            "PromptLookupDrafter", "load_model", "FastSpeculativeDecoder", "FastPlainDecoder",
+            "FastPathsDecoder", "make_decoder"]

@@ -113,7 +113,7 @@ class FastSpeculativeDecoder(Front):
                  backend: str = "auto", draft_sync: str = "lazy", compile: bool | str = False, *,
                  tp: Any = None, gammas: Sequence[int] | None = None, arm_costs: Sequence[float] | None = None,
                  compile_scope: str = "forward", verify_method: str = "token", sessions: int = 1,
-                 _plain: bool = False) -> None:
+                 _plain: bool = False, _paths: bool = False) -> None:
         if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1:
             raise ValueError(f"lag must be an int >= 1 (steps before the host reads an outcome), got {lag!r}")
         if isinstance(sessions, bool) or not isinstance(sessions, int) or sessions < 1:
@@ -149,8 +149,13 @@ class FastSpeculativeDecoder(Front):
                              "hand over: run them without tp")
         self.state_layers: tuple[int, ...] = next(iter(read), ())  # what the target's runner writes for them
         self.sessions = sessions
+        self.paths = _paths  # every model draft's chain verified together each step (`FastPathsDecoder`)
         self._sessions: collections.OrderedDict[tuple, Session] = collections.OrderedDict()  # oldest use first
         self.graphs_captured = 0  # over every session: a new session captures its graphs again
+
+    def reach(self) -> int:
+        """Cache slots a step writes past the pending token's: the largest γ, or every path's under `paths`."""
+        return len(self.drafts) * self.gamma if self.paths else self.max_gamma
 
     def _accept_drafts(self, drafts: list[Any]) -> list[Any]:
         for index, draft in enumerate(drafts):
@@ -202,7 +207,7 @@ class FastSpeculativeDecoder(Front):
                 timing: bool) -> GenerationResult:
         batch, width, budgets = request.batch, request.width, request.budgets
         limit, _ = position_limit(self.target, self.drafts)
-        capacity = session_capacity(width + max(budgets), self.max_gamma + 1, limit)
+        capacity = session_capacity(width + max(budgets), self.reach() + 1, limit)
         if self.tp is not None:  # every rank must decode the same request (one small host all_gather)
             self.tp.guard_request(request.input_ids, request.mask,
                                   (request.seed, budgets, request.sampling, sorted(request.stop_ids), request.pad_id,
@@ -243,6 +248,37 @@ class FastPlainDecoder(FastSpeculativeDecoder):
                  sessions: int = 1) -> None:
         super().__init__(target, [], policy="fixed", gamma=1, graphs=graphs, lag=lag, compile=compile, tp=tp,
                          compile_scope=compile_scope, sessions=sessions, _plain=True)
+
+
+class FastPathsDecoder(FastSpeculativeDecoder):
+    """Every model draft drafts a chain of γ tokens each step and the target scores them all in one forward over
+    the tree they form under the pending token (`runner.TokenTree.chains`: one chain per draft,
+    `LlamaRunner.tree_forward`); `flashspec.paths` verifies the chains together (exact: chapter 8) and the kept
+    path's keys and values are moved to the slots of their positions (`LlamaRunner.keep_path`). There is no arm
+    to choose: the drafts re-read their window every step (`draft_sync="all"`). Each step writes 1 + K·γ target
+    slots (K drafts), which the sessions' cache sizes leave room for. The verification runs in PyTorch on every
+    device (no host sync, so the step is captured like the others).
+
+    Args:
+        target, graphs, lag, compile, compile_scope, sessions: as for `FastSpeculativeDecoder`.
+        drafts: one or more Llama-family HF causal LMs sharing the target's tokenizer (no feature drafts, whose
+            target states a tree forward does not write, and no prompt lookup).
+        gamma: tokens each draft drafts per step.
+    """
+
+    def __init__(self, target: torch.nn.Module, drafts: Sequence[torch.nn.Module], gamma: int = 4,
+                 graphs: bool | None = None, lag: int = 2, compile: bool | str = False, *,
+                 compile_scope: str = "forward", sessions: int = 1) -> None:
+        drafts = list(drafts)
+        if not drafts:
+            raise ValueError("FastPathsDecoder needs at least one draft model (use FastPlainDecoder for none)")
+        for index, draft in enumerate(drafts):
+            if not isinstance(draft, torch.nn.Module) or isinstance(draft, FeatureDraft):
+                raise ValueError(f"drafts[{index}] must be a Llama-family HF model for FastPathsDecoder, got "
+                                 f"{type(draft).__name__} (feature drafts and prompt lookup run on "
+                                 "FastSpeculativeDecoder)")
+        super().__init__(target, drafts, policy="fixed", gamma=gamma, graphs=graphs, lag=lag, draft_sync="all",
+                         compile=compile, compile_scope=compile_scope, sessions=sessions, _paths=True)
 
 
 def unsupported_draft(draft: torch.nn.Module) -> str | None:

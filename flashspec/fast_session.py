@@ -19,6 +19,7 @@ from flashspec import models, rng, runner
 from flashspec.checks import check_finite, nonfinite_rows
 from flashspec.drafters import PromptLookupDrafter
 from flashspec.features import FeatureDraft, FeatureRunner
+from flashspec.paths import verify_paths_reference
 from flashspec.front import StepEvent, update_policy
 from flashspec.sampling import SamplingParams, sample_from_logits
 from flashspec.stats import GenerationStats, StepRecord
@@ -161,6 +162,12 @@ class Session:
             return runner.LlamaRunner(draft, batch, capacity, compile_lengths=verify_lengths + catch_ups, **options)
 
         self.drafts: list[runner.LlamaRunner | PromptLookupDrafter] = [make(d) for d in decoder.drafts]
+        self.reach = decoder.reach()  # target slots a step writes past the pending token's
+        self.paths = decoder.paths
+        if self.paths:  # one chain per draft under the pending token; path k's nodes in depth order [K, γ+1]
+            self.tree = runner.TokenTree.chains(len(self.drafts), self.gamma)
+            self.path_nodes = torch.tensor([self.tree.path(1 + k * self.gamma + self.gamma - 1)
+                                            for k in range(len(self.drafts))], device=device)
         self.sync_all = decoder.draft_sync == "all"
         # the step's small device-side pieces: dozens of tiny kernels each unless compiled
         self.sample, self.prologue, self.commit = sample_from_logits, step_prologue, commit
@@ -255,6 +262,9 @@ class Session:
         if index < 0:
             self.plain_step(bucket, key, last, out_offsets)
             return
+        if self.paths:
+            self.paths_step(bucket, key, last, out_offsets)
+            return
         chosen = self.drafts[index]
         logits = self.windows(bucket, last, gamma, chosen)
         if isinstance(chosen, PromptLookupDrafter):
@@ -301,6 +311,37 @@ class Session:
                 if draft is chosen:
                     logits = models.fit_vocab(out[:, 0], self.vocab)
         return logits
+
+    def paths_step(self, bucket: int, key: torch.Tensor, last: torch.Tensor, out_offsets: torch.Tensor) -> None:
+        """The paths decoder's step (`fast.FastPathsDecoder`): every draft re-reads its window and drafts γ on its
+        own stream; the target scores the tree of the K chains in one forward (root: the pending token at `last`);
+        `paths.verify_paths_reference` keeps the longest exact prefix and names its path, whose keys and values
+        `keep_path` moves into place; the commit appends as for one chain."""
+        b, params, gamma = self.buffers, self.sampling, self.gamma
+        window = (last[:, None] - gamma + torch.arange(gamma + 1, device=self.device)).clamp(min=0)
+        window_tokens = b.seq.gather(1, window)
+        at_end = torch.full((self.batch, 1), gamma, dtype=torch.long, device=self.device)
+        chains, chain_log_probs = [], []
+        for index, draft in enumerate(self.drafts):
+            logits = models.fit_vocab(draft.forward(window_tokens, window, bucket, at_end)[:, 0], self.vocab)
+            tokens, all_log_probs = [], []
+            for position in range(gamma):
+                token, log_probs = self.sample(logits, params, key, position=self.draw_positions[position],
+                                               stream=self.draw_streams[rng.draft_stream(index)])
+                tokens.append(token)
+                all_log_probs.append(log_probs)
+                if position < gamma - 1:
+                    logits = models.fit_vocab(
+                        draft.next_draft(token[:, None], (b.lengths + position)[:, None], bucket)[:, 0], self.vocab)
+            chains.append(torch.stack(tokens, 1))
+            chain_log_probs.append(torch.stack(all_log_probs, 1))
+        drafted, draft_log_probs = torch.stack(chains, 1), torch.stack(chain_log_probs, 1)  # [B, K, γ], [.., V]
+        nodes = torch.cat([b.seq.gather(1, last[:, None]), drafted.flatten(1)], 1)           # [B, 1 + K·γ]
+        along = self.target.tree_forward(nodes, last, self.tree, bucket)[:, self.path_nodes]  # [B, K, γ+1, V]
+        out = verify_paths_reference(along, draft_log_probs, drafted, params, key, draft_is_log_probs=True)
+        self.target.keep_path(last, self.path_nodes[out.path])
+        self.commit(b, out.tokens, out.num_accepted, out_offsets,
+                    nonfinite_rows(along.flatten(1, 2), draft_log_probs.flatten(1, 2)))
 
     def plain_step(self, bucket: int, key: torch.Tensor, last: torch.Tensor, out_offsets: torch.Tensor) -> None:
         """The plain arm's step: one target forward of the pending token and one token drawn from its warped p
@@ -375,9 +416,10 @@ class Session:
         try:
             for bucket in sorted({runner.bucket_for(min(n, self.capacity), self.capacity) for n in lengths}):
                 for arm, (draft, gamma) in enumerate(self.arms):
-                    if bucket < gamma + 1:  # the step loop never attends over fewer slots than γ+1
+                    reach = self.reach if self.paths else gamma
+                    if bucket < reach + 1:  # the step loop never attends over fewer slots than γ+1 (1 + K·γ)
                         continue
-                    b.lengths.fill_(capture_fill(bucket, self.capacity, gamma, self.max_gamma))
+                    b.lengths.fill_(capture_fill(bucket, self.capacity, reach, max(reach, self.max_gamma)))
                     work = {("step", arm, bucket): lambda arm=arm, bucket=bucket: self.step(arm, bucket)}
                     for n in (catch_up_choices(bucket) if self.catches_up(draft) else ()):
                         work[("catch_up", arm, bucket, n)] = (
@@ -481,8 +523,9 @@ class Session:
             arm = decoder.choose_arm()
             draft, gamma = self.arms[arm]
             # the longest row is at most the last read length plus γ+1 per unread step
-            bound = min(known_max + sum(launch.gamma + 1 for launch in issued[read:]), self.capacity - gamma - 1)
-            bucket = runner.bucket_for(bound + gamma, self.capacity)
+            reach = self.reach if self.paths else gamma  # slots the step writes past the pending token's
+            bound = min(known_max + sum(launch.gamma + 1 for launch in issued[read:]), self.capacity - reach - 1)
+            bucket = runner.bucket_for(bound + reach, self.capacity)
             catch_up = 0
             if self.catches_up(draft):
                 catch_up = catch_up_tokens(behind[draft], gamma, bucket)

@@ -331,6 +331,9 @@ glue("tree_gap", f"{gap:.1e}", display=False)
 # `keep_path` the cache and the next token's logits equal the chain's, and decoding three tokens over several
 # steps with `tree_forward`, `verify_paths` and `keep_path` passes the $\chi^2$ test of the target's joint law,
 # while a run that keeps the other path's keys and values fails it (`tests/test_runner.py`).
+# `flashspec.FastPathsDecoder` is that step on the fast path: each step every model draft drafts a chain, the
+# target scores their tree, the chains are verified together and the kept path is moved into place; its
+# $\chi^2$ test and the control that skips `keep_path` are in `tests/test_fast.py`.
 #
 # ## On a real model
 #
@@ -387,6 +390,7 @@ print(
 #   breaks it and is caught.
 # - Paths may be samples of their drafts or fixed proposals verified as certain; both are exact.
 # - One target forward scores the whole tree (`LlamaRunner.tree_forward`: each node sees its ancestors only), and
-#   `keep_path` moves the kept path's keys and values to the slots of their positions.
+#   `keep_path` moves the kept path's keys and values to the slots of their positions; `FastPathsDecoder` runs
+#   the whole multi-path step on the fast path.
 # - On SmolLM2 with three samples of a small draft it keeps {glue:text}`pg_ratio:.2f`× the tokens per step of one
 #   block-verified chain.

@@ -511,3 +511,68 @@ def test_graphed_fast_path_matches_exact_distribution_on_gpu(pool, params, compi
     continuations, _, _ = chi2_calls(decoder, params, device="cuda")
     p_values = fit_p_values(continuations, exact_continuations(pool[0], params))
     assert passes(p_values), p_values
+
+
+# ------------------------------------------------------------------------------------------ several paths
+
+
+@pytest.fixture(scope="module")
+def peaked_pair():
+    """A target with peaked, context-dependent distributions (a large initializer range), a draft equal to it and a
+    perturbed one: the paths decoder keeps the copy's path often, and a cache that does not hold the kept path
+    shows in the law."""
+    target = models.tiny_llama(vocab_size=VOCAB, hidden_size=16, num_layers=1, initializer_range=0.8, seed=1)
+    perturbed = copy.deepcopy(target)
+    noise = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in perturbed.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=noise) * 0.3)
+    return target, perturbed, copy.deepcopy(target)
+
+
+def test_paths_decoder_greedy_equals_target_greedy_generate():
+    from flashspec.fast import FastPathsDecoder
+
+    target = variant("gqa")
+    drafts = [models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2),
+              copy.deepcopy(target)]
+    prompts = torch.tensor([[0, 0, 5, 6, 7], [0, 3, 7, 3, 9], [1, 4, 4, 4, 4]])
+    mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+    result = FastPathsDecoder(target, drafts, gamma=3).generate(prompts, attention_mask=mask, max_new_tokens=20,
+                                                                sampling=fs.SamplingParams(0.0))
+    expected = target.generate(prompts, attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=2,
+                               pad_token_id=2)
+    assert torch.equal(result.sequences, expected)
+    assert max(count for step in result.stats.steps for count in step.kept) == 4  # the copy's whole chain
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("gamma, control", [(1, False), (2, False), (1, True)],
+                         ids=["g1", "g2", "g1-control-path-0-kept"])
+def test_paths_decoder_output_matches_exact_target_distribution(peaked_pair, gamma, control, monkeypatch):
+    """Two drafts' chains verified together each step (the perturbed draft's path first), T = 1: the χ² family
+    accepts the target's law of the first three tokens. The control leaves every step's cache as the tree forward
+    wrote it (path 0's keys and values, whichever path was kept) and must fail."""
+    from flashspec.fast import FastPathsDecoder
+
+    target, perturbed, copied = peaked_pair
+    if control:
+        monkeypatch.setattr(runner.LlamaRunner, "keep_path", lambda self, root, path_nodes: None)
+    decoder = FastPathsDecoder(target, [perturbed, copied], gamma=gamma)
+    params = fs.SamplingParams(1.0)
+    continuations, _, kept = chi2_calls(decoder, params)
+    p_values = fit_p_values(continuations, exact_continuations(target, params))
+    assert passes(p_values) != control, p_values
+    assert max(kept) == gamma + 1 and min(kept) == 1  # whole chains and first-token rejections both occur
+
+
+def test_paths_decoder_refuses_drafts_it_cannot_run(pool):
+    from flashspec.fast import FastPathsDecoder
+
+    target, near, _ = pool
+    with pytest.raises(ValueError, match="at least one draft"):
+        FastPathsDecoder(target, [])
+    with pytest.raises(ValueError, match=r"drafts\[1\] must be a Llama-family HF model"):
+        FastPathsDecoder(target, [near, PromptLookupDrafter()])
+    with pytest.raises(ValueError, match="gamma"):
+        FastPathsDecoder(target, [near], gamma=0)
