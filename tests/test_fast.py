@@ -576,3 +576,35 @@ def test_paths_decoder_refuses_drafts_it_cannot_run(pool):
         FastPathsDecoder(target, [near, PromptLookupDrafter()])
     with pytest.raises(ValueError, match="gamma"):
         FastPathsDecoder(target, [near], gamma=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: graphs exist only there")
+def test_graphed_paths_decoder_equals_its_graph_free_run_and_captures_ahead(peaked_pair):
+    """On a GPU the paths decoder's steps replay from CUDA graphs: greedy equals the target's greedy generate, a
+    seed gives the tokens of the same decoder without graphs, and after `capture_graphs` a stream captures
+    nothing and changes no token."""
+    from flashspec.fast import FastPathsDecoder
+
+    target, perturbed, copied = (model.cuda() for model in peaked_pair)
+    prompts = [PROMPT[None].cuda(), PROMPT[None, :3].cuda()]
+    sampling = fs.SamplingParams(1.0)
+    greedy = FastPathsDecoder(target, [perturbed, copied], gamma=3).generate(
+        prompts[0], max_new_tokens=24, sampling=fs.SamplingParams(0.0))
+    expected = target.generate(prompts[0], max_new_tokens=24, do_sample=False, eos_token_id=2, pad_token_id=2)
+    assert torch.equal(greedy.sequences, expected)
+
+    def serve(graphs: bool, ahead: bool) -> tuple[list, int]:
+        decoder = FastPathsDecoder(target, [perturbed, copied], gamma=3, graphs=graphs)
+        decoder.generate(prompts[0], max_new_tokens=40, sampling=sampling, seed=99, ignore_eos=True)
+        if ahead:
+            assert decoder.capture_graphs(range(1, len(PROMPT) + 40 + 8)) > 0
+        before = decoder.graphs_captured
+        outputs = [decoder.generate(p, max_new_tokens=40, sampling=sampling, seed=i, ignore_eos=True).sequences
+                   for i, p in enumerate(prompts * 2)]
+        return outputs, decoder.graphs_captured - before
+
+    graphed, captured = serve(True, True)
+    free, _ = serve(False, False)
+    assert captured == 0
+    assert all(torch.equal(a, b) for a, b in zip(graphed, free))
