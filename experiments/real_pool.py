@@ -11,6 +11,7 @@
    reported), with tokens agreeing with plain greedy; each contestant's warm-up seconds are recorded.
    `--prompt-lookup` adds the model-free prompt-lookup drafter to the pool of every contestant that chooses
    (Thompson at each γ, the adaptive one) and times it alone; each records which draft served each domain.
+   `--paths` adds the paths decoder: every token draft's chain verified together after one tree forward.
 5. The step anatomy of a one-draft step (target and draft forwards timed alone from their graphs).
 6. Adaptive γ: arms (draft, γ) for γ in `--gammas` under Thompson with the throughput reward, against the
    pool at each fixed γ: the γ chosen per domain and tok/s.
@@ -62,7 +63,8 @@ from flashspec_lab import cli_checks, provenance, switching, workloads, zoo  # n
 from flashspec_lab.zoo import distill  # noqa: E402
 from flashspec.bandits import make_policy  # noqa: E402
 from flashspec.drafters import PromptLookupDrafter  # noqa: E402
-from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
+from flashspec.fast import FastPathsDecoder, FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
+from flashspec.features import FeatureDraft  # noqa: E402
 from flashspec.fast_session import session_capacity  # noqa: E402
 from flashspec.front import position_limit  # noqa: E402
 from flashspec.rewards import StepCosts  # noqa: E402
@@ -241,6 +243,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--single-draft", default=None,
                         help="the speed part's one-draft contestant and the draft the anatomy times (a pool name "
                              "such as 'features'; default: the generalist)")
+    parser.add_argument("--paths", action="store_true",
+                        help="the speed part: add the paths decoder (fast.FastPathsDecoder: every token draft's "
+                             "chain of --gamma, verified together after one tree forward of the target)")
     parser.add_argument("--prompt-lookup", action="store_true",
                         help="the speed part: add the prompt-lookup drafter to the pool of every contestant that "
                              "chooses, and time it alone at --gamma")
@@ -553,6 +558,11 @@ def main(argv: list[str] | None = None) -> int:
         one_draft = FastSpeculativeDecoder(pool.target, [drafts[single]], policy="fixed", gamma=args.gamma, **made)
         lookup_alone = FastSpeculativeDecoder(pool.target, [PromptLookupDrafter()], policy="fixed", gamma=args.gamma,
                                               **made) if args.prompt_lookup else None
+        # every token draft's chain verified together (feature drafts read target states a tree forward does not
+        # write): what several paths gain over one chosen chain
+        path_drafts = {name: d for name, d in drafts.items() if not isinstance(d, FeatureDraft)}
+        paths = FastPathsDecoder(pool.target, list(path_drafts.values()), gamma=args.gamma, compile=args.compile,
+                                 sessions=kept) if args.paths and path_drafts else None
         # the shipped adaptive configuration: every draft at every γ of --speed-adaptive-gammas under gamma-ts
         adaptive = FastSpeculativeDecoder(pool.target, chooser_pool, policy="fixed",
                                           gamma=max(args.speed_adaptive_gammas), gammas=args.speed_adaptive_gammas,
@@ -587,6 +597,8 @@ def main(argv: list[str] | None = None) -> int:
             warm_up("one_draft", one_draft)
             if lookup_alone is not None:
                 warm_up("prompt_lookup", lookup_alone)
+            if paths is not None:
+                warm_up("paths", paths)
             fresh_adaptive()
             warm_up("adaptive", adaptive)
             # its choices follow measured times, so the timed stream may reach other arms: capture them all first
@@ -597,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[real_pool] {label} adaptive: every reachable graph captured in "
                   f"{warm_up_s['adaptive_capture_all']:.1f} s", flush=True)
             rounds.update({"fast_plain": [], **{f"gamma{g}": [] for g in gammas}, "one_draft": [], "adaptive": [],
-                           **({"prompt_lookup": []} if lookup_alone else {})})
+                           **({"prompt_lookup": []} if lookup_alone else {}), **({"paths": []} if paths else {})})
             captures: dict[str, list[int]] = {method: [] for method in rounds}
             breakdown: dict[str, dict] = {}  # of each method's last round
             last: dict[str, dict[str, Any]] = {}  # each method's last round, for its numbers per domain
@@ -634,6 +646,8 @@ def main(argv: list[str] | None = None) -> int:
                 alone = timed("one_draft", one_draft)
                 if lookup_alone is not None:
                     timed("prompt_lookup", lookup_alone)
+                if paths is not None:
+                    timed("paths", paths)
                 fresh_adaptive()
                 chosen = timed("adaptive", adaptive)
                 drafts_chosen["adaptive"] = chosen_draft_per_domain(chosen, blocks, adaptive, pool_names)
@@ -657,6 +671,8 @@ def main(argv: list[str] | None = None) -> int:
                                            chosen, blocks, [g for _, g in adaptive.arms])},
                           **({"prompt_lookup_alone": {"gamma": args.gamma, **summary("prompt_lookup")}}
                              if lookup_alone else {}),
+                          **({"paths": {"drafts": list(path_drafts), "gamma": args.gamma, **summary("paths")}}
+                             if paths else {}),
                           "pool": pool_names,
                           "draft_share_per_domain_last_round": drafts_chosen,
                           "breakdown_last_round": breakdown,
@@ -676,6 +692,9 @@ def main(argv: list[str] | None = None) -> int:
             if lookup_alone is not None:
                 print(f"[real_pool] {label} prompt lookup alone (γ={args.gamma}): ratio "
                       f"{out[label]['prompt_lookup_alone']['ratio_per_round']}", flush=True)
+            if paths is not None:
+                print(f"[real_pool] {label} paths ({len(path_drafts)} chains of γ={args.gamma}): ratio "
+                      f"{out[label]['paths']['ratio_per_round']}", flush=True)
             print(f"[real_pool] {label} drafts chosen per domain: {drafts_chosen}", flush=True)
             for method, domains in per_domain.items():
                 print(f"[real_pool] {label} {method} per domain ({verify_method} verification): " + ", ".join(

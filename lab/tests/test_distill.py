@@ -259,6 +259,24 @@ def test_real_pool_speed_part_with_prompt_lookup(micro_cache: Path, tmp_path: Pa
     assert speed["greedy"]["one_draft"]["greedy_token_agreement_with_plain"] == 1.0
 
 
+def test_real_pool_speed_part_with_the_paths_decoder(micro_cache: Path, tmp_path: Path) -> None:
+    """--paths: the paths decoder (every token draft's chain verified together) is warmed up and timed beside the
+    others at both temperatures, with its drafts named."""
+    from experiments import real_pool
+
+    out = tmp_path / "pool.json"
+    assert real_pool.main(["--size", "micro-distill", "--out", str(out), "--requests", "2", "--block", "1",
+                           "--new-tokens", "6", "--repeats", "1", "--device", "cpu", "--parts", "speed",
+                           "--speed-adaptive-gammas", "2", "--gamma", "2", "--paths"]) == 0
+    speed = json.loads(out.read_text())["results"]["speed"]
+    assert "error" not in speed
+    for label in ("greedy", "t1"):
+        entry = speed[label]
+        assert "paths" in entry["warm_up_s"] and entry["paths"]["drafts"] == ["python", "prose", "cpp", "general"]
+        assert entry["paths"]["gamma"] == 2 and len(entry["paths"]["ratio_per_round"]["runs"]) == 1
+        assert entry["breakdown_last_round"]["paths"]["tokens_per_step"] >= 1.0
+
+
 def test_real_pool_speed_part_at_one_temperature_with_plain_as_an_arm(micro_cache: Path, tmp_path: Path,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """--speed-temperatures 1 runs T = 1 alone; the adaptive contestant's γ may be 0 (plain decoding as an arm),
