@@ -251,7 +251,7 @@ class FastPlainDecoder(FastSpeculativeDecoder):
 
 
 class FastPathsDecoder(FastSpeculativeDecoder):
-    """Every model draft drafts a chain of γ tokens each step and the target scores them all in one forward over
+    """Every draft drafts a chain of γ tokens each step and the target scores them all in one forward over
     the tree they form under the pending token (`runner.TokenTree.chains`: one chain per draft,
     `LlamaRunner.tree_forward`); `flashspec.paths` verifies the chains together (exact: chapter 8) and the kept
     path's keys and values are moved to the slots of their positions (`LlamaRunner.keep_path`). There is no arm
@@ -261,8 +261,9 @@ class FastPathsDecoder(FastSpeculativeDecoder):
 
     Args:
         target, graphs, lag, compile, compile_scope, sessions: as for `FastSpeculativeDecoder`.
-        drafts: one or more Llama-family HF causal LMs sharing the target's tokenizer (no feature drafts, whose
-            target states a tree forward does not write, and no prompt lookup).
+        drafts: one or more Llama-family HF causal LMs sharing the target's tokenizer and/or
+            `PromptLookupDrafter` objects (whose fixed proposals are verified with q one-hot at them); no feature
+            drafts, whose target states a tree forward does not write.
         gamma: tokens each draft drafts per step.
     """
 
@@ -273,9 +274,9 @@ class FastPathsDecoder(FastSpeculativeDecoder):
         if not drafts:
             raise ValueError("FastPathsDecoder needs at least one draft model (use FastPlainDecoder for none)")
         for index, draft in enumerate(drafts):
-            if not isinstance(draft, torch.nn.Module) or isinstance(draft, FeatureDraft):
-                raise ValueError(f"drafts[{index}] must be a Llama-family HF model for FastPathsDecoder, got "
-                                 f"{type(draft).__name__} (feature drafts and prompt lookup run on "
+            if isinstance(draft, FeatureDraft) or not isinstance(draft, (torch.nn.Module, PromptLookupDrafter)):
+                raise ValueError(f"drafts[{index}] must be a Llama-family HF model or a PromptLookupDrafter for "
+                                 f"FastPathsDecoder, got {type(draft).__name__} (feature drafts run on "
                                  "FastSpeculativeDecoder)")
         super().__init__(target, drafts, policy="fixed", gamma=gamma, graphs=graphs, lag=lag, draft_sync="all",
                          compile=compile, compile_scope=compile_scope, sessions=sessions, _paths=True)

@@ -313,8 +313,8 @@ class Session:
         return logits
 
     def paths_step(self, bucket: int, key: torch.Tensor, last: torch.Tensor, out_offsets: torch.Tensor) -> None:
-        """The paths decoder's step (`fast.FastPathsDecoder`): every draft re-reads its window and drafts γ on its
-        own stream; the target scores the tree of the K chains in one forward (root: the pending token at `last`);
+        """The paths decoder's step (`fast.FastPathsDecoder`): every model draft re-reads its window and drafts γ on
+        its own stream (prompt lookup proposes, verified with q one-hot at its tokens); the target scores the tree of the K chains in one forward (root: the pending token at `last`);
         `paths.verify_paths_reference` keeps the longest exact prefix and names its path, whose keys and values
         `keep_path` moves into place; the commit appends as for one chain."""
         b, params, gamma = self.buffers, self.sampling, self.gamma
@@ -323,6 +323,12 @@ class Session:
         at_end = torch.full((self.batch, 1), gamma, dtype=torch.long, device=self.device)
         chains, chain_log_probs = [], []
         for index, draft in enumerate(self.drafts):
+            if isinstance(draft, PromptLookupDrafter):  # fixed proposals: verified with q one-hot at them
+                tokens = self._lookup(draft, bucket, gamma)
+                certain = torch.full((self.batch, gamma, self.vocab), float("-inf"), device=self.device)
+                chains.append(tokens)
+                chain_log_probs.append(certain.scatter(2, tokens[..., None], 0.0))
+                continue
             logits = models.fit_vocab(draft.forward(window_tokens, window, bucket, at_end)[:, 0], self.vocab)
             tokens, all_log_probs = [], []
             for position in range(gamma):

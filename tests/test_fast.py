@@ -534,7 +534,8 @@ def test_paths_decoder_greedy_equals_target_greedy_generate():
     from flashspec.fast import FastPathsDecoder
 
     target = variant("gqa")
-    drafts = [models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2),
+    drafts = [PromptLookupDrafter(),
+              models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2),
               copy.deepcopy(target)]
     prompts = torch.tensor([[0, 0, 5, 6, 7], [0, 3, 7, 3, 9], [1, 4, 4, 4, 4]])
     mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
@@ -547,18 +548,21 @@ def test_paths_decoder_greedy_equals_target_greedy_generate():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("gamma, control", [(1, False), (2, False), (1, True)],
-                         ids=["g1", "g2", "g1-control-path-0-kept"])
-def test_paths_decoder_output_matches_exact_target_distribution(peaked_pair, gamma, control, monkeypatch):
-    """Two drafts' chains verified together each step (the perturbed draft's path first), T = 1: the χ² family
-    accepts the target's law of the first three tokens. The control leaves every step's cache as the tree forward
-    wrote it (path 0's keys and values, whichever path was kept) and must fail."""
+@pytest.mark.parametrize("gamma, lookup, control", [(1, False, False), (2, False, False), (2, True, False),
+                                                    (1, False, True)],
+                         ids=["g1", "g2", "g2-with-prompt-lookup", "g1-control-path-0-kept"])
+def test_paths_decoder_output_matches_exact_target_distribution(peaked_pair, gamma, lookup, control, monkeypatch):
+    """Two drafts' chains verified together each step (the perturbed draft's path first), T = 1, and with prompt
+    lookup's fixed proposals as a third path: the χ² family accepts the target's law of the first three tokens.
+    The control leaves every step's cache as the tree forward wrote it (path 0's keys and values, whichever path
+    was kept) and must fail."""
     from flashspec.fast import FastPathsDecoder
 
     target, perturbed, copied = peaked_pair
     if control:
         monkeypatch.setattr(runner.LlamaRunner, "keep_path", lambda self, root, path_nodes: None)
-    decoder = FastPathsDecoder(target, [perturbed, copied], gamma=gamma)
+    drafts = [perturbed, copied] + ([PromptLookupDrafter()] if lookup else [])
+    decoder = FastPathsDecoder(target, drafts, gamma=gamma)
     params = fs.SamplingParams(1.0)
     continuations, _, kept = chi2_calls(decoder, params)
     p_values = fit_p_values(continuations, exact_continuations(target, params))
@@ -572,8 +576,8 @@ def test_paths_decoder_refuses_drafts_it_cannot_run(pool):
     target, near, _ = pool
     with pytest.raises(ValueError, match="at least one draft"):
         FastPathsDecoder(target, [])
-    with pytest.raises(ValueError, match=r"drafts\[1\] must be a Llama-family HF model"):
-        FastPathsDecoder(target, [near, PromptLookupDrafter()])
+    with pytest.raises(ValueError, match=r"drafts\[1\] must be a Llama-family HF model or a PromptLookupDrafter"):
+        FastPathsDecoder(target, [near, "a draft"])
     with pytest.raises(ValueError, match="gamma"):
         FastPathsDecoder(target, [near], gamma=0)
 
