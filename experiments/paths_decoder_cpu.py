@@ -46,11 +46,11 @@ def make(name: str, target: torch.nn.Module, draft: torch.nn.Module, gamma: int)
     return FastSpeculativeDecoder(target, drafts, policy="fixed", gamma=gamma, graphs=False, verify_method=method)
 
 
-def measure_prompt(decoders: dict[str, Any], ids: list[int], sampling: Any, new_tokens: int,
+def measure_prompt(decoders: dict[str, Any], prompt: torch.Tensor, sampling: Any, new_tokens: int,
                    seed: int) -> dict[str, Any]:
-    """Every decoder on one prompt: its tokens per step (new tokens over steps) and the cell's seconds."""
+    """Every decoder on one prompt (token ids [1, n]): its tokens per step (new tokens over steps) and the cell's
+    seconds."""
     started = time.perf_counter()
-    prompt = torch.tensor([ids])
     cell: dict[str, Any] = {}
     for name, decoder in decoders.items():
         result = decoder.generate(prompt, max_new_tokens=new_tokens, sampling=sampling, seed=seed, ignore_eos=True)

@@ -3,6 +3,7 @@ spreads and ratios are those of its cells."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 import flashspec as fs
 from flashspec import models
@@ -14,8 +15,8 @@ def test_every_decoder_runs_a_prompt_and_the_summary_reads_the_cells():
     target = models.tiny_llama(vocab_size=32, hidden_size=16, num_layers=1, initializer_range=0.3, seed=1)
     draft = models.tiny_llama(vocab_size=32, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2)
     decoders = {name: driver.make(name, target, draft, gamma=2) for name in driver.DECODERS}
-    cells = [driver.measure_prompt(decoders, [3, 5, 7, 3, 5], fs.SamplingParams(1.0), new_tokens=8, seed=seed)
-             for seed in (0, 1)]
+    cells = [driver.measure_prompt(decoders, torch.tensor([[3, 5, 7, 3, 5]]), fs.SamplingParams(1.0), new_tokens=8,
+                                   seed=seed) for seed in (0, 1)]
     for cell in cells:
         assert all(1.0 <= cell[f"{name}_tokens_per_step"] <= 3.0 for name in driver.DECODERS)
     summary = driver.summarise(cells)
