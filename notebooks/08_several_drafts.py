@@ -377,7 +377,25 @@ print(
 # {glue:text}`pg_gain:.3f` ± {glue:text}`pg_gain_se:.3f`), with $\gamma=$ {glue:text}`pg_gamma` and
 # {glue:text}`pg_prompts` prompts per category. The chains here are samples of one weak two-layer draft, so they
 # often agree with each other and are rejected together; paths from different drafts (a model draft and prompt
-# lookup) err differently, which is where the gain should grow. In time, $K$ paths cost one target forward over
+# lookup) err differently, which is where the gain should grow. `FastPathsDecoder` realises it on the same draft
+# (`experiments/paths_decoder_cpu.py`, two prompts per category, 64 tokens each, this CPU):
+
+# %%
+realised = provenance.load_result("paths_decoder_smollm2_cpu.json")
+mixed_run = realised["results"]["summary"]["T=1"]["mixed"]
+for name, label in (("chain_block", "one chain, block verification"),
+                    ("paths_draft_x2", "two samples of the draft"),
+                    ("paths_draft_lookup", "the draft and prompt lookup"),
+                    ("paths_draft_x2_lookup", "two samples and prompt lookup")):
+    error = mixed_run[f"{name}_standard_error"]
+    print(f"{label:31s} {mixed_run[name]:.3f} ± {error:.3f} tokens per step")
+glue("pd_lookup", mixed_run["paths_draft_x2_lookup_over_chain_block"], display=False)
+glue("pd_samples", mixed_run["paths_draft_x2_over_chain_block"], display=False)
+
+# %% [markdown]
+# Realised tokens per step over the mixed set: adding prompt lookup's fixed proposals as a third path makes
+# {glue:text}`pd_lookup:.2f`× one block-verified chain, against {glue:text}`pd_samples:.2f`× for the two samples
+# alone; the spreads are those of twelve short requests. In time, $K$ paths cost one target forward over
 # up to $K\gamma$ tree tokens instead of $\gamma$, and $K$ draft chains: whether the extra tokens per step pay for
 # that is a question for the step anatomy on the GPU (chapters 2 and 4).
 #
