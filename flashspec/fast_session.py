@@ -266,20 +266,11 @@ class Session:
             self.paths_step(bucket, key, last, out_offsets)
             return
         chosen = self.drafts[index]
-        logits = self.windows(bucket, last, gamma, chosen)
+        logits = self.windows(bucket, last, gamma, chosen).get(index)
         if isinstance(chosen, PromptLookupDrafter):
             drafted, draft_logits = self._lookup(chosen, bucket, gamma), None
         else:
-            tokens, all_log_probs = [], []
-            for position in range(gamma):  # the draft's own stream (index: the draft, not the arm)
-                token, log_probs = self.sample(logits, params, key, position=self.draw_positions[position],
-                                               stream=self.draw_streams[rng.draft_stream(index)])
-                tokens.append(token)
-                all_log_probs.append(log_probs)  # exactly the q it sampled from: the verifier reads it as given
-                if position < gamma - 1:
-                    logits = models.fit_vocab(
-                        chosen.next_draft(token[:, None], (b.lengths + position)[:, None], bucket)[:, 0], self.vocab)
-            drafted, draft_logits = torch.stack(tokens, 1), torch.stack(all_log_probs, 1)
+            drafted, draft_logits = self._chain(index, logits, key, bucket, gamma)
         given = draft_logits is not None  # the draft's warped log-probs (`draft_is_log_probs`), or no draft
         target_tokens = torch.cat([b.seq.gather(1, last[:, None]), drafted], 1)
         target_logits = self.target.forward(target_tokens, last[:, None] + offsets, bucket)
@@ -295,32 +286,55 @@ class Session:
             out_tokens = torch.nn.functional.pad(out_tokens, (0, self.max_gamma - gamma), value=-1)
         self.commit(b, out_tokens, num_accepted, out_offsets, nonfinite_rows(target_logits, draft_logits))
 
-    def windows(self, bucket: int, last: torch.Tensor, gamma: int, chosen: Any) -> torch.Tensor | None:
+    def _chain(self, index: int, logits: torch.Tensor, key: torch.Tensor, bucket: int,
+               gamma: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Model draft `index` drafts γ tokens from its logits at the pending token, on its own stream (index: the
+        draft, not the arm): (tokens [B, γ], the warped log-probs [B, γ, V] each was drawn from -- exactly the q the
+        verifier reads as given)."""
+        b, draft = self.buffers, self.drafts[index]
+        tokens, all_log_probs = [], []
+        for position in range(gamma):
+            token, log_probs = self.sample(logits, self.sampling, key, position=self.draw_positions[position],
+                                           stream=self.draw_streams[rng.draft_stream(index)])
+            tokens.append(token)
+            all_log_probs.append(log_probs)
+            if position < gamma - 1:
+                logits = models.fit_vocab(
+                    draft.next_draft(token[:, None], (b.lengths + position)[:, None], bucket)[:, 0], self.vocab)
+        return torch.stack(tokens, 1), torch.stack(all_log_probs, 1)
+
+    def windows(self, bucket: int, last: torch.Tensor, gamma: int, chosen: Any,
+                every: bool = False) -> dict[int, torch.Tensor]:
         """The drafts' window forwards before a step: the chosen model draft re-reads the last γ+1 tokens
         (`last` [B]: the pending token's position); with "all", every model draft re-reads the last Γ+1 (Γ the
         largest γ), so that no step appends more than a draft re-reads and none ever needs a catch-up. Returns the
-        chosen draft's logits [B, V] at the pending token (None when it is no model draft)."""
+        logits [B, V] at the pending token of the chosen model draft, or of every model draft (`every`), by the
+        draft's index."""
         span = self.max_gamma if self.sync_all else gamma
         window = (last[:, None] - span + torch.arange(span + 1, device=self.device)).clamp(min=0)  # [B, span+1]
         window_tokens = self.buffers.seq.gather(1, window)
         at_end = torch.full((self.batch, 1), span, dtype=torch.long, device=self.device)
-        logits = None
-        for draft in self.drafts:
+        logits = {}
+        for index, draft in enumerate(self.drafts):
             if isinstance(draft, runner.LlamaRunner) and (draft is chosen or self.sync_all):
                 out = draft.forward(window_tokens, window, bucket, at_end)
-                if draft is chosen:
-                    logits = models.fit_vocab(out[:, 0], self.vocab)
+                if draft is chosen or every:
+                    logits[index] = models.fit_vocab(out[:, 0], self.vocab)
         return logits
+
+    def reach_of(self, gamma: int) -> int:
+        """Cache slots past the pending token's that a step of an arm of `gamma` writes: γ, or the K·γ of the paths
+        decoder's tree (its one arm)."""
+        return self.reach if self.paths else gamma
 
     def paths_step(self, bucket: int, key: torch.Tensor, last: torch.Tensor, out_offsets: torch.Tensor) -> None:
         """The paths decoder's step (`fast.FastPathsDecoder`): every model draft re-reads its window and drafts γ on
-        its own stream (prompt lookup proposes, verified with q one-hot at its tokens); the target scores the tree of the K chains in one forward (root: the pending token at `last`);
+        its own stream (prompt lookup proposes, verified with q one-hot at its tokens); the target scores the tree
+        of the K chains in one forward (root: the pending token at `last`);
         `paths.verify_paths_reference` keeps the longest exact prefix and names its path, whose keys and values
         `keep_path` moves into place; the commit appends as for one chain."""
         b, params, gamma = self.buffers, self.sampling, self.gamma
-        window = (last[:, None] - gamma + torch.arange(gamma + 1, device=self.device)).clamp(min=0)
-        window_tokens = b.seq.gather(1, window)
-        at_end = torch.full((self.batch, 1), gamma, dtype=torch.long, device=self.device)
+        starts = self.windows(bucket, last, gamma, None, every=True)  # sync "all": Γ = γ, every model draft
         chains, chain_log_probs = [], []
         for index, draft in enumerate(self.drafts):
             if isinstance(draft, PromptLookupDrafter):  # fixed proposals: verified with q one-hot at them
@@ -329,18 +343,9 @@ class Session:
                 chains.append(tokens)
                 chain_log_probs.append(certain.scatter(2, tokens[..., None], 0.0))
                 continue
-            logits = models.fit_vocab(draft.forward(window_tokens, window, bucket, at_end)[:, 0], self.vocab)
-            tokens, all_log_probs = [], []
-            for position in range(gamma):
-                token, log_probs = self.sample(logits, params, key, position=self.draw_positions[position],
-                                               stream=self.draw_streams[rng.draft_stream(index)])
-                tokens.append(token)
-                all_log_probs.append(log_probs)
-                if position < gamma - 1:
-                    logits = models.fit_vocab(
-                        draft.next_draft(token[:, None], (b.lengths + position)[:, None], bucket)[:, 0], self.vocab)
-            chains.append(torch.stack(tokens, 1))
-            chain_log_probs.append(torch.stack(all_log_probs, 1))
+            tokens, log_probs = self._chain(index, starts[index], key, bucket, gamma)
+            chains.append(tokens)
+            chain_log_probs.append(log_probs)
         drafted, draft_log_probs = torch.stack(chains, 1), torch.stack(chain_log_probs, 1)  # [B, K, γ], [.., V]
         nodes = torch.cat([b.seq.gather(1, last[:, None]), drafted.flatten(1)], 1)           # [B, 1 + K·γ]
         along = self.target.tree_forward(nodes, last, self.tree, bucket)[:, self.path_nodes]  # [B, K, γ+1, V]
@@ -422,7 +427,7 @@ class Session:
         try:
             for bucket in sorted({runner.bucket_for(min(n, self.capacity), self.capacity) for n in lengths}):
                 for arm, (draft, gamma) in enumerate(self.arms):
-                    reach = self.reach if self.paths else gamma
+                    reach = self.reach_of(gamma)
                     if bucket < reach + 1:  # the step loop never attends over fewer slots than γ+1 (1 + K·γ)
                         continue
                     b.lengths.fill_(capture_fill(bucket, self.capacity, reach, max(reach, self.max_gamma)))
@@ -529,7 +534,7 @@ class Session:
             arm = decoder.choose_arm()
             draft, gamma = self.arms[arm]
             # the longest row is at most the last read length plus γ+1 per unread step
-            reach = self.reach if self.paths else gamma  # slots the step writes past the pending token's
+            reach = self.reach_of(gamma)
             bound = min(known_max + sum(launch.gamma + 1 for launch in issued[read:]), self.capacity - reach - 1)
             bucket = runner.bucket_for(bound + reach, self.capacity)
             catch_up = 0

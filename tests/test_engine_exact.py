@@ -48,6 +48,19 @@ def pool():
     return target, near, far
 
 
+def peaked_trio() -> tuple[torch.nn.Module, torch.nn.Module, torch.nn.Module]:
+    """A target with peaked, context-dependent distributions (a large initializer range), a perturbed copy of it
+    (noise of 0.3 on every parameter) and an exact copy: several paths verified together keep the copy's often,
+    and a cache that does not hold the kept path shows in the law."""
+    target = tiny_llama(vocab_size=VOCAB, hidden_size=16, num_layers=1, initializer_range=0.8, seed=1)
+    perturbed = copy.deepcopy(target)
+    noise = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in perturbed.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=noise) * 0.3)
+    return target, perturbed, copy.deepcopy(target)
+
+
 def exact_continuations(target: torch.nn.Module, params: fs.SamplingParams) -> np.ndarray:
     """P(x0, x1, x2 | PROMPT) under the warped target, flattened lexicographically ([V**3])."""
     grid = torch.cartesian_prod(torch.arange(VOCAB), torch.arange(VOCAB))

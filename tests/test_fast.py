@@ -17,7 +17,7 @@ from flashspec.fast_session import capture_fill, catch_up_length, session_capaci
 from flashspec_lab.simulate import Blocks
 
 from test_engine_exact import (LENGTH, PROMPT, ROWS_PER_CALL, SETTINGS, VOCAB, exact_continuations, fit_p_values,
-                               passes)
+                               passes, peaked_trio)
 
 
 @pytest.fixture(scope="module")
@@ -443,6 +443,19 @@ def test_capture_graphs_covers_the_plain_arm_at_every_bucket(pool, monkeypatch):
         assert torch.equal(result.sequences, fresh.sequences)
 
 
+def serve_after_capture(decoder: FastSpeculativeDecoder, prompts: list, sampling: fs.SamplingParams,
+                        ahead: bool) -> tuple[list, int]:
+    """One request that sets the session up, then (`ahead`) `capture_graphs` over every length the stream reaches,
+    then each prompt twice (seeds 0, 1, ...): the outputs and the graphs captured while serving them."""
+    decoder.generate(prompts[0], max_new_tokens=40, sampling=sampling, seed=99, ignore_eos=True)
+    if ahead:
+        assert decoder.capture_graphs(range(1, len(PROMPT) + 40 + 8)) > 0
+    before = decoder.graphs_captured
+    outputs = [decoder.generate(p, max_new_tokens=40, sampling=sampling, seed=i, ignore_eos=True).sequences
+               for i, p in enumerate(prompts * 2)]
+    return outputs, decoder.graphs_captured - before
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: graphs exist only there")
 @pytest.mark.parametrize("gammas", [(1, 4), (0, 1, 4)], ids=["drafts", "with-plain"])
@@ -456,13 +469,7 @@ def test_graphs_captured_ahead_serve_a_stream_without_capturing_and_change_no_to
     sampling = fs.SamplingParams(temperature=1.0)
 
     def serve(decoder, ahead: bool) -> tuple[list, int]:
-        decoder.generate(prompts[0], max_new_tokens=40, sampling=sampling, seed=99, ignore_eos=True)
-        if ahead:
-            assert decoder.capture_graphs(range(1, len(PROMPT) + 40 + 8)) > 0
-        before = decoder.graphs_captured
-        outputs = [decoder.generate(p, max_new_tokens=40, sampling=sampling, seed=i, ignore_eos=True).sequences
-                   for i, p in enumerate(prompts * 2)]
-        return outputs, decoder.graphs_captured - before
+        return serve_after_capture(decoder, prompts, sampling, ahead)
 
     def make():  # fixed arm costs: the throughput reward then does not read step times, so both decoders choose alike
         # γ = 1 beside Γ = 4 > 2γ: captured at the top bucket, the γ = 1 step's commit writes Γ + 1 columns (the
@@ -518,16 +525,8 @@ def test_graphed_fast_path_matches_exact_distribution_on_gpu(pool, params, compi
 
 @pytest.fixture(scope="module")
 def peaked_pair():
-    """A target with peaked, context-dependent distributions (a large initializer range), a draft equal to it and a
-    perturbed one: the paths decoder keeps the copy's path often, and a cache that does not hold the kept path
-    shows in the law."""
-    target = models.tiny_llama(vocab_size=VOCAB, hidden_size=16, num_layers=1, initializer_range=0.8, seed=1)
-    perturbed = copy.deepcopy(target)
-    noise = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for parameter in perturbed.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=noise) * 0.3)
-    return target, perturbed, copy.deepcopy(target)
+    """`test_engine_exact.peaked_trio`: the target, a perturbed draft and an exact copy."""
+    return peaked_trio()
 
 
 def test_paths_decoder_greedy_equals_target_greedy_generate():
@@ -600,13 +599,7 @@ def test_graphed_paths_decoder_equals_its_graph_free_run_and_captures_ahead(peak
 
     def serve(graphs: bool, ahead: bool) -> tuple[list, int]:
         decoder = FastPathsDecoder(target, [perturbed, copied], gamma=3, graphs=graphs)
-        decoder.generate(prompts[0], max_new_tokens=40, sampling=sampling, seed=99, ignore_eos=True)
-        if ahead:
-            assert decoder.capture_graphs(range(1, len(PROMPT) + 40 + 8)) > 0
-        before = decoder.graphs_captured
-        outputs = [decoder.generate(p, max_new_tokens=40, sampling=sampling, seed=i, ignore_eos=True).sequences
-                   for i, p in enumerate(prompts * 2)]
-        return outputs, decoder.graphs_captured - before
+        return serve_after_capture(decoder, prompts, sampling, ahead)
 
     graphed, captured = serve(True, True)
     free, _ = serve(False, False)

@@ -485,21 +485,12 @@ def test_tree_decoding_has_the_targets_joint_law(keep_chosen):
     """Tree forwards, multi-path verification and keep_path together, three tokens at T = 1 over several steps
     (two drafts, γ = 2): the χ² family of `test_engine_exact` accepts the target's law; keeping the other path's
     keys and values (a cache that no longer holds the emitted text) must fail it."""
-    import copy
-
-    from test_engine_exact import VOCAB as EXACT_VOCAB
-    from test_engine_exact import exact_continuations, fit_p_values, passes
+    from test_engine_exact import exact_continuations, fit_p_values, passes, peaked_trio
 
     import flashspec as fs
 
-    # peaked, context-dependent distributions (a large initializer range): a wrong cache shows in the law
-    target = models.tiny_llama(vocab_size=EXACT_VOCAB, hidden_size=16, num_layers=1, initializer_range=0.8, seed=1)
-    other = copy.deepcopy(target)
-    noise = torch.Generator().manual_seed(5)
-    with torch.no_grad():
-        for parameter in other.parameters():
-            parameter.add_(torch.randn(parameter.shape, generator=noise) * 0.3)
-    near, far = copy.deepcopy(target), other  # a draft equal to the target (long accepts) and a perturbed one
+    # peaked, context-dependent distributions: a wrong cache shows in the law
+    target, far, near = peaked_trio()  # a perturbed draft and one equal to the target (long accepts)
     params = fs.SamplingParams(1.0)
     # the perturbed draft's path first, so the target's copy is the kept path often; γ = 1: three tokens take two
     # steps or more, the later ones reading what the first one kept
