@@ -76,6 +76,15 @@ def sampler_of(options: dict, greedy: bool) -> str:
     return "block" if options.get("method") == "block" and not greedy else options.get("residual", "race")
 
 
+def warm_options_of(options: dict, greedy: bool) -> tuple:
+    """`kstep.warm_options` for a plan's options, as `verify_triton` keys its bindings (method folded into the
+    sampler key)."""
+    from flashspec.kernels import step as kstep
+
+    plan = {name: value for name, value in options.items() if name not in ("method", "residual")}
+    return kstep.warm_options(**plan, residual=sampler_of(options, greedy))
+
+
 def assert_backends_agree(target, draft, tokens, params, seed, draft_is_log_probs=False, validate=None,
                           **plan) -> fs.VerifyOutput:
     """The Triton backend's tokens and counts equal the reference's (`fs.verify`'s default plan, or
@@ -273,7 +282,7 @@ def check_warm_steps(options: dict, temperature: float, monkeypatch: pytest.Monk
             assert all(isinstance(arg, int) for arg in prepared.launches[-1].args[:3]), \
                 "a warm step should bind addresses"
             warm_key = kstep._warm_key(logits, draft, tokens, params, device_prefixes(key) if device_key else None,
-                                       kstep.warm_options(**options))
+                                       warm_options_of(options, params.greedy))
             assert warm_key in kstep._WARM_STEPS, "the later steps should reuse one binding"
             assert prepared.direct, "a warm step should launch its cached binaries directly"
     # a strided input is copied inside prepare_verify and bound by address: the step must keep the copy alive

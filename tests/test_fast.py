@@ -595,7 +595,7 @@ def test_graphed_paths_decoder_equals_its_graph_free_run_and_captures_ahead(peak
     greedy = FastPathsDecoder(target, [perturbed, copied], gamma=3).generate(
         prompts[0], max_new_tokens=24, sampling=fs.SamplingParams(0.0))
     expected = target.generate(prompts[0], max_new_tokens=24, do_sample=False, eos_token_id=2, pad_token_id=2)
-    assert torch.equal(greedy.sequences, expected)
+    assert torch.equal(greedy.sequences, expected.cpu())
 
     def serve(graphs: bool, ahead: bool) -> tuple[list, int]:
         decoder = FastPathsDecoder(target, [perturbed, copied], gamma=3, graphs=graphs)
