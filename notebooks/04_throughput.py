@@ -396,14 +396,19 @@ print(f"results/peers_h100_81934c9.json: {spec_meta['hardware']['gpu']}, "
 print(f"\n{'TinyLlama-1.1B':<16}{'FlashSpec tok/s':>16}{'gpt-fast tok/s':>16}"
       f"{'ratio':>7}{'tok/step':>12}")
 for method in ("plain", "speculative"):
-    ours, theirs = (spec_cells[system][method] for system in ("flashspec", "gpt-fast"))
-    spreads = [f"{run['tok_s_min']:.0f}–{run['tok_s_max']:.0f}" for run in (ours, theirs)]
+    ours, theirs = (spec_cells[system][method]
+                    for system in ("flashspec", "gpt-fast"))
+    spreads = [f"{run['tok_s_min']:.0f}–{run['tok_s_max']:.0f}"
+               for run in (ours, theirs)]
     speedup = ours["tok_s_median"] / theirs["tok_s_median"]
-    steps = " / ".join(f"{run.get('tokens_per_step', 1.0):.2f}" for run in (ours, theirs))
-    print(f"{method:<16}{spreads[0]:>16}{spreads[1]:>16}{speedup:>7.2f}{steps:>12}")
+    steps = " / ".join(f"{run.get('tokens_per_step', 1.0):.2f}"
+                       for run in (ours, theirs))
+    print(f"{method:<16}{spreads[0]:>16}{spreads[1]:>16}"
+          f"{speedup:>7.2f}{steps:>12}")
     glue(f"h100_{method}_ratio", speedup, display=False)
-glue("h100_spec_ours", spec_cells["flashspec"]["speculative"]["tok_s_median"], display=False)
-glue("h100_spec_theirs", spec_cells["gpt-fast"]["speculative"]["tok_s_median"], display=False)
+for system, label in (("flashspec", "ours"), ("gpt-fast", "theirs")):
+    glue(f"h100_spec_{label}", spec_cells[system]["speculative"]["tok_s_median"],
+         display=False)
 print("min–max of 3 timed requests; ratio of the medians;")
 print("tok/step: tokens per target step, FlashSpec / gpt-fast")
 
