@@ -54,6 +54,8 @@ PAGE_RECORDS = [
     "results/verify_compile_time_sm90_triton36.json",
     "results/verify_compile_time_sm90_triton36_f8483f1.json",
     "results/peers_spec_stacks_h100_f8483f1.json",
+    "results/peers_h100_plain_065e237.json",
+    "results/peers_h100_81934c9.json",
     "results/peers_h100_cda1ad8.json",
     "results/peers_h100_tinyllama_53cdb0f.json",
     "results/peers_h100_first_46715d1.json",
@@ -815,14 +817,15 @@ for path in engine_files[1:]:
 # %% [markdown]
 # ## First requests on an H100: where their seconds go
 #
-# The peers benchmark (`experiments/bench_peers.py`, its records in chapter 4 on the H200) ran three times on
+# The peers benchmark (`experiments/bench_peers.py`, its records in chapter 4 on the H200) ran five times on
 # NVIDIA H100 machines (torch 2.11, Triton 3.6). Since `results/peers_h100_cda1ad8.json` every first request is split
 # into the frames `torch.compile` compiled during it and the rest (eager runs, graph captures, kernels built at their
-# first launch, inductor's coordinate-descent tuning). The three H100 records, each system's median tok/s and its
-# first request:
+# first launch, inductor's coordinate-descent tuning). The H100 records, newest first, each system's median tok/s and
+# its first request:
 
 # %% tags=["hide-input"]
-H100_PEERS = ["peers_h100_cda1ad8.json", "peers_h100_tinyllama_53cdb0f.json",
+H100_PEERS = ["peers_h100_plain_065e237.json", "peers_h100_81934c9.json",
+              "peers_h100_cda1ad8.json", "peers_h100_tinyllama_53cdb0f.json",
               "peers_h100_first_46715d1.json"]
 for name in H100_PEERS:
     record = result_file(name)
@@ -842,7 +845,7 @@ for name in H100_PEERS:
                       f"{cell['first_request_s']:.1f} s{compiled}")
 
 # %% [markdown]
-# In all three runs FlashSpec's speculative process ran out of its limit before its first request ended. Its stack,
+# In the three oldest runs FlashSpec's speculative process ran out of its limit before its first request ended. Its stack,
 # printed every 15 s (`--stack-every 15`, `results/peers_spec_stacks_h100_f8483f1.log`), says where: the innermost
 # frames of each stack of the main thread, and where in FlashSpec it was.
 
