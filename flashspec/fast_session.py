@@ -23,7 +23,7 @@ from flashspec.paths import verify_paths_reference
 from flashspec.front import StepEvent, update_policy
 from flashspec.sampling import SamplingParams, sample_from_logits
 from flashspec.stats import GenerationStats, StepRecord
-from flashspec.verify import verify_reference
+from flashspec.verify import draft_log_probs, verify_reference
 
 
 def catch_up_tokens(appended_bound: int, gamma: int, bucket: int) -> int:
@@ -339,20 +339,19 @@ class Session:
         for index, draft in enumerate(self.drafts):
             if isinstance(draft, PromptLookupDrafter):  # fixed proposals: verified with q one-hot at them
                 tokens = self._lookup(draft, bucket, gamma)
-                certain = torch.full((self.batch, gamma, self.vocab), float("-inf"), device=self.device)
                 chains.append(tokens)
-                chain_log_probs.append(certain.scatter(2, tokens[..., None], 0.0))
+                chain_log_probs.append(draft_log_probs(None, tokens, params, self.vocab))
                 continue
             tokens, log_probs = self._chain(index, starts[index], key, bucket, gamma)
             chains.append(tokens)
             chain_log_probs.append(log_probs)
-        drafted, draft_log_probs = torch.stack(chains, 1), torch.stack(chain_log_probs, 1)  # [B, K, γ], [.., V]
+        drafted, drafted_log_probs = torch.stack(chains, 1), torch.stack(chain_log_probs, 1)  # [B, K, γ], [.., V]
         nodes = torch.cat([b.seq.gather(1, last[:, None]), drafted.flatten(1)], 1)           # [B, 1 + K·γ]
         along = self.target.tree_forward(nodes, last, self.tree, bucket)[:, self.path_nodes]  # [B, K, γ+1, V]
-        out = verify_paths_reference(along, draft_log_probs, drafted, params, key, draft_is_log_probs=True)
+        out = verify_paths_reference(along, drafted_log_probs, drafted, params, key, draft_is_log_probs=True)
         self.target.keep_path(last, self.path_nodes[out.path])
         self.commit(b, out.tokens, out.num_accepted, out_offsets,
-                    nonfinite_rows(along.flatten(1, 2), draft_log_probs.flatten(1, 2)))
+                    nonfinite_rows(along.flatten(1, 2), drafted_log_probs.flatten(1, 2)))
 
     def plain_step(self, bucket: int, key: torch.Tensor, last: torch.Tensor, out_offsets: torch.Tensor) -> None:
         """The plain arm's step: one target forward of the pending token and one token drawn from its warped p
