@@ -12,7 +12,8 @@
 # runs the GPU tests only, not the random-weight pool on SmolLM2's shapes: a shorter first call), PROBE_ARGS
 # (options of experiments/feature_draft_probe.py: the second call runs it after the pool runs, e.g. with POOL_RUNS=0),
 # TESTS (the first call's pytest arguments, default the three real-model test files), TEST_LIMIT (their seconds,
-# default 300: compiling the feature draft's regions on the GPU takes a while).
+# default 300: compiling the feature draft's regions on the GPU takes a while). The second call spends about 40 s
+# before real_pool.py starts: POOL_LIMIT must leave that much of the call's limit, or the call is cut first.
 set -uo pipefail
 : "${OUT:?set OUT}" "${FLASHSPEC_GIT_SHA:?set FLASHSPEC_GIT_SHA to the commit being measured}"
 stage=$1 carried=$2
@@ -52,12 +53,12 @@ for run in $(seq 1 "${POOL_RUNS:-1}"); do  # later runs load the pool from the c
   # shellcheck disable=SC2086  # POOL_ARGS is a list of options
   timeout "${POOL_LIMIT:-500}" python experiments/real_pool.py ${TRAIN_BUDGET_S:+--train-budget-s "$TRAIN_BUDGET_S"} \
     --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/real_pool_h200$suffix.json" ${POOL_ARGS:-} 2>&1 \
-    | grep -v "Loading weights\|Writing model" >"$OUT/real_pool$suffix.log"
+    | grep --line-buffered -v "Loading weights\|Writing model" >"$OUT/real_pool$suffix.log"
   echo "real_pool$suffix rc=${PIPESTATUS[0]}"; tail -n 25 "$OUT/real_pool$suffix.log"
 done
 if [ -n "${PROBE_ARGS:-}" ]; then
   # shellcheck disable=SC2086  # PROBE_ARGS is a list of options
   timeout "${POOL_LIMIT:-500}" python experiments/feature_draft_probe.py --git-sha "$FLASHSPEC_GIT_SHA" \
-    --out "$OUT/feature_draft_probe_h200.json" ${PROBE_ARGS} 2>&1 | grep -v "Loading weights" >"$OUT/feature_draft_probe.log"
+    --out "$OUT/feature_draft_probe_h200.json" ${PROBE_ARGS} 2>&1 | grep --line-buffered -v "Loading weights" >"$OUT/feature_draft_probe.log"
   echo "feature_draft_probe rc=${PIPESTATUS[0]}"; tail -n 12 "$OUT/feature_draft_probe.log"
 fi
