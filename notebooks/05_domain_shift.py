@@ -330,39 +330,103 @@ if ZOO_READY:
 # $\mathrm{KL}(p_\text{target} \,\|\, q_\text{draft})$ at $T = 1$ on the offline corpora. As in the zoo, a
 # generalist learns on all three domains and each specialist is the generalist fine-tuned on its own; a further
 # draft reads the target's hidden states (EAGLE-3 style {cite}`eagle3`). `flashspec zoo build --size smollm2`
-# builds the pool in minutes on a GPU, so this section reads committed H200 runs of `experiments/real_pool.py`.
+# builds the pool in minutes on a GPU, so this section reads a committed GPU run of `experiments/real_pool.py`.
 #
-# The newest speed record (`results/real_pool_features_speed_h200.json`) times fast plain decoding of SmolLM2
-# against the fast path with the pool, B = 1, on {glue:text}`real_requests` held-out prompts in {glue:text}`real_rounds` rounds, with compiled
-# regions. At
-# $T = 1$ the feature draft alone makes {glue:text}`real_one_t1:.2f`× fast plain decoding (rounds
-# {glue:text}`real_one_t1_low:.2f`–{glue:text}`real_one_t1_high:.2f`×), Thompson sampling over the pool at γ = 3
-# {glue:text}`real_pool_t1:.2f`× and the adaptive (draft, γ) policy {glue:text}`real_adaptive_t1:.2f`×; greedy, the
-# feature draft alone reaches {glue:text}`real_one_greedy:.2f`×. The specialists are again hardly specialised —
-# two layers hold what they can of a 30-layer target whatever the domain — so on this pool the gain comes from a
-# better single draft, not from switching. Every build of the pool, its acceptance matrices, speed breakdowns,
-# prefill, prompt lookup, feature drafts, fitted temperatures and the headroom of tree drafts are in the
-# {doc}`SmolLM2 pool records </book/lab/smollm2_pool>`, and the policies that also choose γ in the
-# {doc}`adaptive-γ records </book/lab/adaptive_gamma>`.
+# The workload is what an instruct model is asked for: the chat prompt set of `flashspec_lab.workloads`, six
+# categories (conversation, coding, math reasoning, summarising a given passage, answering from a given passage,
+# rewriting), each prompt rendered with the model's chat template and served in blocks of one category. The run
+# times fast plain decoding against the fast path with the pool, B = 1, $T = 1$, block verification, on
+# {glue:text}`real_requests` requests of {glue:text}`real_new_tokens` new tokens: the feature draft alone at
+# γ = 4, Thompson sampling over the five drafts at γ = 4, and the adaptive policy whose arms are every draft at
+# γ = 4 *and plain decoding* (γ = 0), so that it may decline to speculate.
 
 # %% tags=["remove-input"]
-real = provenance.load_result("real_pool_features_speed_h200.json")
-real_speed = real["results"]["speed"]
-one_t1 = real_speed["t1"]["one_draft"]["ratio_per_round"]
-glue("real_one_t1", one_t1["median"], display=False)
-glue("real_one_t1_low", one_t1["min"], display=False)
-glue("real_one_t1_high", one_t1["max"], display=False)
-glue("real_pool_t1", real_speed["t1"]["by_gamma"]["3"]["ratio_per_round"]["median"],
-     display=False)
-glue("real_adaptive_t1", real_speed["t1"]["adaptive"]["ratio_per_round"]["median"],
-     display=False)
-glue("real_one_greedy", real_speed["greedy"]["one_draft"]["ratio_per_round"]["median"],
-     display=False)
+REAL_RECORD = "real_pool_chat_h100_571049a.json"
+SWITCH_RECORD = "real_pool_chat_switching_h100_2457333.json"
+real = provenance.load_result(REAL_RECORD)
+speed = real["results"]["speed[block]"]["t1"]
+per_domain, costs = speed["per_domain_last_round"], speed["breakdown_last_round"]
+vs_plain = speed["ratio_vs_fast_plain_per_domain_last_round"]
+rows = [("fast plain", "fast_plain"), ("feature draft", "one_draft"),
+        ("pool, Thompson", "gamma4"), ("adaptive + plain", "adaptive")]
+categories = list(per_domain["fast_plain"])
+
+
+def table_row(label: str, values: list[float]) -> str:
+    return f"{label:22s}" + "".join(f"{value:8.2f}" for value in values)
+
+
+header = "".join(f"{name[:7]:>8s}" for name in categories)
+print(f"{'tokens per step':22s}{header}")
+for label, key in rows:
+    print(table_row(label, [per_domain[key][c]["tokens_per_step"] for c in categories]))
+print(f"\n{'× fast plain tok/s':22s}{header}")
+for label, key in rows[1:]:
+    print(table_row(label, [vs_plain[key][c] for c in categories]))
+print()
+for label, key in rows:
+    step = costs[key]
+    print(f"{label:22s}{step['ms_per_step']:6.2f} ms per step, "
+          f"{step['tokens_per_step']:.2f} tokens per step")
+
+
+def ms(key: str) -> float:
+    return costs[key]["ms_per_step"]
+
+
+plain_share = [share["0"] for share in
+               speed["adaptive"]["gamma_share_per_domain_last_round"].values()]
+pool_best = max(row["tokens_per_step"] for row in per_domain["gamma4"].values())
 glue("real_requests", real["settings"]["requests"], display=False)
-glue("real_rounds", real["settings"]["repeats"], display=False)
-meta = real["provenance"]
-print(f"results/real_pool_features_speed_h200.json: {meta['hardware']['gpu']}, "
-      f"torch {meta['versions']['torch']}, {meta['date_utc'][:10]}")
+glue("real_new_tokens", real["settings"]["new_tokens"], display=False)
+glue("real_plain_ms", ms("fast_plain"), display=False)
+glue("real_one_ms", ms("one_draft"), display=False)
+glue("real_cost_ratio", ms("one_draft") / ms("fast_plain"), display=False)
+glue("real_one_tokens", costs["one_draft"]["tokens_per_step"], display=False)
+glue("real_one_ratio", speed["one_draft"]["ratio_per_round"]["median"], display=False)
+glue("real_adaptive_ratio", speed["adaptive"]["ratio_per_round"]["median"],
+     display=False)
+glue("real_plain_low", 100 * min(plain_share), display=False)
+glue("real_plain_high", 100 * max(plain_share), display=False)
+glue("real_pool_best", pool_best, display=False)
+glue("real_pool_cost_ratio", ms("gamma4") / ms("fast_plain"), display=False)
+
+switched = provenance.load_result(SWITCH_RECORD)
+runs = switched["results"]["switching[block]"]["blocks"]["runs"]
+fixed = {label: run["tokens_per_step"] for label, run in runs.items()
+         if label.startswith("fixed:")}
+best_fixed = max(fixed.values())
+glue("real_oracle_gain", runs["oracle"]["tokens_per_step"] / best_fixed, display=False)
+glue("real_ts_vs_best", runs["thompson"]["tokens_per_step"] / best_fixed, display=False)
+print()
+for name, record in ((REAL_RECORD, real), (SWITCH_RECORD, switched)):
+    meta = record["provenance"]
+    print(f"results/{name}:\n  {meta['hardware']['gpu']}, "
+          f"torch {meta['versions']['torch']}, graphs, "
+          f"compile={record['settings']['compile']}, {meta['date_utc'][:10]}")
+
+# %% [markdown]
+# Read the step costs first: a speculative step with the feature draft costs {glue:text}`real_one_ms:.2f` ms
+# against {glue:text}`real_plain_ms:.2f` ms for a plain step, {glue:text}`real_cost_ratio:.2f` times as much, so a
+# draft pays only where it makes more than that many tokens per step. On chat prompts at $T = 1$ it makes
+# {glue:text}`real_one_tokens:.2f`: the feature draft alone runs at {glue:text}`real_one_ratio:.2f`× fast plain,
+# slower in every category. Prompts that quote a passage (summarising, answering, rewriting) accept more than open
+# conversation, as Spec-Bench {cite}`specbench` reports for larger models, but not enough here. The adaptive
+# policy sees the same arithmetic in its measured step costs and plays plain decoding on
+# {glue:text}`real_plain_low:.0f`– {glue:text}`real_plain_high:.0f`% of the steps of a category; what it loses,
+# {glue:text}`real_adaptive_ratio:.2f`× fast plain over the stream, is the price of the speculative steps it tries
+# while it learns. Switching among the drafts does not rescue the pool either: Thompson sampling over all five
+# makes at most {glue:text}`real_pool_best:.2f` tokens per step in any category, where its step cost asks for
+# {glue:text}`real_pool_cost_ratio:.2f`. A second run (compiled forwards, named under the table) serves the chat
+# set in blocks of one category with every draft fixed and with the per-category oracle, which gives each category
+# the draft that made the most tokens per step on it: the oracle makes only {glue:text}`real_oracle_gain:.2f`× the
+# best single draft's tokens per step, and Thompson sampling {glue:text}`real_ts_vs_best:.2f`×. The drafts differ
+# by less than the categories do, so on this pool no policy can gain much by following the workload. What would
+# help is a cheaper step (the compiled forwards of chapter 4), a draft that accepts more, or more of the drafts'
+# proposals verified at once (chapter 8). Every build of the pool, its acceptance matrices, the runs on the zoo's
+# corpora, speed breakdowns, prompt lookup, feature drafts and the headroom of tree drafts are in the
+# {doc}`SmolLM2 pool records </book/lab/smollm2_pool>`, and the policies that also choose γ in the
+# {doc}`adaptive-γ records </book/lab/adaptive_gamma>`.
 
 # %% [markdown]
 # ## Summary
@@ -373,8 +437,8 @@ print(f"results/real_pool_features_speed_h200.json: {meta['hardware']['gpu']}, "
 #   gain by switching among them. A stationary bandit locks onto one draft; a discounted one can follow the
 #   domain. Choosing from the past only, either keeps the output exactly the target's.
 # * The oracle measures what following the domain is worth; on the zoo's blocks stream a discounted bandit
-#   recovers part of it. On SmolLM2's distilled pool the specialists are closer still, and the speed comes from a
-#   better single draft and a cheaper step.
+#   recovers part of it. On SmolLM2's distilled pool the specialists are closer still: on chat prompts one draft
+#   serves every category, and whether speculation pays is decided by its step cost against plain decoding's.
 #
 # **Exercises.** (1) From the first table, at what γ does the python specialist's loss on C++ exceed one token
 # per step? (2) With the CPU zoo built, rerun the live cell with `"thompson"` instead of `"d-ts"` and compare which

@@ -49,6 +49,9 @@ import torch
 from flashspec_lab import switching
 
 PAGE_RECORDS = [
+    "results/real_pool_chat_h100_571049a.json",
+    "results/real_pool_chat_block_h100_cda1ad8.json",
+    "results/real_pool_chat_cut_h100_53cdb0f.json",
     "results/tree_headroom_smollm2_cpu.json",
     "results/real_pool_features_speed_h200.json",
     "results/real_pool_features_240s_h200.json",
