@@ -410,23 +410,23 @@ for name, record in ((REAL_RECORD, real), (SWITCH_RECORD, switched)):
 # against {glue:text}`real_plain_ms:.2f` ms for a plain step, {glue:text}`real_cost_ratio:.2f` times as much, so a
 # draft pays only where it makes more than that many tokens per step. On chat prompts at $T = 1$ it makes
 # {glue:text}`real_one_tokens:.2f`: the feature draft alone runs at {glue:text}`real_one_ratio:.2f`× fast plain,
-# slower in every category. Prompts that quote a passage (summarising, answering, rewriting) accept more than open
-# conversation, as Spec-Bench {cite}`specbench` reports for larger models, but not enough here. The adaptive
-# policy sees the same arithmetic in its measured step costs and plays plain decoding on
-# {glue:text}`real_plain_low:.0f`– {glue:text}`real_plain_high:.0f`% of the steps of a category; what it loses,
-# {glue:text}`real_adaptive_ratio:.2f`× fast plain over the stream, is the price of the speculative steps it tries
-# while it learns. Switching among the drafts does not rescue the pool either: Thompson sampling over all five
-# makes at most {glue:text}`real_pool_best:.2f` tokens per step in any category, where its step cost asks for
-# {glue:text}`real_pool_cost_ratio:.2f`. A second run (compiled forwards, named under the table) serves the chat
-# set in blocks of one category with every draft fixed and with the per-category oracle, which gives each category
-# the draft that made the most tokens per step on it: the oracle makes only {glue:text}`real_oracle_gain:.2f`× the
-# best single draft's tokens per step, and Thompson sampling {glue:text}`real_ts_vs_best:.2f`×. The drafts differ
-# by less than the categories do, so on this pool no policy can gain much by following the workload. What would
-# help is a cheaper step (the compiled forwards of chapter 4), a draft that accepts more, or more of the drafts'
-# proposals verified at once (chapter 8). Every build of the pool, its acceptance matrices, the runs on the zoo's
-# corpora, speed breakdowns, prompt lookup, feature drafts and the headroom of tree drafts are in the
-# {doc}`SmolLM2 pool records </book/lab/smollm2_pool>`, and the policies that also choose γ in the
-# {doc}`adaptive-γ records </book/lab/adaptive_gamma>`.
+# slower in every category. Open conversation accepts least; tasks that constrain the answer (a given passage to
+# summarise, answer from or rewrite; a math problem) accept more, as in Spec-Bench's {cite}`specbench` categories
+# for larger models, but not enough here. The adaptive policy sees the same arithmetic in its measured step costs
+# and plays plain decoding on {glue:text}`real_plain_low:.0f`– {glue:text}`real_plain_high:.0f`% of the steps of a
+# category; what it loses, {glue:text}`real_adaptive_ratio:.2f`× fast plain over the stream, is the price of the
+# speculative steps it tries while it learns. Switching among the drafts does not rescue the pool either: Thompson
+# sampling over all five makes at most {glue:text}`real_pool_best:.2f` tokens per step in any category, where its
+# step cost asks for {glue:text}`real_pool_cost_ratio:.2f`. A second run (compiled forwards, named under the
+# table) serves the chat set in blocks of one category with every draft fixed and with the per-category oracle,
+# which gives each category the draft that made the most tokens per step on it: the oracle makes only
+# {glue:text}`real_oracle_gain:.2f`× the best single draft's tokens per step, and Thompson sampling
+# {glue:text}`real_ts_vs_best:.2f`×. The drafts differ by less than the categories do, so on this pool no policy
+# can gain much by following the workload. What would help is a cheaper step (the compiled forwards of chapter 4),
+# a draft that accepts more, or more of the drafts' proposals verified at once (chapter 8). Every build of the
+# pool, its acceptance matrices, the runs on the zoo's corpora, speed breakdowns, prompt lookup, feature drafts
+# and the headroom of tree drafts are in the {doc}`SmolLM2 pool records </book/lab/smollm2_pool>`, and the
+# policies that also choose γ in the {doc}`adaptive-γ records </book/lab/adaptive_gamma>`.
 
 # %% [markdown]
 # ## Summary
