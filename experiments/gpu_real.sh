@@ -59,6 +59,7 @@ done
 if [ -n "${PROBE_ARGS:-}" ]; then
   # shellcheck disable=SC2086  # PROBE_ARGS is a list of options
   timeout "${POOL_LIMIT:-500}" python experiments/feature_draft_probe.py --git-sha "$FLASHSPEC_GIT_SHA" \
-    --out "$OUT/feature_draft_probe_h200.json" ${PROBE_ARGS} 2>&1 | grep --line-buffered -v "Loading weights" >"$OUT/feature_draft_probe.log"
+    --out "$OUT/feature_draft_probe_h200.json" ${PROBE_ARGS} 2>&1 \
+    | grep --line-buffered -v "Loading weights" >"$OUT/feature_draft_probe.log"
   echo "feature_draft_probe rc=${PIPESTATUS[0]}"; tail -n 12 "$OUT/feature_draft_probe.log"
 fi

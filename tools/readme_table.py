@@ -71,7 +71,7 @@ def rows() -> list[tuple[str, str, list[str]]]:
     speed = chat["results"]["speed[block]"]["t1"]
     gain = _load("block_gain_smollm2_cpu.json")["results"]["summary"]["T=1"]["mixed"]
     found.append(("A real model on chat prompts: SmolLM2-135M-Instruct and its distilled pool, six categories, "
-                  f"T = 1, B = 1 ({chat['provenance']['hardware']['gpu'].removeprefix('NVIDIA ')[:4]}, "
+                  f"T = 1, B = 1 ({chat['provenance']['hardware']['gpu'].split()[1]}, "
                   "graphs); block against token verification (CPU, paired)",
                   f"feature draft {speed['one_draft']['ratio_per_round']['median']:.2f}×, adaptive policy with "
                   f"plain decoding as an arm {speed['adaptive']['ratio_per_round']['median']:.2f}× fast plain; "
