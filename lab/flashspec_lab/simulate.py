@@ -351,3 +351,53 @@ class Blocks:
 
     def update(self, arm: int, reward: float) -> None:
         return None
+
+
+def acceptance_for_tokens(tokens_per_step: float, gamma: int) -> float:
+    """The per-token acceptance α whose truncated-geometric step makes `tokens_per_step` tokens at γ = `gamma`:
+    the inverse of 1 + α + … + α^γ, by bisection (1 token: α = 0; γ + 1 tokens: α = 1)."""
+    if gamma < 1 or not 1.0 <= tokens_per_step <= gamma + 1:
+        raise ValueError(f"tokens_per_step must lie in [1, gamma + 1] with gamma >= 1, got {tokens_per_step!r}, "
+                         f"gamma={gamma!r}")
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        middle = (low + high) / 2
+        if sum(middle ** j for j in range(gamma + 1)) < tokens_per_step:
+            low = middle
+        else:
+            high = middle
+    return (low + high) / 2
+
+
+def plain_arm_stream(acceptance: dict[str, dict[str, float]], step_ms: float, plain_ms: float, gamma: int,
+                     tokens_per_category: int, seed: int, policy: str = "gamma-ts",
+                     **policy_options: Any) -> dict[str, float]:
+    """One task-switching stream served by an adaptive policy over every draft at γ = `gamma` and the plain arm,
+    learning from nothing: `acceptance` maps draft -> category -> α, the categories served in that order,
+    `tokens_per_category` tokens each; a draft step costs `step_ms` and makes 1 + its truncated-geometric
+    accepted count, a plain step costs `plain_ms` and makes 1 token. Returns each category's throughput as a
+    multiple of plain decoding's (what the engine's `ratio to fast plain` measures), with the costs known to the
+    policy from the start (no cost-measuring steps: the most favourable case for it)."""
+    drafts = list(acceptance)
+    categories = list(acceptance[drafts[0]])
+    arms = [(index, gamma) for index in range(len(drafts))] + [(-1, 0)]
+    costs = [step_ms] * len(drafts) + [plain_ms]
+    chooser = bandits.make_policy(policy, len(arms), seed=seed, **policy_options)
+    chooser.bind_arms(arms, costs)
+    rng = np.random.default_rng(seed)
+    ratios = {}
+    for category in categories:
+        made, spent = 0, 0.0
+        while made < tokens_per_category:
+            arm = int(chooser.select())
+            draft, arm_gamma = arms[arm]
+            accepted = 0
+            if draft >= 0:
+                alpha = acceptance[drafts[draft]][category]
+                while accepted < arm_gamma and rng.random() < alpha:
+                    accepted += 1
+            chooser.update_step(arm, accepted, arm_gamma)
+            made += accepted + 1
+            spent += costs[arm]
+        ratios[category] = made / spent * plain_ms
+    return ratios
