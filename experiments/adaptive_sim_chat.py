@@ -1,8 +1,8 @@
 """What an adaptive policy with plain decoding as an arm can make on the chat set, simulated from measured numbers.
 
 The drafts' tokens per step per category come from a switching record of `experiments/real_pool.py` (its oracle's
-per-draft table, γ = 4), the step costs of a speculative and a plain step from a speed record of the same workload
-(the pool's γ = 4 contestant and fast plain), the category order and tokens per category from the speed record's
+per-draft table, at the record's γ), the step costs of a speculative and a plain step from a speed record of the
+same workload (the pool's contestant at that γ and fast plain), the category order and tokens per category from the speed record's
 settings (blocks in the given order). Each seed serves one stream with a policy learning from nothing
 (`flashspec_lab.simulate.plain_arm_stream`), for each prior of the drafts' acceptance; the record gives each
 category's throughput as a multiple of plain decoding's, mean and 95% interval over seeds.
@@ -54,15 +54,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     record = provenance.record(git_sha=None)
-    switching = provenance.load_result(args.switching)["results"]["switching[block]"]
+    switching_record = provenance.load_result(args.switching)
+    switching = switching_record["results"]["switching[block]"]
+    gamma = switching_record["settings"]["gamma"]  # the γ of the fixed drafts' tokens per step
     speed_record = provenance.load_result(args.speed)
     speed = speed_record["results"]["speed[block]"]["t1"]
     categories = list(speed["per_domain_last_round"]["fast_plain"])
-    gamma = 4
     table = switching["oracle_tokens_per_step"]
     acceptance = {draft: {category: simulate.acceptance_for_tokens(table[draft][category], gamma)
                           for category in categories} for draft in table}
-    step_ms = speed["breakdown_last_round"]["gamma4"]["ms_per_step"]
+    step_ms = speed["breakdown_last_round"][f"gamma{gamma}"]["ms_per_step"]
     plain_ms = speed["breakdown_last_round"]["fast_plain"]["ms_per_step"]
     settings = speed_record["settings"]
     per_category = settings["requests"] // len(categories) * settings["new_tokens"]

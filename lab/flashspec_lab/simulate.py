@@ -355,14 +355,14 @@ class Blocks:
 
 def acceptance_for_tokens(tokens_per_step: float, gamma: int) -> float:
     """The per-token acceptance α whose truncated-geometric step makes `tokens_per_step` tokens at γ = `gamma`:
-    the inverse of 1 + α + … + α^γ, by bisection (1 token: α = 0; γ + 1 tokens: α = 1)."""
+    the inverse of `rewards.expected_tokens_per_step`, by bisection (1 token: α = 0; γ + 1 tokens: α = 1)."""
     if gamma < 1 or not 1.0 <= tokens_per_step <= gamma + 1:
         raise ValueError(f"tokens_per_step must lie in [1, gamma + 1] with gamma >= 1, got {tokens_per_step!r}, "
                          f"gamma={gamma!r}")
     low, high = 0.0, 1.0
     for _ in range(60):
         middle = (low + high) / 2
-        if sum(middle ** j for j in range(gamma + 1)) < tokens_per_step:
+        if rewards.expected_tokens_per_step(middle, gamma) < tokens_per_step:
             low = middle
         else:
             high = middle
