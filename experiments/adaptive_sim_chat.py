@@ -2,8 +2,8 @@
 
 The drafts' tokens per step per category come from a switching record of `experiments/real_pool.py` (its oracle's
 per-draft table, at the record's γ), the step costs of a speculative and a plain step from a speed record of the
-same workload (the pool's contestant at that γ and fast plain), the category order and tokens per category from the speed record's
-settings (blocks in the given order). Each seed serves one stream with a policy learning from nothing
+same workload (the pool's contestant at that γ and fast plain), the category order and tokens per category from
+the speed record's settings (blocks in the given order). Each seed serves one stream with a policy learning from nothing
 (`flashspec_lab.simulate.plain_arm_stream`), for each prior of the drafts' acceptance; the record gives each
 category's throughput as a multiple of plain decoding's, mean and 95% interval over seeds.
 
