@@ -23,6 +23,7 @@ long-running engine can checkpoint its policy.
 """
 from __future__ import annotations
 
+import collections
 import inspect
 import math
 from typing import Any, ClassVar
@@ -179,6 +180,9 @@ class DiscountedThompsonSampling(_Discounted, ThompsonSampling):
     name = "d-ts"
 
 
+AUTO_BUDGET = 0.01  # `GammaThompsonSampling`'s budget against plain decoding when the plain arm is among its arms
+
+
 class GammaThompsonSampling(ThompsonSampling):
     """Thompson sampling for (draft, γ) arms: one acceptance posterior per draft, one cost per arm.
 
@@ -207,16 +211,44 @@ class GammaThompsonSampling(ThompsonSampling):
     The plain arm (-1, 0) (`front.PLAIN`: the target alone) emits exactly one token per step: its expected tokens are
     1, it has no acceptance posterior, its steps (`update_step` with γ = 0) teach no draft's, and it counts as a draft
     of its own for switching (a draft played after it catches up on the token it missed).
+
+    `budget` δ (with the plain arm among the arms and step costs; "auto", the default: `AUTO_BUDGET` when the
+    plain arm is bound, else none): never fall more than δ behind plain decoding.
+    The policy keeps a credit in tokens: what it has made minus (1 - δ) times what plain steps of cost c₀ would
+    have made in the same cost, capped at `credit` (also its start). An arm whose step costs c risks
+    (1 - δ) c / c₀ - T_low tokens, T_low its expected tokens at the draft's acceptance two posterior standard
+    deviations below the mean (an arm not yet tried: about one token, the least a step makes). The policy plays
+    the arm of most sampled tokens per cost among those whose risk the credit covers, less the risks of the steps
+    launched and not yet read (`update_step` reads them); plain is always allowed, and earns δ per step. This is a
+    conservative bandit (Wu et al. 2016) with realised tokens in the account: at the policy's cost estimates any
+    stretch of steps makes at least (1 - δ) of plain decoding's tokens in the same cost, less `credit` + γ
+    tokens (a step's loss beyond its risk is at most its T_low - 1). The plain arm's cost is measured first; an
+    arm whose cost is not yet measured is priced at γ + 1 plain steps; an arm whose risk exceeds `credit` is
+    never played (a larger `credit` lets it be tried, and loosens the bound by as much). The price is slower
+    exploration: a draft the policy has ruled out is tried again only as the credit allows. The engines give a
+    step that the rows of a batch shared to `update_shared_step` (`front.update_policy`).
     """
 
     name = "gamma-ts"
     learns_from_steps: ClassVar[bool] = True  # engines give it step outcomes, not a throughput reward
 
-    def __init__(self, n_arms: int, *, arms: Any = None, min_cost_steps: int = 3, **kwargs: Any) -> None:
+    def __init__(self, n_arms: int, *, arms: Any = None, min_cost_steps: int = 3, budget: float | str | None = "auto",
+                 credit: float = 4.0, **kwargs: Any) -> None:
         if isinstance(min_cost_steps, bool) or not isinstance(min_cost_steps, (int, np.integer)) or min_cost_steps < 1:
             raise ValueError(f"min_cost_steps must be an int >= 1 (steps that measure an arm's cost before it is "
                              f"compared), got {min_cost_steps!r}")
+        if budget != "auto" and budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                                                        or not 0.0 < budget < 1.0):
+            raise ValueError(f"budget must be 'auto' ({AUTO_BUDGET} with the plain arm among the arms, else none), "
+                             f"None (no limit) or a fraction in (0, 1) of plain decoding's throughput the policy may "
+                             f"lose, e.g. 0.02, got {budget!r}")
+        if isinstance(credit, bool) or not isinstance(credit, (int, float)) or not 0.0 < credit < math.inf:
+            raise ValueError(f"credit must be a finite number of tokens > 0 (what the budget may bank), got "
+                             f"{credit!r}")
         self.min_cost_steps = int(min_cost_steps)
+        self.budget_option = budget if budget in ("auto", None) else float(budget)
+        self.budget: float | None = None if budget in ("auto", None) else float(budget)  # as bound (`bind_arms`)
+        self.credit = float(credit)
         self._arm_draft = np.arange(int(n_arms)) if isinstance(n_arms, (int, np.integer)) else np.zeros(0, int)
         self._n_drafts = len(self._arm_draft)
         self._arm_gamma = np.ones_like(self._arm_draft)
@@ -245,14 +277,33 @@ class GammaThompsonSampling(ThompsonSampling):
         self._n_drafts = len(real)
         self._arm_gamma = np.array([pair[1] for pair in pairs], dtype=np.int64)
         self._costs = costs
+        if self.budget_option == "auto":
+            self.budget = AUTO_BUDGET if plain.any() and costs is not None else None
+        elif self.budget is not None and not plain.any():
+            raise ValueError(f"budget={self.budget} measures the policy against plain decoding: the arms need the "
+                             f"plain arm (-1, 0) (gammas with 0, e.g. gammas=[0, 4]), got {pairs!r}")
+
+    def _params(self) -> dict[str, Any]:
+        return {**super()._params(), "budget": self.budget_option, "credit": self.credit}
 
     def _reset_state(self) -> None:
         super()._reset_state()
         self.plays = np.zeros((self._rows, self.n_arms))
         self.last_draft = np.full(self._rows, -1.0)  # the draft of each row's last played arm (-1: none yet)
+        self.banked = np.full(self._rows, self.credit)  # the budget's settled credit in tokens, per row
+        # per step launched and not yet settled: (arms, switched, worst-case loss) per row, oldest first
+        self._pending: collections.deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = collections.deque()
 
     def _arrays(self) -> dict[str, np.ndarray]:
-        return {**super()._arrays(), "plays": self.plays, "last_draft": self.last_draft}
+        return {**super()._arrays(), "plays": self.plays, "last_draft": self.last_draft, "banked": self.banked}
+
+    def _extra_state(self) -> dict[str, Any]:
+        return {"pending": [[part.tolist() for part in entry] for entry in self._pending]}
+
+    def _load_extra_state(self, extra: dict[str, Any]) -> None:
+        self._pending = collections.deque(
+            (np.asarray(arms, dtype=np.int64), np.asarray(switched, dtype=bool), np.asarray(loss, dtype=float))
+            for arms, switched, loss in extra.get("pending", []))
 
     def on_request_start(self, rows: Any = None) -> None:
         """A request boundary: as `Policy.on_request_start`, and a request's first step is no switch (every
@@ -308,7 +359,22 @@ class GammaThompsonSampling(ThompsonSampling):
 
     def update_step(self, arm: Any, num_accepted: Any, gamma: int) -> None:
         """As `Policy.update_step`; a plain step (γ = 0, nothing drafted, every count 0) is counted as a step
-        and teaches no acceptance."""
+        and teaches no acceptance. With a budget, the step is also the oldest one selected and not yet read
+        (its tokens enter the budget's account)."""
+        self._learn_step_outcome(arm, num_accepted, gamma)
+        self._settle(arm, np.asarray(num_accepted, dtype=float).reshape(-1), gamma)
+
+    def update_shared_step(self, arm: Any, num_accepted: Any, gamma: int) -> None:
+        """One step that several rows of a batch shared (one arm chosen for all; the engines' case, B rows and a
+        policy of one row): each row's count teaches the posterior as `update_step` does, and the budget counts
+        the step once, at the rows' mean tokens. No counts (every row had finished): the step only leaves the
+        budget's list of steps not yet read."""
+        counts = list(np.asarray(num_accepted).reshape(-1))
+        for count in counts:
+            self._learn_step_outcome(arm, count, gamma)
+        self._settle(arm, np.asarray(counts, dtype=float), gamma)
+
+    def _learn_step_outcome(self, arm: Any, num_accepted: Any, gamma: int) -> None:
         if check_step_gamma(gamma, plain=True) > 0:
             super().update_step(arm, num_accepted, gamma)
             return
@@ -321,23 +387,102 @@ class GammaThompsonSampling(ThompsonSampling):
 
     def _select(self, context: Any) -> np.ndarray:
         alpha, beta = self.draft_posterior()
-        draws = self.rng.beta(alpha, beta)
-        # [rows, arms]: each arm's draft's draw; the plain arm's "draft" reads 1, so its tokens below are 1 + 0
-        rate = np.concatenate([draws, np.ones((self._rows, 1))], axis=1)[:, self._arm_draft]
-        exponent = self._arm_gamma + 1.0
-        # 1 + α + ... + α^γ, written so α = 1 gives γ + 1 exactly
-        below = rate < 1.0
-        tokens = np.where(below, -np.expm1(exponent * np.log(np.where(below, rate, 0.5))) /
-                          np.where(below, 1.0 - rate, 1.0), exponent)
-        flat = self.arm_costs()
+        tokens = self._tokens_at(self.rng.beta(alpha, beta))
+        rows = np.arange(self._rows)
         unknown = self._under_measured()
-        if unknown.any():  # measure every arm's cost before comparing: the least played such arm
+        plain = self._plain_arm()
+        allowed, risk = self._budget_allows()
+        if self.budget is not None and unknown[plain]:  # the budget's yardstick first: plain steps risk nothing
+            arms = np.full(self._rows, plain)
+        elif unknown.any():  # measure every arm's cost before comparing: the least played such arm
             arms = np.argmin(np.where(unknown, self.plays, np.inf), axis=1)
-        else:
-            arms = np.argmax(tokens / self._row_costs(flat), axis=1)
-        self.plays[np.arange(self._rows), arms] += 1
+            arms = np.where(allowed[rows, arms], arms, plain)
+        else:  # the most tokens per unit cost among the arms the budget allows
+            arms = np.argmax(np.where(allowed, tokens / self._row_costs(self.arm_costs()), -np.inf), axis=1)
+        if self.budget is not None:  # the choice's risk is reserved until its step is read
+            self._pending.append((arms.copy(), self._switched()[rows, arms], np.maximum(risk[rows, arms], 0.0)))
+        self.plays[rows, arms] += 1
         self.last_draft = self._arm_draft[arms].astype(float)
         return arms
+
+    def _plain_arm(self) -> int:
+        """The plain arm's index (-1 when the arms have none)."""
+        where = np.flatnonzero(self._arm_gamma == 0)
+        return int(where[0]) if len(where) else -1
+
+    def _cost_ratios(self, switched: np.ndarray) -> np.ndarray:
+        """[rows, arms]: each arm's estimated step cost over the plain arm's, as a step that changes draft
+        (`switched` [rows, arms]) or keeps it; an arm not measured yet counts as γ + 1 plain steps."""
+        if self._measured():
+            stay, go = (np.array([np.nan if c is None else c for c in self._costs.costs_when(kind)])
+                        for kind in (False, True))
+            costs = np.where(switched, go, stay)
+            plain_cost = stay[self._plain_arm()]
+        else:
+            costs = np.broadcast_to(self.arm_costs(), switched.shape)
+            plain_cost = costs[0, self._plain_arm()]
+        guess = np.broadcast_to(self._arm_gamma + 1.0, switched.shape)
+        if not np.isfinite(plain_cost):
+            return guess.copy()
+        return np.where(np.isfinite(costs), costs / plain_cost, guess)
+
+    def _switched(self) -> np.ndarray:
+        """[rows, arms]: whether playing each arm now would change the row's draft."""
+        return (self.last_draft[:, None] >= 0) & (self._arm_draft[None, :] != self.last_draft[:, None])
+
+    def _budget_allows(self) -> tuple[np.ndarray, np.ndarray]:
+        """([rows, arms] bool, [rows, arms] tokens): which arms the budget's credit, less what the steps not
+        yet settled may lose, lets each row play, and what each arm's step may lose against plain steps of its
+        cost at the acceptance's lower bound (the plain arm: nothing). Without a budget: every arm, no risk."""
+        if self.budget is None:
+            return np.ones((self._rows, self.n_arms), dtype=bool), np.zeros((self._rows, self.n_arms))
+        if self._plain_arm() < 0 or self._costs is None:
+            raise ValueError(f"budget={self.budget} needs the arms bound first, the plain arm among them, with step "
+                             f"costs (a StepCosts or fixed costs): bind_arms([..., (-1, 0)], costs)")
+        risk = (1.0 - self.budget) * self._cost_ratios(self._switched()) - self._lower_tokens()
+        risk[:, self._plain_arm()] = 0.0  # a plain step makes its one token: it can only earn
+        reserved = sum((entry[2] for entry in self._pending), np.zeros(self._rows))
+        allowed = (self.banked - reserved)[:, None] >= risk
+        allowed[:, self._plain_arm()] = True  # the way back to credit, whatever is left
+        return allowed, risk
+
+    def _lower_tokens(self) -> np.ndarray:
+        """[rows, arms]: each arm's expected tokens per step at its draft's acceptance two posterior standard
+        deviations below the mean (about its 2 % quantile; 1 for the plain arm): what the budget counts on."""
+        alpha, beta = self.draft_posterior()
+        total = alpha + beta
+        return self._tokens_at(np.clip(alpha / total - 2.0 * np.sqrt(alpha * beta / (total * total * (total + 1.0))),
+                                       0.0, 1.0))
+
+    def _tokens_at(self, rates: np.ndarray) -> np.ndarray:
+        """[rows, arms]: each arm's expected tokens per step, 1 + α + ... + α^γ, at its draft's acceptance in
+        `rates` [rows, drafts] (the plain arm: 1)."""
+        # the plain arm's "draft" reads 1, so its tokens are 1 + 0 (γ = 0)
+        rate = np.concatenate([rates, np.ones((self._rows, 1))], axis=1)[:, self._arm_draft]
+        exponent = self._arm_gamma + 1.0
+        below = rate < 1.0  # written so α = 1 gives γ + 1 exactly (and α = 0 gives 1: log 0 = -inf)
+        with np.errstate(divide="ignore"):
+            return np.where(below, -np.expm1(exponent * np.log(np.where(below, rate, 0.5))) /
+                            np.where(below, 1.0 - rate, 1.0), exponent)
+
+    def _settle(self, arm: Any, counts: np.ndarray, gamma: int) -> None:
+        """The budget's account of the oldest step selected and not yet read: its tokens (one more than each
+        count in `counts`, per row; with one row and several counts, their mean) against (1 - δ) times the plain
+        steps its cost would have bought. No counts: the step leaves the list only. Without a budget: nothing."""
+        if self.budget is None:
+            return
+        entry = self._pending.popleft() if self._pending else None
+        if not len(counts):  # a step after every row finished made nothing to count
+            return
+        arms = self._check_arm(arm)
+        if self._rows > 1 and counts.shape != (self._rows,):
+            raise ValueError(f"num_accepted must hold one count per row ({self._rows}), got {counts.tolist()!r}")
+        tokens = (np.full(self._rows, counts.mean()) if self._rows == 1 else counts) + 1.0
+        switched = entry[1] if entry is not None else np.zeros(self._rows, dtype=bool)
+        table = np.zeros((self._rows, self.n_arms), dtype=bool)
+        table[np.arange(self._rows), arms] = switched
+        ratio = self._cost_ratios(table)[np.arange(self._rows), arms]
+        self.banked = np.minimum(self.banked + tokens - (1.0 - self.budget) * ratio, self.credit)
 
 
 class DiscountedGammaThompsonSampling(_Discounted, GammaThompsonSampling):

@@ -259,7 +259,13 @@ def update_policy(policy: Any, arm: int, num_accepted: list[int], gamma: int,
     sampling) get the geometric conjugate update per row; others the mean acceptance fraction in [0, 1].
     A plain step (γ = 0) drafted nothing: its throughput reward counts its one token per row, a policy that
     learns from steps gets it with γ = 0 (`GammaThompsonSampling` counts no acceptance from it), and no other
-    policy hears of it without step costs (it has no acceptance to learn from)."""
+    policy hears of it without step costs (it has no acceptance to learn from). A policy with `update_shared_step`
+    (`GammaThompsonSampling`, whose budget counts steps, not rows) gets the rows' counts in one call, every step,
+    rows finished or not."""
+    shared = getattr(policy, "update_shared_step", None)
+    if callable(shared):
+        shared(arm, num_accepted, gamma)
+        return
     learns_from_steps = getattr(policy, "learns_from_steps", False)
     if not num_accepted or (gamma == 0 and step_costs is None and not learns_from_steps):
         return

@@ -571,7 +571,8 @@ def test_gamma_ts_gives_the_plain_arm_one_token_and_learns_no_acceptance_from_it
     drafts at γ = 0 is refused."""
     arms = [(0, 1), (0, 4), (-1, 0)]
     for accepted, costs, expected in [(0, [1.0, 1.5, 0.8], 2), (1, [1.0, 1.5, 0.8], 1), (0, [1.0, 1.5, 1.2], 0)]:
-        policy = bandits.GammaThompsonSampling(len(arms), seed=0, arms=arms)
+        # no budget: the updates below come without selections (no steps launched to read)
+        policy = bandits.GammaThompsonSampling(len(arms), seed=0, arms=arms, budget=None)
         policy.bind_arms(arms, costs)
         for _ in range(200):
             policy.update_step(0, accepted, 1)
