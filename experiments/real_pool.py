@@ -668,7 +668,10 @@ def main(argv: list[str] | None = None) -> int:
                                        **summary("adaptive"),
                                        "greedy_token_agreement_with_plain": adaptive_agree,
                                        "gamma_share_per_domain_last_round": share_per_domain(
-                                           chosen, blocks, [g for _, g in adaptive.arms])},
+                                           chosen, blocks, [g for _, g in adaptive.arms]),
+                                       "budget": getattr(adaptive.policy, "budget", None),
+                                       "cost_estimates_last_round": cost_estimates(adaptive.step_costs,
+                                                                                   adaptive.arm_names)},
                           **({"prompt_lookup_alone": {"gamma": args.gamma, **summary("prompt_lookup")}}
                              if lookup_alone else {}),
                           **({"paths": {"drafts": list(path_drafts), "gamma": args.gamma, **summary("paths")}}

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from flashspec import bandits, rewards
+from flashspec import bandits, front, rewards
 
 __all__ = [
     "Environment",
@@ -396,7 +396,7 @@ def plain_arm_stream(acceptance: dict[str, dict[str, float]], step_ms: float, pl
                 alpha = acceptance[drafts[draft]][category]
                 while accepted < arm_gamma and rng.random() < alpha:
                     accepted += 1
-            chooser.update_step(arm, accepted, arm_gamma)
+            front.update_policy(chooser, arm, [accepted], arm_gamma)  # as the engines tell it a step
             made += accepted + 1
             spent += costs[arm]
         ratios[category] = made / spent * plain_ms

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flashspec import models
+from flashspec import bandits, models
 from flashspec_lab import corpora, zoo
 from flashspec_lab.zoo import distill, training
 
@@ -295,6 +295,9 @@ def test_real_pool_speed_part_at_one_temperature_with_plain_as_an_arm(micro_cach
         entry = results[key]["t1"]
         assert set(entry["warm_up_s"]) == {"fast_plain", "gamma2", "one_draft", "adaptive", "adaptive_capture_all"}
         assert entry["adaptive"]["gammas"] == [0, 2] and "partial" not in entry
+        # the shipped policy bounds its loss against plain decoding; what it believed each arm costs is kept
+        assert entry["adaptive"]["budget"] == bandits.AUTO_BUDGET
+        assert set(entry["adaptive"]["cost_estimates_last_round"]["stay_ms"]) >= {"plain"}
     served = real_pool.stream
     calls = []
 
