@@ -2,7 +2,8 @@
 # One device call: install offline, then each named phase with its own time limit, its log and
 # JSON under $OUT (so a phase that overruns still leaves the others' results).
 #   FLASHSPEC_GIT_SHA=<sha> bash experiments/gpu_run.sh tests bench-b1 verify
-# Phases: tests (GPU tests of kernels, runner, fast path), bench-b1 / bench-b8 / bench-b32
+# Phases: tests (GPU tests of kernels, runner, fast path), plain-arm (experiments/plain_arm_overhead.py: the plain
+# arm inside the speculative decoder against fast plain, SmolLM2's shape; PLAIN_ARM_ARGS: more options), bench-b1 / bench-b8 / bench-b32
 # (bench_fast --compile, random TinyLlama/68m shapes), bench-zoo (trained GPU zoo, B=1 and 8),
 # verify (flashspec bench verify), host-profile (experiments/verify_host_profile.py at B = 1, 8 and V = 32000, 128256;
 # PROFILE_TAG ends its file names, e.g. _triton39), interference (experiments/verify_interference.py: the eager step
@@ -83,6 +84,8 @@ for name in "$@"; do
            phase "peers_$sha" "${PEERS_LIMIT:-540}" python experiments/bench_peers.py \
              --gpt-fast "${GPT_FAST:-.peers/gpt-fast}" --gpt-fast-speculative "${GPT_FAST_SPECULATIVE:-.peers/gpt-fast-e2cfa34}" \
              --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/peers.json" ${PEERS_ARGS:-} ;;
+    plain-arm) phase "plain_arm_overhead_$sha" "${PLAIN_ARM_LIMIT:-300}" python experiments/plain_arm_overhead.py \
+                 --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/plain_arm_overhead.json" ${PLAIN_ARM_ARGS:-} ;;
     prefill) phase "prefill_profile_h200_$sha" "${PREFILL_LIMIT:-150}" python -m experiments.prefill_profile \
                --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/prefill_profile_h200.json" ${PREFILL_ARGS:-} ;;
     *) echo "unknown phase $name" >&2; exit 2 ;;
