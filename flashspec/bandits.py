@@ -223,7 +223,8 @@ class GammaThompsonSampling(ThompsonSampling):
     conservative bandit (Wu et al. 2016) with realised tokens in the account: at the policy's cost estimates any
     stretch of steps makes at least (1 - δ) of plain decoding's tokens in the same cost, less `credit` + γ
     tokens (a step's loss beyond its risk is at most its T_low - 1). The plain arm's cost is measured first; an
-    arm whose cost is not yet measured is priced at γ + 1 plain steps; an arm whose risk exceeds `credit` is
+    arm whose cost is not yet measured is priced at γ + 1 plain steps when it is chosen, and its step is left out of
+    the account (the engines do not time a step that captures a graph); an arm whose risk exceeds `credit` is
     never played (a larger `credit` lets it be tried, and loosens the bound by as much). The price is slower
     exploration: a draft the policy has ruled out is tried again only as the credit allows. The engines give a
     step that the rows of a batch shared to `update_shared_step` (`front.update_policy`).
@@ -410,9 +411,10 @@ class GammaThompsonSampling(ThompsonSampling):
         where = np.flatnonzero(self._arm_gamma == 0)
         return int(where[0]) if len(where) else -1
 
-    def _cost_ratios(self, switched: np.ndarray) -> np.ndarray:
-        """[rows, arms]: each arm's estimated step cost over the plain arm's, as a step that changes draft
-        (`switched` [rows, arms]) or keeps it; an arm not measured yet counts as γ + 1 plain steps."""
+    def _cost_ratios(self, switched: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """([rows, arms] ratios, [rows, arms] bool): each arm's estimated step cost over the plain arm's, as a step
+        that changes draft (`switched` [rows, arms]) or keeps it, and where that estimate is measured; an arm not
+        measured yet (or any arm before the plain one is) counts as γ + 1 plain steps."""
         if self._measured():
             stay, go = (np.array([np.nan if c is None else c for c in self._costs.costs_when(kind)])
                         for kind in (False, True))
@@ -421,10 +423,11 @@ class GammaThompsonSampling(ThompsonSampling):
         else:
             costs = np.broadcast_to(self.arm_costs(), switched.shape)
             plain_cost = costs[0, self._plain_arm()]
-        guess = np.broadcast_to(self._arm_gamma + 1.0, switched.shape)
-        if not np.isfinite(plain_cost):
-            return guess.copy()
-        return np.where(np.isfinite(costs), costs / plain_cost, guess)
+        known = np.isfinite(costs) & bool(np.isfinite(plain_cost))
+        known[:, self._plain_arm()] = True  # a plain step costs one plain step, measured or not
+        ratios = np.where(known, costs / (plain_cost if np.isfinite(plain_cost) else 1.0), self._arm_gamma + 1.0)
+        ratios[:, self._plain_arm()] = 1.0
+        return ratios, known
 
     def _switched(self) -> np.ndarray:
         """[rows, arms]: whether playing each arm now would change the row's draft."""
@@ -439,7 +442,7 @@ class GammaThompsonSampling(ThompsonSampling):
         if self._plain_arm() < 0 or self._costs is None:
             raise ValueError(f"budget={self.budget} needs the arms bound first, the plain arm among them, with step "
                              f"costs (a StepCosts or fixed costs): bind_arms([..., (-1, 0)], costs)")
-        risk = (1.0 - self.budget) * self._cost_ratios(self._switched()) - self._lower_tokens()
+        risk = (1.0 - self.budget) * self._cost_ratios(self._switched())[0] - self._lower_tokens()
         risk[:, self._plain_arm()] = 0.0  # a plain step makes its one token: it can only earn
         reserved = sum((entry[2] for entry in self._pending), np.zeros(self._rows))
         allowed = (self.banked - reserved)[:, None] >= risk
@@ -468,7 +471,9 @@ class GammaThompsonSampling(ThompsonSampling):
     def _settle(self, arm: Any, counts: np.ndarray, gamma: int) -> None:
         """The budget's account of the oldest step selected and not yet read: its tokens (one more than each
         count in `counts`, per row; with one row and several counts, their mean) against (1 - δ) times the plain
-        steps its cost would have bought. No counts: the step leaves the list only. Without a budget: nothing."""
+        steps its cost would have bought; a step of an arm whose cost is not measured yet counts nothing (the
+        engines measure no step that captures a graph). No counts: the step leaves the list only. Without a budget:
+        nothing."""
         if self.budget is None:
             return
         entry = self._pending.popleft() if self._pending else None
@@ -481,8 +486,11 @@ class GammaThompsonSampling(ThompsonSampling):
         switched = entry[1] if entry is not None else np.zeros(self._rows, dtype=bool)
         table = np.zeros((self._rows, self.n_arms), dtype=bool)
         table[np.arange(self._rows), arms] = switched
-        ratio = self._cost_ratios(table)[np.arange(self._rows), arms]
-        self.banked = np.minimum(self.banked + tokens - (1.0 - self.budget) * ratio, self.credit)
+        ratios, known = self._cost_ratios(table)
+        rows = np.arange(self._rows)
+        # a step whose arm has no measured cost yet (its graph's first run: the capture) is left out of the account
+        change = np.where(known[rows, arms], tokens - (1.0 - self.budget) * ratios[rows, arms], 0.0)
+        self.banked = np.minimum(self.banked + change, self.credit)
 
 
 class DiscountedGammaThompsonSampling(_Discounted, GammaThompsonSampling):
