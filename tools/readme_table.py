@@ -66,7 +66,7 @@ def rows() -> list[tuple[str, str, list[str]]]:
                             for shape, label in labels.items()) + " gpt-fast's tok/s",
                   ["peers_h200_flashspec_plain.json", "peers_h200_gptfast_plain.json", "peers_h200_7b_plain.json"]))
 
-    chat_record = "real_pool_chat_h100_571049a.json"
+    chat_record = "real_pool_chat_budget_h100_792a56b.json"
     chat = _load(chat_record)
     speed = chat["results"]["speed[block]"]["t1"]
     gain = _load("block_gain_smollm2_cpu.json")["results"]["summary"]["T=1"]["mixed"]

@@ -49,6 +49,8 @@ import torch
 from flashspec_lab import switching
 
 PAGE_RECORDS = [
+    "results/real_pool_chat_budget_h100_792a56b.json",
+    "results/plain_arm_overhead_h100_7195458.json",
     "results/real_pool_chat_h100_571049a.json",
     "results/real_pool_chat_block_h100_cda1ad8.json",
     "results/real_pool_chat_cut_h100_53cdb0f.json",
