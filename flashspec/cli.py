@@ -137,6 +137,10 @@ def generate_parser() -> argparse.ArgumentParser:
     parser.add_argument("--policy", default=None,
                         help="bandit policy name (see flashspec.bandits.POLICIES); default thompson, or gamma-ts "
                              "with --gammas (one acceptance posterior per draft, shared by its γ arms)")
+    parser.add_argument("--budget", type=parse_budget, default=None,
+                        help="gamma-ts with the plain arm (--gammas holding 0): the fraction of plain decoding's "
+                             "throughput the policy may lose while it learns, e.g. 0.02, or 'none' for no limit "
+                             "(default: the policy's, 0.01)")
     parser.add_argument("--gamma", type=int, default=4, help="drafted tokens per step")
     parser.add_argument("--gammas", type=parse_gammas, default=None,
                         help="comma-separated γ values, e.g. 2,4,8: the arms become every (draft, γ) pair and the "
@@ -299,6 +303,16 @@ def check_options(args: argparse.Namespace) -> None:
         check_output_path("--json", args.json)
 
 
+def parse_budget(text: str) -> float | str:
+    """--budget "0.02" -> 0.02; "none" (no limit) and "auto" stay names; the policy checks the range."""
+    if text in ("none", "auto"):
+        return text
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a fraction such as 0.02, 'none' or 'auto', got {text!r}") from None
+
+
 def parse_gammas(text: str) -> tuple[int, ...]:
     """--gammas "2,4,8" -> (2, 4, 8); `check_numbers` checks the range and repeats."""
     try:
@@ -425,7 +439,8 @@ def prepare_run(args: argparse.Namespace, tp: Any = None) -> Run:
         drafts = [*drafts, PromptLookupDrafter()]
     if args.policy is None:
         args.policy = "gamma-ts" if args.gammas else "thompson"
-    check_policy(args.policy, len(make_arms(len(drafts), args.gamma, args.gammas)))
+    args.policy_kwargs = policy_kwargs_of(args)
+    check_policy(args.policy, len(make_arms(len(drafts), args.gamma, args.gammas)), args.policy_kwargs)
     if tp is not None:
         from flashspec.tp import shard_target
 
@@ -471,6 +486,8 @@ def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any], tp: 
     from flashspec.fast import make_decoder
 
     options: dict[str, Any] = dict(policy=args.policy, gamma=args.gamma, gammas=args.gammas)
+    if getattr(args, "policy_kwargs", None):
+        options["policy_kwargs"] = args.policy_kwargs
     if args.verify != "token":
         options["verify_method"] = args.verify
     if args.compile is not None:
@@ -490,12 +507,28 @@ def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any], tp: 
         raise ValueError(f"--engine {args.engine}: {text}") from None
 
 
-def check_policy(name: str, n_arms: int) -> None:
+def policy_kwargs_of(args: argparse.Namespace) -> dict[str, Any] | None:
+    """The policy's options from the command line: --budget, which only the γ-aware Thompson policies take."""
+    if args.budget is None:
+        return None
+    if args.policy.strip().lower() not in ("gamma-ts", "d-gamma-ts"):
+        raise ValueError(f"--budget applies to --policy gamma-ts or d-gamma-ts (a budget against the plain arm), "
+                         f"not {args.policy!r}")
+    if isinstance(args.budget, float):
+        if 0 not in (args.gammas or ()):
+            raise ValueError(f"--budget {args.budget} is measured against plain decoding: give --gammas holding 0, "
+                             f"e.g. --gammas 0,4")
+        if not 0.0 < args.budget < 1.0:
+            raise ValueError(f"--budget must be a fraction in (0, 1), 'none' or 'auto', got {args.budget}")
+    return {"budget": None if args.budget == "none" else args.budget}
+
+
+def check_policy(name: str, n_arms: int, policy_kwargs: dict[str, Any] | None = None) -> None:
     """Build the policy once, as the decoder will, so a bad --policy is reported under its option name."""
     from flashspec.front import resolve_policy
 
     try:
-        resolve_policy(name, n_arms)
+        resolve_policy(name, n_arms, policy_kwargs)
     except ValueError as error:
         raise ValueError(f"--policy {name}: {error}") from error
 

@@ -51,6 +51,33 @@ def test_default_policy_is_gamma_ts_with_gammas(monkeypatch, capsys, options, po
     assert seen == {"policy": policy}
 
 
+@pytest.mark.parametrize("budget, expected", [([], 0.01), (["--budget", "0.05"], 0.05), (["--budget", "none"], None)])
+def test_budget_reaches_the_adaptive_policy(monkeypatch, capsys, budget, expected):
+    """--budget sets gamma-ts's budget against the plain arm (default: the policy's own, with --gammas holding 0)."""
+    seen = {}
+    original = cli.build_decoder
+
+    def spy(args, *rest, **kwargs):
+        decoder = original(args, *rest, **kwargs)
+        seen["decoder"] = decoder
+        return decoder
+
+    monkeypatch.setattr(cli, "build_decoder", spy)
+    assert cli.main([*BASE, "--gammas", "0,2", *budget]) == 0, capsys.readouterr().err
+    assert seen["decoder"].policy.budget == expected
+
+
+def test_budget_is_refused_where_it_cannot_apply(capsys):
+    for options, message in ((["--budget", "0.02"], "--budget applies to --policy gamma-ts"),
+                             (["--gammas", "2,4", "--budget", "0.02"], "give --gammas holding 0"),
+                             (["--gammas", "0,2", "--budget", "1.5"], "--budget must be a fraction in (0, 1)")):
+        assert cli.main([*BASE, *options]) == 2
+        assert message in capsys.readouterr().err, options
+    with pytest.raises(SystemExit):  # argparse refuses a word it does not know
+        cli.main([*BASE, "--gammas", "0,2", "--budget", "lots"])
+    assert "--budget: must be a fraction such as 0.02, 'none' or 'auto'" in capsys.readouterr().err
+
+
 def test_generate_with_saved_target_and_draft(capsys, tmp_path):
     tokenizer = models.char_tokenizer()
     common = dict(vocab_size=len(tokenizer), max_positions=64, bos_token_id=1, eos_token_id=2, pad_token_id=2)
