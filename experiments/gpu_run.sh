@@ -2,8 +2,9 @@
 # One device call: install offline, then each named phase with its own time limit, its log and
 # JSON under $OUT (so a phase that overruns still leaves the others' results).
 #   FLASHSPEC_GIT_SHA=<sha> bash experiments/gpu_run.sh tests bench-b1 verify
-# Phases: tests (GPU tests of kernels, runner, fast path), plain-arm (experiments/plain_arm_overhead.py: the plain
-# arm inside the speculative decoder against fast plain, SmolLM2's shape; PLAIN_ARM_ARGS: more options), bench-b1 / bench-b8 / bench-b32
+# Phases: tests (GPU tests of kernels, runner, fast path), plain-arm (experiments/plain_arm_overhead.py: the
+# plain arm inside the speculative decoder against fast plain, SmolLM2's shape; PLAIN_ARM_ARGS: more options),
+# bench-b1 / bench-b8 / bench-b32
 # (bench_fast --compile, random TinyLlama/68m shapes), bench-zoo (trained GPU zoo, B=1 and 8),
 # verify (flashspec bench verify), host-profile (experiments/verify_host_profile.py at B = 1, 8 and V = 32000, 128256;
 # PROFILE_TAG ends its file names, e.g. _triton39), interference (experiments/verify_interference.py: the eager step
