@@ -1,11 +1,11 @@
 """What the plain arm costs inside the speculative decoder, against fast plain decoding, on SmolLM2-135M's shape.
 
 The adaptive decoder's plain steps measured about 3 % slower than `FastPlainDecoder`'s on the real model. This driver
-separates the causes on random weights of that shape (a two-layer draft of the same shape, which the target
-rejects: speculation never pays, so the adaptive policy should play plain): fast plain; the speculative decoder with
-the plain arm beside a γ = 4 arm but a fixed policy on plain (the session's own cost: its buffers, bucket choice and
-commit width); the same with gamma-ts without a budget and with the default budget (the policy's cost, and its
-exploration). Each timed repeat serves the same prompts through every decoder in turn, after an untimed warm-up that
+separates the causes on random weights of that shape, with a random two-layer draft of the same shape (random models
+agree often, so speculation may pay here: the unbudgeted policy's row shows whether it does): fast plain; the
+speculative decoder with the plain arm beside a γ = 4 arm but a fixed policy on plain (the session's own cost: its
+buffers, bucket choice and commit width); the same with gamma-ts without a budget and with the default budget (the
+policy's cost, and its exploration). Each timed repeat serves the same prompts through every decoder in turn, after an untimed warm-up that
 captures every graph; the JSON is rewritten after every repeat.
 
     python experiments/plain_arm_overhead.py --out results/plain_arm_overhead_h100.json
@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import flashspec as fs  # noqa: E402
 from flashspec import models  # noqa: E402
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
+from flashspec.front import PLAIN  # noqa: E402
 from flashspec_lab import cli_checks, peers, provenance  # noqa: E402
 
 DECODERS = ("fast_plain", "plain_arm_fixed", "gamma_ts_no_budget", "gamma_ts_budget")
@@ -54,7 +55,7 @@ def serve(decoder: Any, prompts: list[torch.Tensor], new_tokens: int) -> dict[st
         trace = result.stats.arm_trace
         steps += len(trace)
         tokens += int(result.num_generated.sum())
-        plain += sum(decoder.arms[arm] == (-1, 0) for arm in trace)
+        plain += sum(decoder.arms[arm] == PLAIN for arm in trace)
     if torch.cuda.is_available():
         torch.cuda.synchronize()
     seconds = time.perf_counter() - started

@@ -292,8 +292,8 @@ class GammaThompsonSampling(ThompsonSampling):
         self.plays = np.zeros((self._rows, self.n_arms))
         self.last_draft = np.full(self._rows, -1.0)  # the draft of each row's last played arm (-1: none yet)
         self.banked = np.full(self._rows, self.credit)  # the budget's settled credit in tokens, per row
-        # per step launched and not yet settled: (arms, switched, worst-case loss) per row, oldest first
-        self._pending: collections.deque[tuple[np.ndarray, np.ndarray, np.ndarray]] = collections.deque()
+        # per step selected and not yet read: (switched, reserved risk) per row, oldest first
+        self._pending: collections.deque[tuple[np.ndarray, np.ndarray]] = collections.deque()
 
     def _arrays(self) -> dict[str, np.ndarray]:
         return {**super()._arrays(), "plays": self.plays, "last_draft": self.last_draft, "banked": self.banked}
@@ -302,9 +302,8 @@ class GammaThompsonSampling(ThompsonSampling):
         return {"pending": [[part.tolist() for part in entry] for entry in self._pending]}
 
     def _load_extra_state(self, extra: dict[str, Any]) -> None:
-        self._pending = collections.deque(
-            (np.asarray(arms, dtype=np.int64), np.asarray(switched, dtype=bool), np.asarray(loss, dtype=float))
-            for arms, switched, loss in extra.get("pending", []))
+        self._pending = collections.deque((np.asarray(switched, dtype=bool), np.asarray(risk, dtype=float))
+                                          for switched, risk in extra.get("pending", []))
 
     def on_request_start(self, rows: Any = None) -> None:
         """A request boundary: as `Policy.on_request_start`, and a request's first step is no switch (every
@@ -392,7 +391,8 @@ class GammaThompsonSampling(ThompsonSampling):
         rows = np.arange(self._rows)
         unknown = self._under_measured()
         plain = self._plain_arm()
-        allowed, risk = self._budget_allows()
+        switched = self._switched()
+        allowed, risk = self._budget_allows(alpha, beta, switched)
         if self.budget is not None and unknown[plain]:  # the budget's yardstick first: plain steps risk nothing
             arms = np.full(self._rows, plain)
         elif unknown.any():  # measure every arm's cost before comparing: the least played such arm
@@ -401,7 +401,7 @@ class GammaThompsonSampling(ThompsonSampling):
         else:  # the most tokens per unit cost among the arms the budget allows
             arms = np.argmax(np.where(allowed, tokens / self._row_costs(self.arm_costs()), -np.inf), axis=1)
         if self.budget is not None:  # the choice's risk is reserved until its step is read
-            self._pending.append((arms.copy(), self._switched()[rows, arms], np.maximum(risk[rows, arms], 0.0)))
+            self._pending.append((switched[rows, arms], np.maximum(risk[rows, arms], 0.0)))
         self.plays[rows, arms] += 1
         self.last_draft = self._arm_draft[arms].astype(float)
         return arms
@@ -433,26 +433,28 @@ class GammaThompsonSampling(ThompsonSampling):
         """[rows, arms]: whether playing each arm now would change the row's draft."""
         return (self.last_draft[:, None] >= 0) & (self._arm_draft[None, :] != self.last_draft[:, None])
 
-    def _budget_allows(self) -> tuple[np.ndarray, np.ndarray]:
+    def _budget_allows(self, alpha: np.ndarray, beta: np.ndarray, switched: np.ndarray
+                       ) -> tuple[np.ndarray, np.ndarray]:
         """([rows, arms] bool, [rows, arms] tokens): which arms the budget's credit, less what the steps not
         yet settled may lose, lets each row play, and what each arm's step may lose against plain steps of its
-        cost at the acceptance's lower bound (the plain arm: nothing). Without a budget: every arm, no risk."""
+        cost at the acceptance's lower bound (the plain arm: nothing); `alpha`, `beta` the drafts' posterior,
+        `switched` `_switched()`. Without a budget: every arm, no risk."""
         if self.budget is None:
             return np.ones((self._rows, self.n_arms), dtype=bool), np.zeros((self._rows, self.n_arms))
         if self._plain_arm() < 0 or self._costs is None:
             raise ValueError(f"budget={self.budget} needs the arms bound first, the plain arm among them, with step "
                              f"costs (a StepCosts or fixed costs): bind_arms([..., (-1, 0)], costs)")
-        risk = (1.0 - self.budget) * self._cost_ratios(self._switched())[0] - self._lower_tokens()
+        risk = (1.0 - self.budget) * self._cost_ratios(switched)[0] - self._lower_tokens(alpha, beta)
         risk[:, self._plain_arm()] = 0.0  # a plain step makes its one token: it can only earn
-        reserved = sum((entry[2] for entry in self._pending), np.zeros(self._rows))
+        reserved = sum((entry[1] for entry in self._pending), np.zeros(self._rows))
         allowed = (self.banked - reserved)[:, None] >= risk
         allowed[:, self._plain_arm()] = True  # the way back to credit, whatever is left
         return allowed, risk
 
-    def _lower_tokens(self) -> np.ndarray:
+    def _lower_tokens(self, alpha: np.ndarray, beta: np.ndarray) -> np.ndarray:
         """[rows, arms]: each arm's expected tokens per step at its draft's acceptance two posterior standard
-        deviations below the mean (about its 2 % quantile; 1 for the plain arm): what the budget counts on."""
-        alpha, beta = self.draft_posterior()
+        deviations below the mean of Beta(`alpha`, `beta`) (about its 2 % quantile; 1 for the plain arm): what the
+        budget counts on."""
         total = alpha + beta
         return self._tokens_at(np.clip(alpha / total - 2.0 * np.sqrt(alpha * beta / (total * total * (total + 1.0))),
                                        0.0, 1.0))
@@ -483,7 +485,7 @@ class GammaThompsonSampling(ThompsonSampling):
         if self._rows > 1 and counts.shape != (self._rows,):
             raise ValueError(f"num_accepted must hold one count per row ({self._rows}), got {counts.tolist()!r}")
         tokens = (np.full(self._rows, counts.mean()) if self._rows == 1 else counts) + 1.0
-        switched = entry[1] if entry is not None else np.zeros(self._rows, dtype=bool)
+        switched = entry[0] if entry is not None else np.zeros(self._rows, dtype=bool)
         table = np.zeros((self._rows, self.n_arms), dtype=bool)
         table[np.arange(self._rows), arms] = switched
         ratios, known = self._cost_ratios(table)
@@ -618,17 +620,23 @@ def make_policy(name: str, n_arms: int, **kwargs: Any) -> Policy:
 
     Keyword arguments go to the class (seed, batch_size, request_decay, window, discount, ...).
     """
+    cls = policy_class(name)
+    options = policy_options(cls)
+    unknown = sorted(set(kwargs) - set(options))
+    if unknown:
+        raise ValueError(f"policy_kwargs {unknown} are not options of policy {name!r} ({cls.__name__}); "
+                         f"it takes: {', '.join(options)}")
+    return cls(n_arms, **kwargs)
+
+
+def policy_class(name: str) -> type[Policy]:
+    """The policy class a name stands for (case, surrounding spaces and "_" for "-" ignored)."""
     if not isinstance(name, str):
         raise ValueError(f"policy name must be a string, one of {sorted(POLICIES)} (got {name!r})")
     key = name.strip().lower().replace("_", "-")
     if key not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(sorted(POLICIES))}")
-    options = policy_options(POLICIES[key])
-    unknown = sorted(set(kwargs) - set(options))
-    if unknown:
-        raise ValueError(f"policy_kwargs {unknown} are not options of policy {name!r} ({POLICIES[key].__name__}); "
-                         f"it takes: {', '.join(options)}")
-    return POLICIES[key](n_arms, **kwargs)
+    return POLICIES[key]
 
 
 def policy_options(cls: type[Policy]) -> list[str]:

@@ -509,9 +509,11 @@ def build_decoder(args: argparse.Namespace, target: Any, drafts: list[Any], tp: 
 
 def policy_kwargs_of(args: argparse.Namespace) -> dict[str, Any] | None:
     """The policy's options from the command line: --budget, which only the γ-aware Thompson policies take."""
+    from flashspec import bandits
+
     if args.budget is None:
         return None
-    if args.policy.strip().lower() not in ("gamma-ts", "d-gamma-ts"):
+    if "budget" not in bandits.policy_options(bandits.policy_class(args.policy)):
         raise ValueError(f"--budget applies to --policy gamma-ts or d-gamma-ts (a budget against the plain arm), "
                          f"not {args.policy!r}")
     if isinstance(args.budget, float):

@@ -380,7 +380,7 @@ def plain_arm_stream(acceptance: dict[str, dict[str, float]], step_ms: float, pl
     policy from the start (no cost-measuring steps: the most favourable case for it)."""
     drafts = list(acceptance)
     categories = list(acceptance[drafts[0]])
-    arms = [(index, gamma) for index in range(len(drafts))] + [(-1, 0)]
+    arms = [(index, gamma) for index in range(len(drafts))] + [front.PLAIN]
     costs = [step_ms] * len(drafts) + [plain_ms]
     chooser = bandits.make_policy(policy, len(arms), seed=seed, **policy_options)
     chooser.bind_arms(arms, costs)
