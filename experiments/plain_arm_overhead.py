@@ -5,8 +5,8 @@ separates the causes on random weights of that shape, with a random two-layer dr
 agree often, so speculation may pay here: the unbudgeted policy's row shows whether it does): fast plain; the
 speculative decoder with the plain arm beside a γ = 4 arm but a fixed policy on plain (the session's own cost: its
 buffers, bucket choice and commit width); the same with gamma-ts without a budget and with the default budget (the
-policy's cost, and its exploration). Each timed repeat serves the same prompts through every decoder in turn, after an untimed warm-up that
-captures every graph; the JSON is rewritten after every repeat.
+policy's cost, and its exploration). Each timed repeat serves the same prompts through every decoder in turn, after
+an untimed warm-up that captures every graph; the JSON is rewritten after every repeat.
 
     python experiments/plain_arm_overhead.py --out results/plain_arm_overhead_h100.json
 """
