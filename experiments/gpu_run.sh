@@ -11,7 +11,9 @@
 # timed after different preceding calls), prefill (experiments/prefill_profile.py: where a request's prefill goes), profile-plain
 # (experiments/profile_plain.py: the plain step kernel by kernel beside gpt-fast's; GPT_FAST: a carried checkout,
 # default .peers/gpt-fast), peers (experiments/bench_peers.py beside gpt-fast at GPT_FAST and GPT_FAST_SPECULATIVE, default
-# .peers/gpt-fast and .peers/gpt-fast-e2cfa34; PEERS_ARGS: more options, e.g. --shapes ... --timeout ...), bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
+# .peers/gpt-fast and .peers/gpt-fast-e2cfa34; PEERS_ARGS: more options, e.g. --shapes ... --timeout ...;
+# PEERS_TAG: ends its log and JSON names, so one call can run it twice),
+# bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
 # bitsandbytes must be importable), reproduce (flashspec reproduce t4 --source random: the paper's T4 table on this GPU with
 # TinyLlama/68m-shaped random weights, NF4; bitsandbytes must be importable). TESTS: the test files of the tests phase. Time limits (s): TESTS_LIMIT, BENCH_LIMIT, PEERS_LIMIT, NF4_LIMIT, VERIFY_LIMIT, PREFILL_LIMIT; PREFILL_ARGS: more
 # prefill_profile options (e.g. --compile default, as the real-pool runs); VERIFY_ARGS: more bench verify options (e.g.
@@ -82,9 +84,9 @@ for name in "$@"; do
                --gpt-fast "${GPT_FAST:-.peers/gpt-fast}" --timeout "$(( ${PROFILE_LIMIT:-540} - 20 ))" \
                --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/profile_plain_h200.json" ;;
     peers) # shellcheck disable=SC2086  # PEERS_ARGS is a list of options
-           phase "peers_$sha" "${PEERS_LIMIT:-540}" python experiments/bench_peers.py \
+           phase "peers${PEERS_TAG:-}_$sha" "${PEERS_LIMIT:-540}" python experiments/bench_peers.py \
              --gpt-fast "${GPT_FAST:-.peers/gpt-fast}" --gpt-fast-speculative "${GPT_FAST_SPECULATIVE:-.peers/gpt-fast-e2cfa34}" \
-             --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/peers.json" ${PEERS_ARGS:-} ;;
+             --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/peers${PEERS_TAG:-}.json" ${PEERS_ARGS:-} ;;
     plain-arm) phase "plain_arm_overhead_$sha" "${PLAIN_ARM_LIMIT:-300}" python experiments/plain_arm_overhead.py \
                  --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/plain_arm_overhead.json" ${PLAIN_ARM_ARGS:-} ;;
     prefill) phase "prefill_profile_h200_$sha" "${PREFILL_LIMIT:-150}" python -m experiments.prefill_profile \
