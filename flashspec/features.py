@@ -11,9 +11,9 @@ drafted token a step has no target states for the draft's own tokens, so the dra
 The draft is just another draft to the verifier: it proposes tokens with the distribution it samples them
 from, so the output stays exactly the target's (Theorem 1).
 
-On the fast path the target's runner writes the states at every position it processes (`LlamaRunner(...,
+On the fast path the target's runner writes the states raw at every position it processes (`LlamaRunner(...,
 state_layers=...)`), the verify forward included, and a `FeatureRunner` reads them at the positions before
-its window: every position a step's draft reads holds the state of a committed token.
+its window, normalising them as it reads: every position a step's draft reads holds the state of a committed token.
 """
 from __future__ import annotations
 
@@ -163,7 +163,8 @@ def check_feature_layers(feature_layers: Any, depth: int) -> tuple[int, ...]:
 def target_states(target: torch.nn.Module, tokens: torch.Tensor,
                   feature_layers: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """(states [B, C, len(feature_layers) * hidden], logits [B, C, V]) of an HF target on [B, C] tokens: its
-    hidden states at `feature_layers`, each RMS-normalised, concatenated (what `LlamaRunner` writes)."""
+    hidden states at `feature_layers`, each RMS-normalised, concatenated (what a draft reads of `LlamaRunner`'s
+    states: `LlamaRunner.read_states`)."""
     out = target.model(input_ids=tokens, output_hidden_states=True)
     states = [runner.rms_normalise(out.hidden_states[i]) for i in feature_layers]
     return torch.cat(states, -1), target.lm_head(out.last_hidden_state)
@@ -226,10 +227,13 @@ def unroll(draft: FeatureDraft, tokens: torch.Tensor, features: torch.Tensor, de
 
 
 def window_inputs(draft: FeatureDraft, tokens: torch.Tensor, positions: torch.Tensor, states: torch.Tensor,
-                  rows: torch.Tensor) -> torch.Tensor:
+                  rows: torch.Tensor, final: int | None, norm: torch.nn.Module) -> torch.Tensor:
     """`draft`'s input for `tokens` at `positions` of `rows` [B, 1], each fed the target's reduced states at
-    the position before, read from the [B, S, k·hidden] buffer `states` (zeros before position 0)."""
-    before = states[rows, (positions - 1).clamp(min=0)]                              # [B, q, k·hidden]
+    the position before, read from the [B, S, k·hidden] buffer `states` of raw states, normalised as
+    `runner.normalised_states` (`final`, `norm`: the target runner's `final_state_slot` and final norm; zeros
+    before position 0)."""
+    raw = states[rows, (positions - 1).clamp(min=0)]                                 # [B, q, k·hidden]
+    before = runner.normalised_states(raw, len(draft.feature_layers), final, norm)
     before = torch.where((positions > 0)[..., None], before, torch.zeros_like(before))
     return draft.inputs(tokens, before)
 
@@ -288,7 +292,9 @@ class FeatureRunner(runner.LlamaRunner):
         window, fed, _ = self._feature_regions[compiled]
         if self.fed is not None:
             return fed(self.draft, tokens, self.fed)
-        return window(self.draft, tokens, positions, self.source.states, self.source.rows[:tokens.shape[0], None])
+        source = self.source
+        return window(self.draft, tokens, positions, source.states, source.rows[:tokens.shape[0], None],
+                      source.final_state_slot, source.norm)
 
     def output(self, head: Any, x: torch.Tensor, compiled: bool = False) -> torch.Tensor:
         self.last_hidden, logits = self._feature_regions[compiled][2](self.norm, self.lm_head, x, self.logits_dtype)

@@ -201,10 +201,16 @@ def rms_normalise(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + eps).to(x.dtype)
 
 
-def stored_state(x: torch.Tensor, dtype: torch.dtype, norm: torch.nn.Module | None = None) -> torch.Tensor:
-    """A hidden state as the states buffer keeps it: `rms_normalise`d (after the final `norm`, for the
-    state past the last layer), in `dtype`."""
-    return rms_normalise(x if norm is None else norm(x)).to(dtype)
+def normalised_states(raw: torch.Tensor, count: int, final: int | None, norm: torch.nn.Module) -> torch.Tensor:
+    """What a draft reads of `count` hidden states concatenated raw in `raw` [..., count·hidden] (as a runner's
+    `states` buffer keeps them): each one `rms_normalise`d, state `final` (the one past the last layer, if
+    any) after the final `norm` first. Reads normalise, not writes: a write is then one copy per state at every
+    target forward, plain steps included, and the normalisation runs once per drafting step that reads."""
+    if final is None:
+        return rms_normalise(raw.unflatten(-1, (count, -1))).flatten(-2)
+    parts = list(raw.chunk(count, dim=-1))
+    parts[final] = norm(parts[final])
+    return rms_normalise(torch.stack(parts, dim=-2)).flatten(-2)
 
 
 def project_qkv(layer: torch.nn.Module, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
@@ -259,8 +265,8 @@ FORWARD_OPTIONS = {"coordinate_descent_tuning": True}
 RECOMPILE_LIMIT = 128
 
 
-def compile_regions(mode: str = "default") -> tuple[Any, Any, Any, Any]:
-    """`project_qkv`, `finish_layer`, `project_logits`, `stored_state` through torch.compile (static shapes).
+def compile_regions(mode: str = "default") -> tuple[Any, Any, Any]:
+    """`project_qkv`, `finish_layer`, `project_logits` through torch.compile (static shapes).
 
     Regional compilation: attention stays outside (SDPA over the host-chosen bucket, whose length
     would otherwise recompile the model per bucket), and the per-layer regions are compiled once per
@@ -268,7 +274,7 @@ def compile_regions(mode: str = "default") -> tuple[Any, Any, Any, Any]:
     inputs rather than constants (torch >= 2.5). Fusion removes most of the small kernels (norms,
     RoPE, SiLU, residuals) that dominate a graph-replayed decode step.
     """
-    return tuple(compile_region(fn, mode) for fn in (project_qkv, finish_layer, project_logits, stored_state))
+    return tuple(compile_region(fn, mode) for fn in (project_qkv, finish_layer, project_logits))
 
 
 def compile_region(fn: Any, mode: str = "default", options: dict[str, Any] | None = None) -> Any:
@@ -350,11 +356,11 @@ class LlamaRunner:
             eager attention over the bucket.
         compile_lengths: the query lengths q that run compiled (the decode and verify shapes);
             other calls (prefill, draft catch-up) run the same code eagerly.
-        state_layers: hidden states every forward also writes, RMS-normalised and concatenated, into
-            `states` [max_batch, max_len + 1, len(state_layers) * hidden] at the call's positions, for drafts
-            that read the target's states (`flashspec.features`). Indices as in HF's `hidden_states`: 0 the
-            embeddings, i the output of decoder layer i (1-based), -1 (or the layer count) the final normed
-            state. Empty (default): no buffer, nothing written.
+        state_layers: hidden states every forward also writes, raw and concatenated, into `states`
+            [max_batch, max_len + 1, len(state_layers) * hidden] at the call's positions, for drafts that read
+            the target's states (`flashspec.features`), RMS-normalised as they read them (`read_states`).
+            Indices as in HF's `hidden_states`: 0 the embeddings, i the output of decoder layer i (1-based),
+            -1 (or the layer count) the final normed state. Empty (default): no buffer, nothing written.
     """
 
     def __init__(self, model: torch.nn.Module, max_batch: int, max_len: int,
@@ -461,18 +467,17 @@ class LlamaRunner:
         groups = self.num_heads // self.num_kv_heads
         mask = fold_mask(visible, groups) if fold and groups > 1 else visible
         rows = self.rows[:batch, None]                                  # [B, 1]
-        qkv, finish, head, state = self._compiled if compiled else (project_qkv, finish_layer, project_logits,
-                                                                     stored_state)
+        qkv, finish, head = self._compiled if compiled else (project_qkv, finish_layer, project_logits)
         heads = (self.num_heads, self.num_kv_heads, self.head_dim)
-        self._write_state(state, 0, x, rows, positions)
+        self._write_state(0, x, rows, positions)
         for index, (layer, fused) in enumerate(zip(self.layers, self.fused)):
             q, k, v = qkv(layer, x, cos, sin, heads, fused)
             self.cache.write(index, rows, write_slots, k, v)
             keys, values = self.cache.read(index, batch, bucket)
             x = finish(layer, x, attend(q, keys, values, mask, self.scale, fold), fused)
             if index + 1 < len(self.layers):
-                self._write_state(state, index + 1, x, rows, positions)
-        self._write_state(state, len(self.layers), x, rows, positions, self.norm)
+                self._write_state(index + 1, x, rows, positions)
+        self._write_state(len(self.layers), x, rows, positions)
         if logits_index is not None:
             x = x.gather(1, logits_index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [B, k, hidden]
         return self.output(head, x, compiled)                            # [B, q or k, V]
@@ -533,15 +538,25 @@ class LlamaRunner:
         """Logits of the last layer's output `x` through `head` (`project_logits`, compiled or not)."""
         return head(self.norm, self.lm_head, x, self.logits_dtype)
 
-    def _write_state(self, state: Any, index: int, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor,
-                     norm: torch.nn.Module | None = None) -> None:
-        """Store hidden state `index` (`state_layers`) at `positions` of `rows` in `states`, as `state`
-        (`stored_state`, compiled or not) gives it."""
+    def _write_state(self, index: int, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> None:
+        """Store hidden state `index` (`state_layers`) of the layers' output `x` at `positions` of `rows` in
+        `states`, raw (`read_states` normalises what a draft reads)."""
         if index not in self.state_layers:
             return
         width = x.shape[-1]
         slot = self.state_layers.index(index)
-        self.states[:, :, slot * width:(slot + 1) * width][rows, positions] = state(x, self.dtype, norm)
+        self.states[:, :, slot * width:(slot + 1) * width][rows, positions] = x.to(self.dtype)
+
+    @property
+    def final_state_slot(self) -> int | None:
+        """Which of `states`' slots holds the state past the last layer (read after the final norm), if any."""
+        depth = len(self.layers)
+        return self.state_layers.index(depth) if depth in self.state_layers else None
+
+    def read_states(self, raw: torch.Tensor) -> torch.Tensor:
+        """The states a draft reads from `raw` [..., k·hidden], read from `states` (`normalised_states`): what HF's
+        `hidden_states` at `state_layers` give, each RMS-normalised."""
+        return normalised_states(raw, len(self.state_layers), self.final_state_slot, self.norm)
 
     __call__ = forward
 

@@ -49,12 +49,39 @@ def test_the_target_runner_writes_the_states_hf_computes(target):
     for row in range(3):
         tokens = real_tokens(row)
         expected, _ = target_states(target, tokens, STATES)
-        assert torch.allclose(run.states[row, :tokens.shape[1]], expected[0], atol=1e-5), row
+        assert torch.allclose(run.read_states(run.states[row, :tokens.shape[1]]), expected[0], atol=1e-5), row
     hidden = target.config.hidden_size
-    for chunk in run.states[0, :4].split(hidden, dim=-1):  # each state at unit RMS
+    for chunk in run.read_states(run.states[0, :4]).split(hidden, dim=-1):  # each state at unit RMS
         assert torch.allclose(chunk.pow(2).mean(-1), torch.ones(4), atol=1e-4)
     with pytest.raises(ValueError, match="state_layers"):
         runner.LlamaRunner(target, max_batch=1, max_len=8, state_layers=(3,))
+
+
+def test_writing_the_states_costs_one_copy_per_state(target):
+    """Every target forward writes the states, plain steps included, so a write is one copy per state (the draft
+    normalises what it reads): a forward with three state layers runs three more ops than one with none, not the
+    two dozen of normalising at the write (each one a kernel launch in a plain step's graph)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if torch.Tag.view_copy not in func.tags and not func.is_view:
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    def ops(state_layers: tuple[int, ...]) -> int:
+        run = runner.LlamaRunner(target, max_batch=1, max_len=32, state_layers=state_layers)
+        tokens, positions = torch.zeros((1, 1), dtype=torch.long), torch.full((1, 1), 3)
+        run.forward(tokens, positions, 16)
+        with Ops() as counted:
+            run.forward(tokens, positions, 16)
+        return counted.count
+
+    assert ops(STATES) - ops(()) == len(STATES)
 
 
 def test_the_draft_runner_reads_the_states_as_the_drafts_own_forward(target, feature_draft):
@@ -153,8 +180,8 @@ def test_greedy_with_a_feature_draft_equals_the_targets_greedy_generate(target, 
         states, _ = target_states(target, tokens, STATES)
         _, expected = feature_draft(tokens, torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], 1))
         assert torch.allclose(logits[row], expected[0, -1], atol=1e-4), row
-    # compiled, the target's stored states and the feature draft's own pieces ran compiled, beside the body's regions
-    expected_calls = {"stored_state", "window_inputs", "fed_inputs", "hidden_and_logits", "project_qkv"}
+    # compiled, the feature draft's own pieces ran compiled, beside the body's regions
+    expected_calls = {"window_inputs", "fed_inputs", "hidden_and_logits", "project_qkv"}
     if compile == "forward":  # the target's forward whole; a feature draft always compiles regions
         expected_calls = {"_layers", "window_inputs", "fed_inputs", "hidden_and_logits", "project_qkv"}
     assert expected_calls <= set(calls) if compile else not calls, calls
@@ -335,12 +362,13 @@ def test_graphed_fast_path_with_a_feature_draft_on_gpu(target, feature_draft, co
     result = decoder.generate(PROMPTS.cuda(), attention_mask=MASK.cuda(), max_new_tokens=12,
                               sampling=fs.SamplingParams(0.0))
     session = decoder._session
-    lengths, seq, states = session.buffers.lengths, session.buffers.seq, session.target.states
+    lengths, seq, target_run = session.buffers.lengths, session.buffers.seq, session.target
     for row in range(3):
         tokens = seq[row:row + 1, :int(lengths[row]) - 1]  # every token the target has processed
         expected, _ = target_states(gpu_target, tokens, STATES)
         # loose: TF32 may be on in this process; stale or missing states would be off by O(1)
-        assert torch.allclose(states[row, :tokens.shape[1]].float(), expected[0].float(), atol=2e-2), row
+        read = target_run.read_states(target_run.states[row, :tokens.shape[1]])
+        assert torch.allclose(read.float(), expected[0].float(), atol=2e-2), row
     # greedy through the graphs is the GPU target's own greedy generate (row 2 stops at EOS after two tokens)
     expected = gpu_target.generate(PROMPTS.cuda(), attention_mask=MASK.cuda(), max_new_tokens=12, do_sample=False,
                                    eos_token_id=2, pad_token_id=2)
