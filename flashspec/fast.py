@@ -19,7 +19,8 @@ the host taken off the critical path (the step itself lives in `flashspec.fast_s
   are captured: by default the whole forward as one graph with fused projections (`compile_scope="forward"`),
   or each layer's dense regions (`"regions"`, quicker to compile); see `runner.LlamaRunner`.
 - On CUDA, each (arm, attention bucket) step is captured once as a CUDA graph and replayed, and so is
-  each runner's prefill per (batch, width bucket) (`runner.LlamaRunner.prefill(graphed=True)`).
+  each prefilled runner's prefill per (batch, width bucket) (`runner.LlamaRunner.prefill(graphed=True)`;
+  under lazy sync only the target is prefilled).
 - Adaptive γ (`gammas=`): the arms are (draft, γ) pairs. Each arm's step graph has its own query
   lengths (the draft's γ+1 window, the target's γ+1 verify); the buffers are sized by the largest
   γ, the commit always takes that width (shorter arms pad with -1, never emitted), and a lazy draft
@@ -89,8 +90,9 @@ class FastSpeculativeDecoder(Front):
         backend: verify backend on CUDA, "triton" (default when available) or "torch".
         verify_method: as for `SpeculativeDecoder`: "token" (default) or "block" (block verification).
         draft_sync: "lazy" (only the chosen draft runs; a draft chosen after k steps away catches
-            up over the at most k·(γ+1) tokens it missed in one forward) or "all" (every model
-            draft re-reads the last γ+1 tokens every step).
+            up over the at most k·(γ+1) tokens it missed in one forward, and a model draft is not
+            prefilled: its first step of a request catches up over the whole context) or "all" (every
+            model draft is prefilled and re-reads the last γ+1 tokens every step).
         compile: torch.compile the models' forwards and the step's small pieces (True, or a mode
             in `runner.COMPILE_MODES`); costs seconds to minutes per new shape, once per process.
         compile_scope: what `compile` compiles, one of `runner.COMPILE_SCOPES`: "forward" (default: each
@@ -189,8 +191,9 @@ class FastSpeculativeDecoder(Front):
         session's capacity are capped at it), every graph a step can replay while
         its longest row holds one of `lengths` tokens: each arm's step at that length's attention bucket and,
         for a model draft under lazy sync, its catch-up at every length the step loop can ask for there
-        (`catch_up_tokens`: powers of two, capped at the bucket), and each runner's prefill of a prompt
-        whose width falls in one of those buckets. A timed stream served afterwards in that session captures
+        (`catch_up_tokens`: powers of two, capped at the bucket), and the prefill of a prompt whose width
+        falls in one of those buckets of each runner a prefill fills (the target's; the drafts' under
+        `draft_sync="all"`). A timed stream served afterwards in that session captures
         nothing, whichever arms its policy picks and whatever its prompts' widths below the largest length.
         Nothing is committed: the captures run frozen, at a fill that fits each bucket, and the buffers are
         put back. Returns the graphs captured (0 without graphs)."""

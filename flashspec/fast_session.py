@@ -203,13 +203,13 @@ class Session:
     # ------------------------------------------------------------------------------- request set-up
     def prefill(self, input_ids: torch.Tensor, mask: torch.Tensor, budgets: list[int], seed: int,
                 pad_id: int) -> list[int]:
-        """Fill every cache with the prompts and the buffers with the request (one host read of the
-        prompt lengths, before the first step). With graphs, each runner's prefill replays a graph per
+        """Fill the caches of `prefilled` with the prompts and the buffers with the request (one host read of the
+        prompt lengths, before the first step). With graphs, each such runner's prefill replays a graph per
         (batch, width bucket); `prefill_captures` says how many this call captured."""
         buffers = self.buffers
         before = self.prefill_graphs
         _, lengths = self.target.prefill(input_ids, mask, graphed=self.use_graphs)
-        for draft in self.runners()[1:]:
+        for draft in self.prefilled()[1:]:
             draft.prefill(input_ids, mask, graphed=self.use_graphs)
         self.prefill_captures = self.prefill_graphs - before
         width = input_ids.shape[1]
@@ -405,6 +405,12 @@ class Session:
         """The target's runner, then each model draft's (prompt-lookup drafts have none)."""
         return [self.target, *(d for d in self.drafts if isinstance(d, runner.LlamaRunner))]
 
+    def prefilled(self) -> list[runner.LlamaRunner]:
+        """The runners a request's prefill fills: the target's, and every model draft's under `draft_sync="all"`.
+        A lazily synced draft reads the whole context in the catch-up before its first step instead (`run`), so a
+        draft the policy does not play in a request costs it nothing."""
+        return self.runners() if self.sync_all else [self.target]
+
     @property
     def prefill_graphs(self) -> int:
         """Prefill graphs this session's runners hold, one per runner and width bucket (the fast path
@@ -438,7 +444,7 @@ class Session:
                         if key not in self.graphs:
                             self.graphs[key] = self._capture(run)
                             captured += 1
-                for model in self.runners():  # a prompt whose width has this bucket: its prefill's graph
+                for model in self.prefilled():  # a prompt whose width has this bucket: its prefill's graph
                     model.prefill_graph(self.batch, bucket)  # its warm-ups write the scratch slot only
         finally:
             b.lengths.copy_(saved)
@@ -480,8 +486,9 @@ class Session:
         known_max = width  # the longest row as of the last step read
         # Per draft model (arms sharing a draft share its cache): at most how many tokens were appended
         # since its cache was last complete: the γ+1 of each step from its last run on (1 for a plain step);
-        # the prefill counts as a step of the largest γ (with one γ: the draft is (steps away)·(γ+1) behind).
-        behind = [self.max_gamma + 1] * len(self.drafts)
+        # the prefill counts as a step of the largest γ (with one γ: the draft is (steps away)·(γ+1) behind). A draft
+        # the prefill left out (`prefilled`) is behind by everything: its first catch-up reads the whole bucket.
+        behind = [self.max_gamma + 1 if self.sync_all else self.capacity + self.max_gamma + 1] * len(self.drafts)
         read = 0
 
         def consume() -> bool:

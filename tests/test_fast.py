@@ -238,8 +238,9 @@ def test_catch_up_length():
 
 def test_lazy_drafts_catch_up_after_a_switch(pool):
     """A draft chosen again after 4 steps away re-reads the <= 12 older tokens it missed (16, a power
-    of two) before its window: greedy still equals the target's greedy decoding, whichever draft
-    runs, and the catch-ups really occur."""
+    of two) before its window, and a draft's first step of a request (lazy drafts are not prefilled) reads the
+    whole context (32, its bucket): greedy still equals the target's greedy decoding, whichever draft runs,
+    and the catch-ups really occur. A draft the policy never plays is never run."""
     target, near, far = pool
 
     prompts = torch.tensor([[0, 0, 5, 6, 7], [0, 3, 7, 3, 9]])
@@ -251,7 +252,12 @@ def test_lazy_drafts_catch_up_after_a_switch(pool):
         result = decoder.generate(prompts, attention_mask=mask, max_new_tokens=24, sampling=fs.SamplingParams(0.0))
         assert torch.equal(result.sequences, expected), sync
         catch_ups = decoder._session.catch_ups
-        assert (max(catch_ups) == 16 and 0 in catch_ups) if sync == "lazy" else not catch_ups, (sync, catch_ups)
+        assert ({16, 32} <= set(catch_ups) and 0 in catch_ups) if sync == "lazy" else not catch_ups, (sync, catch_ups)
+    decoder = FastSpeculativeDecoder(target, [near, far], policy="fixed", gamma=3)
+    result = decoder.generate(prompts, attention_mask=mask, max_new_tokens=24, sampling=fs.SamplingParams(0.0))
+    assert torch.equal(result.sequences, expected)
+    unplayed = decoder._session.drafts[1]
+    assert not any(store.any() for store in unplayed.cache.k + unplayed.cache.v)  # neither prefilled nor run
 
 
 SYNC_CASES = [(params, "lazy") for params in SETTINGS] + [(SETTINGS[0], "all")]
