@@ -6,7 +6,10 @@ agree often, so speculation may pay here: the unbudgeted policy's row shows whet
 speculative decoder with the plain arm beside a γ = 4 arm but a fixed policy on plain (the session's own cost: its
 buffers, bucket choice and commit width); the same with gamma-ts without a budget and with the default budget (the
 policy's cost, and its exploration). Each timed repeat serves the same prompts through every decoder in turn, after
-an untimed warm-up that captures every graph; the JSON is rewritten after every repeat.
+an untimed warm-up that captures every graph; the JSON is rewritten after every repeat. `--feature-draft` adds a
+feature draft (`flashspec.features.FeatureDraft`, one layer copied from the target, reading states 3, 15 and the
+final one, as the real pool's) to every speculative decoder's pool, so their target also writes its states at
+every step, plain ones included.
 
     python experiments/plain_arm_overhead.py --out results/plain_arm_overhead_h100.json
 """
@@ -25,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import flashspec as fs  # noqa: E402
 from flashspec import models  # noqa: E402
+from flashspec.features import FeatureDraft  # noqa: E402
 from flashspec.fast import FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
 from flashspec.front import PLAIN  # noqa: E402
 from flashspec_lab import cli_checks, peers, provenance  # noqa: E402
@@ -32,14 +36,15 @@ from flashspec_lab import cli_checks, peers, provenance  # noqa: E402
 DECODERS = ("fast_plain", "plain_arm_fixed", "gamma_ts_no_budget", "gamma_ts_budget")
 
 
-def make(name: str, target: torch.nn.Module, draft: torch.nn.Module) -> Any:
-    """The decoder `name` of DECODERS; the speculative ones have the arms (draft, 4) and plain (index 1)."""
+def make(name: str, target: torch.nn.Module, drafts: list[torch.nn.Module]) -> Any:
+    """The decoder `name` of DECODERS; the speculative ones have the arms (draft, 4) per draft and plain (the last)."""
     if name == "fast_plain":
         return FastPlainDecoder(target)
     if name == "plain_arm_fixed":
-        return FastSpeculativeDecoder(target, [draft], policy="fixed", gammas=[0, 4], policy_kwargs={"arm": 1})
+        return FastSpeculativeDecoder(target, drafts, policy="fixed", gammas=[0, 4],
+                                      policy_kwargs={"arm": len(drafts)})
     budget = None if name == "gamma_ts_no_budget" else "auto"
-    return FastSpeculativeDecoder(target, [draft], policy="gamma-ts", gammas=[0, 4],
+    return FastSpeculativeDecoder(target, drafts, policy="gamma-ts", gammas=[0, 4],
                                   policy_kwargs={"seed": 0, "budget": budget})
 
 
@@ -70,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompt-tokens", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--feature-draft", action="store_true",
+                        help="a feature draft beside the token draft in the speculative decoders' pool")
     parser.add_argument("--smoke", action="store_true", help="tiny shapes on the CPU, one repeat: checks it runs")
     parser.add_argument("--git-sha", default=None)
     args = parser.parse_args(argv)
@@ -84,11 +91,15 @@ def main(argv: list[str] | None = None) -> int:
         num_layers=2)
     target = models.model_from_config(shape, seed=1, dtype=dtype, device=device)
     draft = models.model_from_config(draft_shape, seed=2, dtype=dtype, device=device)
+    drafts = [draft]
+    if args.feature_draft:
+        states = (3, 15, -1) if shape.num_hidden_layers > 15 else (1, -1)  # the smoke shape has 2 layers
+        drafts.append(FeatureDraft.from_target(target, (0,), states).to(device=device, dtype=dtype).eval())
     prompts = [peers.prompt_ids(args.prompt_tokens, shape.vocab_size, seed=seed).to(device)
                for seed in range(args.requests)]
     record = provenance.record(git_sha=args.git_sha)
     settings = {**vars(args), "device": str(device), "decoders": list(DECODERS)}
-    decoders = {name: make(name, target, draft) for name in DECODERS}
+    decoders = {name: make(name, target, drafts) for name in DECODERS}
     results: dict[str, Any] = {"warm_up_s": {}, "runs": {name: [] for name in DECODERS}}
     for name, decoder in decoders.items():  # the untimed stream captures every graph the timed ones replay
         results["warm_up_s"][name] = serve(decoder, prompts, args.new_tokens)["seconds"]
