@@ -11,7 +11,8 @@ def test_plain_arm_overhead_smoke_run_records_every_decoder(tmp_path: Path, feat
 
     out = tmp_path / "overhead.json"
     options = ["--feature-draft"] if feature else []
-    assert plain_arm_overhead.main(["--out", str(out), "--smoke", "--requests", "2", "--new-tokens", "6", *options]) == 0
+    options = ["--out", str(out), "--smoke", "--requests", "2", "--new-tokens", "6"] + options
+    assert plain_arm_overhead.main(options) == 0
     results = json.loads(out.read_text())["results"]
     assert set(results["runs"]) == set(plain_arm_overhead.DECODERS)
     assert results["tok_s_over_fast_plain"]["fast_plain"] == 1.0
