@@ -10,7 +10,8 @@
 # PROFILE_TAG ends its file names, e.g. _triton39), interference (experiments/verify_interference.py: the eager step
 # timed after different preceding calls), prefill (experiments/prefill_profile.py: where a request's prefill goes), profile-plain
 # (experiments/profile_plain.py: the plain step kernel by kernel beside gpt-fast's; GPT_FAST: a carried checkout,
-# default .peers/gpt-fast), peers (experiments/bench_peers.py beside gpt-fast at GPT_FAST and GPT_FAST_SPECULATIVE, default
+# default .peers/gpt-fast; PROFILE_ARGS: more options, e.g. --shapes llama-2-7b),
+# peers (experiments/bench_peers.py beside gpt-fast at GPT_FAST and GPT_FAST_SPECULATIVE, default
 # .peers/gpt-fast and .peers/gpt-fast-e2cfa34; PEERS_ARGS: more options, e.g. --shapes ... --timeout ...;
 # PEERS_TAG: ends its log and JSON names, so one call can run it twice),
 # bench-nf4 (bench_fast with the target in bitsandbytes NF4, B=1, 128 tokens;
@@ -80,9 +81,10 @@ for name in "$@"; do
            --out "$OUT/verify_ncu_h200.json" ;;
     reproduce) phase "reproduce_t4_$sha" "${REPRODUCE_LIMIT:-300}" python -m experiments.reproduce_t4 --source random \
                --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/reproduce_t4_h200_random.json" ;;
-    profile-plain) phase "profile_plain_$sha" "${PROFILE_LIMIT:-540}" python experiments/profile_plain.py \
+    profile-plain) # shellcheck disable=SC2086  # PROFILE_ARGS is a list of options
+                   phase "profile_plain_$sha" "${PROFILE_LIMIT:-540}" python experiments/profile_plain.py \
                --gpt-fast "${GPT_FAST:-.peers/gpt-fast}" --timeout "$(( ${PROFILE_LIMIT:-540} - 20 ))" \
-               --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/profile_plain_h200.json" ;;
+               --git-sha "$FLASHSPEC_GIT_SHA" --out "$OUT/profile_plain_h200.json" ${PROFILE_ARGS:-} ;;
     peers) # shellcheck disable=SC2086  # PEERS_ARGS is a list of options
            phase "peers${PEERS_TAG:-}_$sha" "${PEERS_LIMIT:-540}" python experiments/bench_peers.py \
              --gpt-fast "${GPT_FAST:-.peers/gpt-fast}" --gpt-fast-speculative "${GPT_FAST_SPECULATIVE:-.peers/gpt-fast-e2cfa34}" \
