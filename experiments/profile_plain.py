@@ -64,7 +64,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--out", default=None, help="JSON file to write (rewritten as processes finish)")
     parser.add_argument("--shapes", nargs="+", default=list(peers.SHAPES), choices=list(peers.SHAPES))
     parser.add_argument("--systems", nargs="+", default=["flashspec", "gpt-fast"], choices=["flashspec", "gpt-fast"])
-    parser.add_argument("--variants", nargs="+", default=list(step_profile.VARIANTS), choices=step_profile.VARIANTS)
+    parser.add_argument("--variants", nargs="+", default=["default", "math"], choices=step_profile.VARIANTS,
+                        help="FlashSpec's forward variants (step_profile.VARIANTS), each a process per shape")
     parser.add_argument("--gpt-fast", type=Path, default=None, help="a checkout of pytorch-labs/gpt-fast")
     parser.add_argument("--compile", default="default", choices=["default", "max-autotune-no-cudagraphs", "none"])
     parser.add_argument("--new-tokens", type=int, default=256)

@@ -30,16 +30,24 @@ from flashspec import runner
 from flashspec.fast import FastPlainDecoder
 from flashspec_lab import peers
 
-VARIANTS = ("default", "math")  # FlashSpec's forward: SDPA as the library picks it; SDPA's math backend
+# FlashSpec's forward: SDPA as the library picks it; SDPA's math backend; the one-row matmuls left to cuBLAS
+# (inductor's coordinate-descent tuning otherwise turns each into a generated reduction, as gpt-fast's too); the
+# whole forward compiled without coordinate-descent tuning (which also leaves them to cuBLAS)
+VARIANTS = ("default", "math", "cublas-mm", "no-cdt")
 
 
 @contextlib.contextmanager
 def variant(name: str) -> Iterator[None]:
-    """FlashSpec's forward with `name`'s change in place (see VARIANTS)."""
+    """FlashSpec's forward with `name`'s change in place (see VARIANTS). The compile variants turn inductor's
+    on-disk graph cache off: it would not tell their graphs from the default's."""
     if name not in VARIANTS:
         raise ValueError(f"variant must be one of {VARIANTS}, got {name!r}")
     if name == "default":
         yield
+        return
+    if name in ("cublas-mm", "no-cdt"):
+        with compile_variant(name):
+            yield
         return
     from torch.nn.attention import SDPBackend, sdpa_kernel  # noqa: PLC0415
 
@@ -55,6 +63,29 @@ def variant(name: str) -> Iterator[None]:
         yield
     finally:
         runner.attend = original
+
+
+@contextlib.contextmanager
+def compile_variant(name: str) -> Iterator[None]:
+    """"cublas-mm": inductor's decomposition of a matmul into a reduction removed while inside; "no-cdt": the
+    whole-forward compile without coordinate-descent tuning (`runner.FORWARD_OPTIONS`)."""
+    from torch._inductor import config, decomposition  # noqa: PLC0415
+
+    removed: dict[Any, Any] = {}
+    options = runner.FORWARD_OPTIONS
+    if name == "cublas-mm":
+        removed = {op: decomposition.decompositions.pop(op) for op in [torch.ops.aten.mm.default]
+                   if op in decomposition.decompositions}
+        decomposition.fast_random_decomps.cache_clear()  # the table inductor reads is built once and cached
+    else:
+        runner.FORWARD_OPTIONS = {key: value for key, value in options.items() if key != "coordinate_descent_tuning"}
+    try:
+        with config.patch(fx_graph_cache=False):
+            yield
+    finally:
+        decomposition.decompositions.update(removed)
+        decomposition.fast_random_decomps.cache_clear()
+        runner.FORWARD_OPTIONS = options
 
 
 def kernel_table(profile: torch.profiler.profile, steps: int, top: int = 40) -> dict[str, Any]:

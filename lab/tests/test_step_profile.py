@@ -26,6 +26,17 @@ def test_math_variant_computes_the_same_forward():
             pass
 
 
+def test_compile_variants_change_inductor_only_inside():
+    from torch._inductor import decomposition
+
+    mm, options = torch.ops.aten.mm.default, dict(runner.FORWARD_OPTIONS)
+    with step_profile.variant("cublas-mm"):
+        assert mm not in decomposition.fast_random_decomps() and runner.FORWARD_OPTIONS == options
+    with step_profile.variant("no-cdt"):
+        assert "coordinate_descent_tuning" not in runner.FORWARD_OPTIONS
+    assert mm in decomposition.fast_random_decomps() and runner.FORWARD_OPTIONS == options
+
+
 def test_kernel_table_counts_per_step():
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profile:
         torch.ones(3).add_(1)
