@@ -253,6 +253,7 @@ class GammaThompsonSampling(ThompsonSampling):
         self._arm_draft = np.arange(int(n_arms)) if isinstance(n_arms, (int, np.integer)) else np.zeros(0, int)
         self._n_drafts = len(self._arm_draft)
         self._arm_gamma = np.ones_like(self._arm_draft)
+        self._plain = -1  # the plain arm's index (-1: none), kept with `_arm_gamma`
         self._costs: Any = None
         super().__init__(n_arms, **kwargs)
         if arms is not None:
@@ -277,6 +278,7 @@ class GammaThompsonSampling(ThompsonSampling):
         self._arm_draft = np.where(plain, len(real), np.searchsorted(real, drafts))
         self._n_drafts = len(real)
         self._arm_gamma = np.array([pair[1] for pair in pairs], dtype=np.int64)
+        self._plain = int(np.flatnonzero(plain)[0]) if plain.any() else -1
         self._costs = costs
         if self.budget_option == "auto":
             self.budget = AUTO_BUDGET if plain.any() and costs is not None else None
@@ -407,9 +409,8 @@ class GammaThompsonSampling(ThompsonSampling):
         return arms
 
     def _plain_arm(self) -> int:
-        """The plain arm's index (-1 when the arms have none)."""
-        where = np.flatnonzero(self._arm_gamma == 0)
-        return int(where[0]) if len(where) else -1
+        """The plain arm's index (-1 when the arms have none): read several times a step, so kept by `bind_arms`."""
+        return self._plain
 
     def _cost_ratios(self, switched: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """([rows, arms] ratios, [rows, arms] bool): each arm's estimated step cost over the plain arm's, as a step
