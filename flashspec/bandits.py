@@ -333,15 +333,21 @@ class GammaThompsonSampling(ThompsonSampling):
             return np.isnan(self.arm_costs())
         return np.array(self._costs.steps["all"]) < self.min_cost_steps
 
-    def _row_costs(self, flat: np.ndarray) -> np.ndarray:
-        """[rows, arms]: each arm's cost from where each row is, its switching cost where its draft is not
-        the row's last one (a `StepCosts` source), else `flat` (`arm_costs`); measured costs are drawn
-        about their estimate (the class docstring)."""
-        if not self._measured():
-            return np.broadcast_to(flat, (self._rows, self.n_arms))
-        switched = (self.last_draft[:, None] >= 0) & (self._arm_draft[None, :] != self.last_draft[:, None])
+    def _stay_go(self) -> tuple[np.ndarray, np.ndarray]:
+        """([arms], [arms]): each arm's measured cost as a step that keeps the draft and as one that changes it
+        (NaN where not measured yet); a `StepCosts` source only (`_measured`)."""
         stay, go = (np.array([np.nan if c is None else c for c in self._costs.costs_when(kind)])
                     for kind in (False, True))
+        return stay, go
+
+    def _row_costs(self, flat: np.ndarray, switched: np.ndarray, stay_go: tuple[np.ndarray, np.ndarray] | None
+                   ) -> np.ndarray:
+        """[rows, arms]: each arm's cost from where each row is, its switching cost where its draft is not
+        the row's last one (`switched`, with `stay_go` from a `StepCosts` source), else `flat` (`arm_costs`);
+        measured costs are drawn about their estimate (the class docstring)."""
+        if stay_go is None:
+            return np.broadcast_to(flat, (self._rows, self.n_arms))
+        stay, go = stay_go
         costs = np.where(switched, go, stay)
         spread = self._costs.spread()
         if not spread:
@@ -394,14 +400,16 @@ class GammaThompsonSampling(ThompsonSampling):
         unknown = self._under_measured()
         plain = self._plain_arm()
         switched = self._switched()
-        allowed, risk = self._budget_allows(alpha, beta, switched)
+        stay_go = self._stay_go() if self._measured() else None  # read once: the budget and the choice use them
+        allowed, risk = self._budget_allows(alpha, beta, switched, stay_go)
         if self.budget is not None and unknown[plain]:  # the budget's yardstick first: plain steps risk nothing
             arms = np.full(self._rows, plain)
         elif unknown.any():  # measure every arm's cost before comparing: the least played such arm
             arms = np.argmin(np.where(unknown, self.plays, np.inf), axis=1)
             arms = np.where(allowed[rows, arms], arms, plain)
         else:  # the most tokens per unit cost among the arms the budget allows
-            arms = np.argmax(np.where(allowed, tokens / self._row_costs(self.arm_costs()), -np.inf), axis=1)
+            costs = self._row_costs(self.arm_costs(), switched, stay_go)
+            arms = np.argmax(np.where(allowed, tokens / costs, -np.inf), axis=1)
         if self.budget is not None:  # the choice's risk is reserved until its step is read
             self._pending.append((switched[rows, arms], np.maximum(risk[rows, arms], 0.0)))
         self.plays[rows, arms] += 1
@@ -412,13 +420,14 @@ class GammaThompsonSampling(ThompsonSampling):
         """The plain arm's index (-1 when the arms have none): read several times a step, so kept by `bind_arms`."""
         return self._plain
 
-    def _cost_ratios(self, switched: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _cost_ratios(self, switched: np.ndarray, stay_go: tuple[np.ndarray, np.ndarray] | None
+                     ) -> tuple[np.ndarray, np.ndarray]:
         """([rows, arms] ratios, [rows, arms] bool): each arm's estimated step cost over the plain arm's, as a step
         that changes draft (`switched` [rows, arms]) or keeps it, and where that estimate is measured; an arm not
-        measured yet (or any arm before the plain one is) counts as γ + 1 plain steps."""
-        if self._measured():
-            stay, go = (np.array([np.nan if c is None else c for c in self._costs.costs_when(kind)])
-                        for kind in (False, True))
+        measured yet (or any arm before the plain one is) counts as γ + 1 plain steps. `stay_go`: `_stay_go()`
+        with measured costs, else None."""
+        if stay_go is not None:
+            stay, go = stay_go
             costs = np.where(switched, go, stay)
             plain_cost = stay[self._plain_arm()]
         else:
@@ -434,18 +443,18 @@ class GammaThompsonSampling(ThompsonSampling):
         """[rows, arms]: whether playing each arm now would change the row's draft."""
         return (self.last_draft[:, None] >= 0) & (self._arm_draft[None, :] != self.last_draft[:, None])
 
-    def _budget_allows(self, alpha: np.ndarray, beta: np.ndarray, switched: np.ndarray
-                       ) -> tuple[np.ndarray, np.ndarray]:
+    def _budget_allows(self, alpha: np.ndarray, beta: np.ndarray, switched: np.ndarray,
+                       stay_go: tuple[np.ndarray, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray]:
         """([rows, arms] bool, [rows, arms] tokens): which arms the budget's credit, less what the steps not
         yet settled may lose, lets each row play, and what each arm's step may lose against plain steps of its
         cost at the acceptance's lower bound (the plain arm: nothing); `alpha`, `beta` the drafts' posterior,
-        `switched` `_switched()`. Without a budget: every arm, no risk."""
+        `switched` `_switched()`, `stay_go` as for `_cost_ratios`. Without a budget: every arm, no risk."""
         if self.budget is None:
             return np.ones((self._rows, self.n_arms), dtype=bool), np.zeros((self._rows, self.n_arms))
         if self._plain_arm() < 0 or self._costs is None:
             raise ValueError(f"budget={self.budget} needs the arms bound first, the plain arm among them, with step "
                              f"costs (a StepCosts or fixed costs): bind_arms([..., (-1, 0)], costs)")
-        risk = (1.0 - self.budget) * self._cost_ratios(switched)[0] - self._lower_tokens(alpha, beta)
+        risk = (1.0 - self.budget) * self._cost_ratios(switched, stay_go)[0] - self._lower_tokens(alpha, beta)
         risk[:, self._plain_arm()] = 0.0  # a plain step makes its one token: it can only earn
         reserved = sum((entry[1] for entry in self._pending), np.zeros(self._rows))
         allowed = (self.banked - reserved)[:, None] >= risk
@@ -489,7 +498,7 @@ class GammaThompsonSampling(ThompsonSampling):
         switched = entry[0] if entry is not None else np.zeros(self._rows, dtype=bool)
         table = np.zeros((self._rows, self.n_arms), dtype=bool)
         table[np.arange(self._rows), arms] = switched
-        ratios, known = self._cost_ratios(table)
+        ratios, known = self._cost_ratios(table, self._stay_go() if self._measured() else None)
         rows = np.arange(self._rows)
         # a step whose arm has no measured cost yet (its graph's first run: the capture) is left out of the account
         change = np.where(known[rows, arms], tokens - (1.0 - self.budget) * ratios[rows, arms], 0.0)

@@ -418,6 +418,8 @@ class LlamaRunner:
         self.state_layers = state_indices(state_layers, depth)
         if not all(0 <= index <= depth for index in self.state_layers):
             raise ValueError(f"state_layers must be hidden-state indices in 0..{depth} or -1, got {state_layers}")
+        # which of `states`' slots holds the state past the last layer (read after the final norm), if any
+        self.final_state_slot = self.state_layers.index(depth) if depth in self.state_layers else None
         self.states = None if not state_layers else torch.zeros(
             (max_batch, max_len + 1, len(state_layers) * config.hidden_size), dtype=self.dtype, device=self.device)
 
@@ -546,12 +548,6 @@ class LlamaRunner:
         width = x.shape[-1]
         slot = self.state_layers.index(index)
         self.states[:, :, slot * width:(slot + 1) * width][rows, positions] = x.to(self.dtype)
-
-    @property
-    def final_state_slot(self) -> int | None:
-        """Which of `states`' slots holds the state past the last layer (read after the final norm), if any."""
-        depth = len(self.layers)
-        return self.state_layers.index(depth) if depth in self.state_layers else None
 
     def read_states(self, raw: torch.Tensor) -> torch.Tensor:
         """The states a draft reads from `raw` [..., k·hidden], read from `states` (`normalised_states`): what HF's
