@@ -11,7 +11,8 @@
    reported), with tokens agreeing with plain greedy; each contestant's warm-up seconds are recorded.
    `--prompt-lookup` adds the model-free prompt-lookup drafter to the pool of every contestant that chooses
    (Thompson at each γ, the adaptive one) and times it alone; each records which draft served each domain.
-   `--paths` adds the paths decoder: every token draft's chain verified together after one tree forward.
+   `--paths` adds the paths decoder: the chains of `--paths-drafts` (default every draft of the pool) verified
+   together after one tree forward.
 5. The step anatomy of a one-draft step (target and draft forwards timed alone from their graphs).
 6. Adaptive γ: arms (draft, γ) for γ in `--gammas` under Thompson with the throughput reward, against the
    pool at each fixed γ: the γ chosen per domain and tok/s.
@@ -64,7 +65,6 @@ from flashspec_lab.zoo import distill  # noqa: E402
 from flashspec.bandits import make_policy  # noqa: E402
 from flashspec.drafters import PromptLookupDrafter  # noqa: E402
 from flashspec.fast import FastPathsDecoder, FastPlainDecoder, FastSpeculativeDecoder  # noqa: E402
-from flashspec.features import FeatureDraft  # noqa: E402
 from flashspec.fast_session import session_capacity  # noqa: E402
 from flashspec.front import position_limit  # noqa: E402
 from flashspec.rewards import StepCosts  # noqa: E402
@@ -244,8 +244,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the speed part's one-draft contestant and the draft the anatomy times (a pool name "
                              "such as 'features'; default: the generalist)")
     parser.add_argument("--paths", action="store_true",
-                        help="the speed part: add the paths decoder (fast.FastPathsDecoder: every token draft's "
-                             "chain of --gamma, verified together after one tree forward of the target)")
+                        help="the speed part: add the paths decoder (fast.FastPathsDecoder: the chains of "
+                             "--paths-drafts at --gamma, verified together after one tree forward of the target)")
+    parser.add_argument("--paths-drafts", nargs="+", default=None,
+                        help="the paths decoder's drafts, in path order: pool names and/or 'prompt-lookup' "
+                             "(default: every draft of the pool)")
     parser.add_argument("--prompt-lookup", action="store_true",
                         help="the speed part: add the prompt-lookup drafter to the pool of every contestant that "
                              "chooses, and time it alone at --gamma")
@@ -478,6 +481,10 @@ def main(argv: list[str] | None = None) -> int:
     single = args.single_draft or ("general" if "general" in names else names[0])
     if single not in names:
         raise SystemExit(f"--single-draft must be one of the pool's drafts {names}, got {single!r}")
+    path_names = args.paths_drafts or names
+    if not set(path_names) <= {*names, "prompt-lookup"} or len(set(path_names)) < len(path_names):
+        raise SystemExit(f"--paths-drafts must name distinct drafts of the pool {names} or 'prompt-lookup', "
+                         f"got {path_names}")
     budget = args.eval_tokens or manifest["config"]["eval_tokens"]
 
     def quality() -> dict[str, Any]:
@@ -558,11 +565,11 @@ def main(argv: list[str] | None = None) -> int:
         one_draft = FastSpeculativeDecoder(pool.target, [drafts[single]], policy="fixed", gamma=args.gamma, **made)
         lookup_alone = FastSpeculativeDecoder(pool.target, [PromptLookupDrafter()], policy="fixed", gamma=args.gamma,
                                               **made) if args.prompt_lookup else None
-        # every token draft's chain verified together (feature drafts read target states a tree forward does not
-        # write): what several paths gain over one chosen chain
-        path_drafts = {name: d for name, d in drafts.items() if not isinstance(d, FeatureDraft)}
+        # several drafts' chains verified together: what several paths gain over one chosen chain
+        path_drafts = {name: PromptLookupDrafter() if name == "prompt-lookup" else drafts[name]
+                       for name in path_names}
         paths = FastPathsDecoder(pool.target, list(path_drafts.values()), gamma=args.gamma, compile=args.compile,
-                                 sessions=kept) if args.paths and path_drafts else None
+                                 sessions=kept) if args.paths else None
         # the shipped adaptive configuration: every draft at every γ of --speed-adaptive-gammas under gamma-ts
         adaptive = FastSpeculativeDecoder(pool.target, chooser_pool, policy="fixed",
                                           gamma=max(args.speed_adaptive_gammas), gammas=args.speed_adaptive_gammas,

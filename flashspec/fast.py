@@ -264,9 +264,10 @@ class FastPathsDecoder(FastSpeculativeDecoder):
 
     Args:
         target, graphs, lag, compile, compile_scope, sessions: as for `FastSpeculativeDecoder`.
-        drafts: one or more Llama-family HF causal LMs sharing the target's tokenizer and/or
-            `PromptLookupDrafter` objects (whose fixed proposals are verified with q one-hot at them); no feature
-            drafts, whose target states a tree forward does not write.
+        drafts: one or more Llama-family HF causal LMs sharing the target's tokenizer, `FeatureDraft`s (the
+            tree forward writes every node's target states and `keep_path` moves the kept path's into place, so
+            a feature draft reads what a chain forward would have left) and/or `PromptLookupDrafter` objects
+            (whose fixed proposals are verified with q one-hot at them).
         gamma: tokens each draft drafts per step.
     """
 
@@ -277,10 +278,9 @@ class FastPathsDecoder(FastSpeculativeDecoder):
         if not drafts:
             raise ValueError("FastPathsDecoder needs at least one draft model (use FastPlainDecoder for none)")
         for index, draft in enumerate(drafts):
-            if isinstance(draft, FeatureDraft) or not isinstance(draft, (torch.nn.Module, PromptLookupDrafter)):
-                raise ValueError(f"drafts[{index}] must be a Llama-family HF model or a PromptLookupDrafter for "
-                                 f"FastPathsDecoder, got {type(draft).__name__} (feature drafts run on "
-                                 "FastSpeculativeDecoder)")
+            if not isinstance(draft, (torch.nn.Module, PromptLookupDrafter)):
+                raise ValueError(f"drafts[{index}] must be a Llama-family HF model, a FeatureDraft or a "
+                                 f"PromptLookupDrafter for FastPathsDecoder, got {type(draft).__name__}")
         super().__init__(target, drafts, policy="fixed", gamma=gamma, graphs=graphs, lag=lag, draft_sync="all",
                          compile=compile, compile_scope=compile_scope, sessions=sessions, _paths=True)
 

@@ -471,15 +471,15 @@ class LlamaRunner:
         rows = self.rows[:batch, None]                                  # [B, 1]
         qkv, finish, head = self._compiled if compiled else (project_qkv, finish_layer, project_logits)
         heads = (self.num_heads, self.num_kv_heads, self.head_dim)
-        self._write_state(0, x, rows, positions)
+        self._write_state(0, x, rows, write_slots)
         for index, (layer, fused) in enumerate(zip(self.layers, self.fused)):
             q, k, v = qkv(layer, x, cos, sin, heads, fused)
             self.cache.write(index, rows, write_slots, k, v)
             keys, values = self.cache.read(index, batch, bucket)
             x = finish(layer, x, attend(q, keys, values, mask, self.scale, fold), fused)
             if index + 1 < len(self.layers):
-                self._write_state(index + 1, x, rows, positions)
-        self._write_state(len(self.layers), x, rows, positions)
+                self._write_state(index + 1, x, rows, write_slots)
+        self._write_state(len(self.layers), x, rows, write_slots)
         if logits_index is not None:
             x = x.gather(1, logits_index.unsqueeze(-1).expand(-1, -1, x.shape[-1]))  # [B, k, hidden]
         return self.output(head, x, compiled)                            # [B, q or k, V]
@@ -489,13 +489,10 @@ class LlamaRunner:
         """Logits [B, N, V] of a token tree in one forward: node i of `tree` (shared by the rows) holds `tokens`
         [B, N], sits at position root + depth(i) (`root` [B]: each row's root position, the pending token's) and
         attends to the slots before `root` and to its ancestors and itself, each of which this call writes at
-        slot root + i. Node i's logits are those of a chain forward of its path from the root; `keep_path` then
-        moves one path's K/V to the slots of its positions. The slots root .. root + N - 1 must lie in the cache
-        and in the first `bucket`. Eager (not compiled); a runner that writes hidden states (`state_layers`)
-        refuses it."""
-        if self.state_layers:
-            raise ValueError("tree_forward writes sibling nodes at one position, where state_layers would keep one "
-                             "state: run trees with a runner without state_layers")
+        slot root + i (its K/V, and its hidden states when the runner keeps `state_layers`). Node i's logits are
+        those of a chain forward of its path from the root; `keep_path` then moves one path's K/V and states to
+        the slots of its positions. The slots root .. root + N - 1 must lie in the cache and in the first
+        `bucket`. Eager (not compiled)."""
         batch, nodes = tokens.shape
         if nodes != len(tree):
             raise ValueError(f"tokens has {nodes} nodes per row but the tree {len(tree)}")
@@ -513,9 +510,10 @@ class LlamaRunner:
 
     @torch.no_grad()
     def keep_path(self, root: torch.Tensor, path_nodes: torch.Tensor) -> None:
-        """After `tree_forward`: copy the K/V of nodes `path_nodes` [B, L] (a root-to-node path, node indices in
-        depth order) from their tree slots root + node to the slots of their positions root + depth, so the cache
-        holds that path as a chain forward would have left it (slot == position again)."""
+        """After `tree_forward`: copy the K/V (and hidden states, when kept) of nodes `path_nodes` [B, L] (a
+        root-to-node path, node indices in depth order) from their tree slots root + node to the slots of their
+        positions root + depth, so the cache holds that path as a chain forward would have left it (slot ==
+        position again)."""
         batch, length = path_nodes.shape
         root = root.to(self.device).view(batch, 1)
         source = root + path_nodes.to(self.device)
@@ -524,6 +522,8 @@ class LlamaRunner:
         for layer in range(len(self.layers)):
             for store in (self.cache.k, self.cache.v):
                 store[layer][rows, :, target] = store[layer][rows, :, source]  # the right side is a copy
+        if self.states is not None:
+            self.states[rows, target] = self.states[rows, source]
 
     def next_draft(self, tokens: torch.Tensor, positions: torch.Tensor, bucket: int) -> torch.Tensor:
         """A draft's next drafted token's logits, `tokens` [B, 1] the one it drafted last: a plain forward."""
@@ -540,14 +540,15 @@ class LlamaRunner:
         """Logits of the last layer's output `x` through `head` (`project_logits`, compiled or not)."""
         return head(self.norm, self.lm_head, x, self.logits_dtype)
 
-    def _write_state(self, index: int, x: torch.Tensor, rows: torch.Tensor, positions: torch.Tensor) -> None:
-        """Store hidden state `index` (`state_layers`) of the layers' output `x` at `positions` of `rows` in
-        `states`, raw (`read_states` normalises what a draft reads)."""
+    def _write_state(self, index: int, x: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor) -> None:
+        """Store hidden state `index` (`state_layers`) of the layers' output `x` at `slots` of `rows` in
+        `states` (a forward's positions; a tree's node slots), raw (`read_states` normalises what a draft
+        reads)."""
         if index not in self.state_layers:
             return
         width = x.shape[-1]
         slot = self.state_layers.index(index)
-        self.states[:, :, slot * width:(slot + 1) * width][rows, positions] = x.to(self.dtype)
+        self.states[:, :, slot * width:(slot + 1) * width][rows, slots] = x.to(self.dtype)
 
     def read_states(self, raw: torch.Tensor) -> torch.Tensor:
         """The states a draft reads from `raw` [..., k·hidden], read from `states` (`normalised_states`): what HF's

@@ -331,9 +331,12 @@ glue("tree_gap", f"{gap:.1e}", display=False)
 # `keep_path` the cache and the next token's logits equal the chain's, and decoding three tokens over several
 # steps with `tree_forward`, `verify_paths` and `keep_path` passes the $\chi^2$ test of the target's joint law,
 # while a run that keeps the other path's keys and values fails it (`tests/test_runner.py`).
-# `flashspec.FastPathsDecoder` is that step on the fast path: each step every model draft drafts a chain, the
+# `flashspec.FastPathsDecoder` is that step on the fast path: each step every draft drafts a chain, the
 # target scores their tree, the chains are verified together and the kept path is moved into place; its
-# $\chi^2$ test and the control that skips `keep_path` are in `tests/test_fast.py`.
+# $\chi^2$ test and the control that skips `keep_path` are in `tests/test_fast.py`. A feature draft (chapter 5)
+# can be one of the drafts: the tree forward writes each node's target hidden states at the node's slot, and
+# `keep_path` moves the kept path's states with its keys and values, so the next step's feature draft reads
+# what a chain forward would have left (`tests/test_features.py`, with a control that leaves them behind).
 #
 # ## On a real model
 #

@@ -581,7 +581,7 @@ def test_paths_decoder_refuses_drafts_it_cannot_run(pool):
     target, near, _ = pool
     with pytest.raises(ValueError, match="at least one draft"):
         FastPathsDecoder(target, [])
-    with pytest.raises(ValueError, match=r"drafts\[1\] must be a Llama-family HF model or a PromptLookupDrafter"):
+    with pytest.raises(ValueError, match=r"drafts\[1\] must be a Llama-family HF model, a FeatureDraft or a Prompt"):
         FastPathsDecoder(target, [near, "a draft"])
     with pytest.raises(ValueError, match="gamma"):
         FastPathsDecoder(target, [near], gamma=0)

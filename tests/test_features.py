@@ -168,8 +168,18 @@ def test_greedy_with_a_feature_draft_equals_the_targets_greedy_generate(target, 
     names = decoder.arm_names
     played = {names[step.arm] for step in result.stats.steps}
     assert any(name.startswith("draft0") for name in played), played  # the feature draft was played
-    # after the steps, the states the verify forwards wrote are the target's own: the feature draft's window at
-    # each row's pending token reads them as its HF forward over the whole row does
+    assert_the_drafts_window_reads_the_targets_states(decoder, target, feature_draft)
+    # compiled, the feature draft's own pieces ran compiled, beside the body's regions
+    expected_calls = {"window_inputs", "fed_inputs", "hidden_and_logits", "project_qkv"}
+    if compile == "forward":  # the target's forward whole; a feature draft always compiles regions
+        expected_calls = {"_layers", "window_inputs", "fed_inputs", "hidden_and_logits", "project_qkv"}
+    assert expected_calls <= set(calls) if compile else not calls, calls
+
+
+def assert_the_drafts_window_reads_the_targets_states(decoder: FastSpeculativeDecoder, target: torch.nn.Module,
+                                                      feature_draft: FeatureDraft) -> None:
+    """After the steps, the states the verify forwards wrote are the target's own: the feature draft (the
+    decoder's draft 0) reads them at each row's pending token as its HF forward over the whole row does."""
     session = decoder._session
     draft_run, lengths, seq = session.drafts[0], session.buffers.lengths, session.buffers.seq
     window = (lengths[:, None] - 4 + torch.arange(4)).clamp(min=0)
@@ -180,11 +190,38 @@ def test_greedy_with_a_feature_draft_equals_the_targets_greedy_generate(target, 
         states, _ = target_states(target, tokens, STATES)
         _, expected = feature_draft(tokens, torch.cat([torch.zeros_like(states[:, :1]), states[:, :-1]], 1))
         assert torch.allclose(logits[row], expected[0, -1], atol=1e-4), row
-    # compiled, the feature draft's own pieces ran compiled, beside the body's regions
-    expected_calls = {"window_inputs", "fed_inputs", "hidden_and_logits", "project_qkv"}
-    if compile == "forward":  # the target's forward whole; a feature draft always compiles regions
-        expected_calls = {"_layers", "window_inputs", "fed_inputs", "hidden_and_logits", "project_qkv"}
-    assert expected_calls <= set(calls) if compile else not calls, calls
+
+
+@pytest.mark.parametrize("control", [False, True], ids=["kept-path", "control-states-left-in-tree-slots"])
+def test_the_paths_decoder_keeps_the_kept_paths_states_for_a_feature_draft(target, feature_draft, control,
+                                                                          monkeypatch):
+    """A feature draft among the paths decoder's chains (beside a copy of the target, whose chain is often kept,
+    and prompt lookup): greedy equals the target's greedy generate, and after the steps the feature draft reads
+    the target's states, which holds only if `keep_path` moves the kept path's states out of its tree slots
+    (the control leaves them there and must fail)."""
+    from flashspec.fast import FastPathsDecoder
+
+    if control:
+        keep_path = runner.LlamaRunner.keep_path
+
+        def keep_cache_only(self, root, path_nodes):  # the K/V moved, the states left where the tree wrote them
+            states, self.states = self.states, None
+            try:
+                keep_path(self, root, path_nodes)
+            finally:
+                self.states = states
+        monkeypatch.setattr(runner.LlamaRunner, "keep_path", keep_cache_only)
+    decoder = FastPathsDecoder(target, [feature_draft, copy.deepcopy(target), PromptLookupDrafter()], gamma=3)
+    result = decoder.generate(PROMPTS, attention_mask=MASK, max_new_tokens=20, sampling=fs.SamplingParams(0.0))
+    expected = target.generate(PROMPTS, attention_mask=MASK, max_new_tokens=20, do_sample=False, eos_token_id=2,
+                               pad_token_id=2)
+    assert torch.equal(result.sequences, expected)  # greedy is exact whatever the draft reads
+    assert max(count for step in result.stats.steps for count in step.kept) == 4  # the copy's whole chain kept
+    if control:
+        with pytest.raises(AssertionError):
+            assert_the_drafts_window_reads_the_targets_states(decoder, target, feature_draft)
+    else:
+        assert_the_drafts_window_reads_the_targets_states(decoder, target, feature_draft)
 
 
 @pytest.mark.parametrize("regime", ["exact", "pessimistic"])
@@ -269,6 +306,24 @@ def test_fast_output_with_a_feature_draft_matches_the_exact_target_distribution(
     p_values = fit_p_values(continuations, exact_continuations(target, params))
     assert passes(p_values), p_values
     assert 0 in set(arms) and max(kept) >= 2
+
+
+@pytest.mark.slow
+def test_paths_output_with_a_feature_draft_matches_the_exact_target_distribution(target, feature_draft):
+    """The joint law of the first three tokens at T = 1 when the feature draft's chain is verified together with
+    a token draft's and prompt lookup's (`FastPathsDecoder`, γ = 2)."""
+    from flashspec.fast import FastPathsDecoder
+
+    token_draft = copy.deepcopy(target)
+    with torch.no_grad():
+        for parameter in token_draft.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=torch.Generator().manual_seed(6)) * 0.001)
+    decoder = FastPathsDecoder(target, [feature_draft, token_draft, PromptLookupDrafter()], gamma=2)
+    params = fs.SamplingParams(1.0)
+    continuations, _, kept = chi2_calls(decoder, params)
+    p_values = fit_p_values(continuations, exact_continuations(target, params))
+    assert passes(p_values), p_values
+    assert max(kept) == 3 and min(kept) == 1
 
 
 def test_a_zoo_with_a_feature_draft_builds_loads_measures_and_decodes(tmp_path, monkeypatch):

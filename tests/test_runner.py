@@ -372,7 +372,8 @@ def test_tree_forward_gives_each_paths_chain_logits_and_keep_path_leaves_its_cac
     """Two paths sharing their first drafted token (nodes 0-1-2-3 and 0-1-4-5, node 0 the pending token at
     position 6) in one forward: every node's logits are those of a chain forward of its path from the root, and
     after `keep_path` of the second path the cache holds what that path's chain forward wrote, so the next
-    token's logits agree too. Two rows, a GQA model (both attention layouts)."""
+    token's logits agree too, and so do the hidden states it keeps for drafts that read them. Two rows, a GQA
+    model (both attention layouts)."""
     from flashspec.runner import TokenTree
 
     model = llama()
@@ -381,7 +382,7 @@ def test_tree_forward_gives_each_paths_chain_logits_and_keep_path_leaves_its_cac
     tree = TokenTree([-1, 0, 1, 2, 1, 4])
     tokens = torch.randint(3, VOCAB, (2, len(tree)), generator=torch.Generator().manual_seed(5))
     root, bucket = torch.full((2,), 6), 16
-    runner = LlamaRunner(model, max_batch=2, max_len=32, attention=attention)
+    runner = LlamaRunner(model, max_batch=2, max_len=32, attention=attention, state_layers=(1, -1))
     runner.prefill(ids, mask)
     chains = {}
     for leaf in (3, 5):
@@ -390,12 +391,16 @@ def test_tree_forward_gives_each_paths_chain_logits_and_keep_path_leaves_its_cac
         chains[leaf] = runner.forward(tokens[:, path], positions, bucket)       # [2, 4, V]
     # what the second path's chain forward (the last one) left in slots 6..9
     saved = [(k[:2, :, 6:10].clone(), v[:2, :, 6:10].clone()) for k, v in zip(runner.cache.k, runner.cache.v)]
+    saved_states = runner.states[:2, 6:10].clone()
     logits = runner.tree_forward(tokens, root, tree, bucket)                    # [2, 6, V]
     for leaf in (3, 5):
         assert max_error(logits[:, tree.path(leaf)], chains[leaf]) < 1e-5
+    # the tree wrote node i's states at slot 6 + i: slots 8 and 9 now hold the first path's (nodes 2 and 3)
+    assert max_error(runner.states[:2, 8:10], saved_states[:, 2:]) > 1e-3
     runner.keep_path(root, torch.tensor([tree.path(5)] * 2))
     for (k, v), (saved_k, saved_v) in zip(zip(runner.cache.k, runner.cache.v), saved):
         assert max_error(k[:2, :, 6:10], saved_k) < 1e-5 and max_error(v[:2, :, 6:10], saved_v) < 1e-5
+    assert max_error(runner.states[:2, 6:10], saved_states) < 1e-5
     following = torch.full((2, 1), 7)
     kept = runner.forward(following, torch.full((2, 1), 10), bucket)
     chained = LlamaRunner(model, max_batch=2, max_len=32, attention=attention)
@@ -426,9 +431,6 @@ def test_a_tree_node_sees_its_ancestors_only():
             TokenTree(parents)
     with pytest.raises(ValueError, match="nodes per row but the tree"):
         runner.tree_forward(tokens[:, :3], torch.tensor([5]), tree, 16)
-    states = LlamaRunner(model, max_batch=1, max_len=32, state_layers=(1,))
-    with pytest.raises(ValueError, match="state_layers"):
-        states.tree_forward(tokens, torch.tensor([5]), tree, 16)
 
 
 def tree_decode(target: torch.nn.Module, drafts: list, params, rows: int, seed: int, gamma: int = 2,

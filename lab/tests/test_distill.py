@@ -259,20 +259,28 @@ def test_real_pool_speed_part_with_prompt_lookup(micro_cache: Path, tmp_path: Pa
     assert speed["greedy"]["one_draft"]["greedy_token_agreement_with_plain"] == 1.0
 
 
-def test_real_pool_speed_part_with_the_paths_decoder(micro_cache: Path, tmp_path: Path) -> None:
-    """--paths: the paths decoder (every token draft's chain verified together) is warmed up and timed beside the
-    others at both temperatures, with its drafts named."""
+@pytest.mark.parametrize("named, drafts", [([], ["python", "prose", "cpp", "general"]),
+                                           (["general", "prompt-lookup"], ["general", "prompt-lookup"])],
+                         ids=["every-draft", "named"])
+def test_real_pool_speed_part_with_the_paths_decoder(micro_cache: Path, tmp_path: Path, named: list[str],
+                                                     drafts: list[str]) -> None:
+    """--paths: the paths decoder (every draft's chain verified together, or those of --paths-drafts in their
+    order) is warmed up and timed beside the others at both temperatures, with its drafts named; a name outside
+    the pool is refused before anything runs."""
     from experiments import real_pool
 
     out = tmp_path / "pool.json"
-    assert real_pool.main(["--size", "micro-distill", "--out", str(out), "--requests", "2", "--block", "1",
-                           "--new-tokens", "6", "--repeats", "1", "--device", "cpu", "--parts", "speed",
-                           "--speed-adaptive-gammas", "2", "--gamma", "2", "--paths"]) == 0
+    common = ["--size", "micro-distill", "--out", str(out), "--requests", "2", "--block", "1", "--new-tokens", "6",
+              "--repeats", "1", "--device", "cpu", "--parts", "speed", "--speed-adaptive-gammas", "2", "--gamma", "2",
+              "--paths"]
+    with pytest.raises(SystemExit, match="--paths-drafts must name distinct drafts"):
+        real_pool.main([*common, "--paths-drafts", "general", "general"])
+    assert real_pool.main([*common, *(["--paths-drafts", *named] if named else [])]) == 0
     speed = json.loads(out.read_text())["results"]["speed"]
     assert "error" not in speed
     for label in ("greedy", "t1"):
         entry = speed[label]
-        assert "paths" in entry["warm_up_s"] and entry["paths"]["drafts"] == ["python", "prose", "cpp", "general"]
+        assert "paths" in entry["warm_up_s"] and entry["paths"]["drafts"] == drafts
         assert entry["paths"]["gamma"] == 2 and len(entry["paths"]["ratio_per_round"]["runs"]) == 1
         assert entry["breakdown_last_round"]["paths"]["tokens_per_step"] >= 1.0
 
