@@ -113,41 +113,60 @@ def draft_layers(teacher: torch.nn.Module) -> tuple[int, int]:
     return 0, teacher.config.num_hidden_layers - 1
 
 
+FEATURE_LAYERS = (3, 15, -1)  # the target states a CPU feature draft reads (the GPU zoo's smollm2-features)
+FEATURE_DEPTHS = 2            # the depths its loss unrolls
+
+
 def cpu_draft(teacher: torch.nn.Module, tokenizer: Any, steps: int, seed: int = 0, chars: int = 400_000,
-              progress: bool = False) -> tuple[torch.nn.Module, list[float]]:
+              progress: bool = False, features: bool = False) -> tuple[torch.nn.Module, list[float]]:
     """A two-layer draft of `teacher` (its first and last layers, embedding frozen) distilled on this machine by
     forward KL for `steps` steps of 8 windows of 128 tokens of the offline prose and Python text
-    (`flashspec_lab.corpora`, train split). Returns the draft and its losses."""
+    (`flashspec_lab.corpora`, train split). `features`: a `flashspec.features.FeatureDraft` instead, one layer
+    started from the teacher's last and fed its states at FEATURE_LAYERS, trained by the zoo's feature loss
+    (`zoo.distill.feature_loss`, FEATURE_DEPTHS deep) on the same windows. Returns the draft and its losses."""
+    from flashspec.features import FeatureDraft
     from flashspec.models import draft_from_teacher
     from flashspec_lab import corpora
     from flashspec_lab.zoo import distill
     from flashspec_lab.zoo.config import SIZES
-    from flashspec_lab.zoo.training import encode_text
+    from flashspec_lab.zoo.training import encode_text, train_model
 
     config = SIZES["smollm2"].with_overrides(context=128, draft_batch_size=8)
     streams = [encode_text(tokenizer, corpora.assemble_domain(domain, chars).train_text)
                for domain in ("prose", "python")]
-    draft = draft_from_teacher(teacher, draft_layers(teacher))
-    losses = distill.distill_model(draft, teacher, streams, steps, config, config.draft_lr, seed, torch.device("cpu"),
-                                   "distil", progress)
+    if not features:
+        draft = draft_from_teacher(teacher, draft_layers(teacher))
+        losses = distill.distill_model(draft, teacher, streams, steps, config, config.draft_lr, seed,
+                                       torch.device("cpu"), "distil", progress)
+        return draft.eval(), losses
+    torch.manual_seed(seed)
+    draft = FeatureDraft.from_target(teacher, (teacher.config.num_hidden_layers - 1,), FEATURE_LAYERS)
+    teacher.eval()
+    losses = train_model(draft, streams, steps, config, config.draft_lr, seed, torch.device("cpu"), "features",
+                         progress, config.draft_batch_size,
+                         loss=distill.feature_loss(teacher, FEATURE_LAYERS, FEATURE_DEPTHS))
     return draft.eval(), losses
 
 
-def cached_cpu_draft(target: torch.nn.Module, tokenizer: Any, steps: int, seed: int) -> tuple[torch.nn.Module, dict]:
-    """The distilled CPU draft of `steps` steps (`cpu_draft`): from the cache ($FLASHSPEC_CACHE/block_gain) when it
-    holds one, else distilled and cached. Returns the draft and a record of its distillation."""
+def cached_cpu_draft(target: torch.nn.Module, tokenizer: Any, steps: int, seed: int,
+                     features: bool = False) -> tuple[torch.nn.Module, dict]:
+    """The distilled CPU draft of `steps` steps (`cpu_draft`; `features`: the feature draft): from the cache
+    ($FLASHSPEC_CACHE/block_gain) when it holds one, else distilled and cached. Returns the draft and a record of
+    its distillation."""
     from flashspec import real
+    from flashspec.features import FeatureDraft
     from flashspec.models import draft_from_teacher
 
     cache = Path(os.environ.get(real.CACHE_ENV, Path.home() / ".cache" / "flashspec")) / "block_gain"
-    path = cache / f"smollm2_draft_{steps}_{seed}.pt"
+    path = cache / f"smollm2_{'features' if features else 'draft'}_{steps}_{seed}.pt"
     started = time.perf_counter()
     if path.is_file():
         saved = torch.load(path, weights_only=True)
-        draft = draft_from_teacher(target, draft_layers(target))
+        draft = (FeatureDraft.from_target(target, (target.config.num_hidden_layers - 1,), FEATURE_LAYERS)
+                 if features else draft_from_teacher(target, draft_layers(target)))
         draft.load_state_dict(saved["state"])
         return draft.eval(), {"steps": steps, "losses": saved["losses"], "cached": True}
-    draft, losses = cpu_draft(target, tokenizer, steps, seed, progress=True)
+    draft, losses = cpu_draft(target, tokenizer, steps, seed, progress=True, features=features)
     cache.mkdir(parents=True, exist_ok=True)
     torch.save({"state": draft.state_dict(), "losses": losses}, path)
     return draft, {"steps": steps, "losses": losses, "cached": False, "seconds": time.perf_counter() - started}
