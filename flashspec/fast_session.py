@@ -150,7 +150,8 @@ class Session:
         verify_lengths = (1, *(g + 1 for g in gammas))
         catch_ups = tuple(dict.fromkeys(catch_up_length(2, g, capacity) for g in gammas))
         options = {"logits_dtype": torch.float32, "compile": decoder.compile, "compile_scope": decoder.compile_scope}
-        self.target = runner.LlamaRunner(decoder.target, batch, capacity, compile_lengths=verify_lengths,
+        tree_lengths = (1 + decoder.reach(),) if decoder.paths else ()  # the paths decoder's tree forward
+        self.target = runner.LlamaRunner(decoder.target, batch, capacity, compile_lengths=verify_lengths + tree_lengths,
                                          state_layers=decoder.state_layers, **options)
 
         def make(draft: Any) -> runner.LlamaRunner | PromptLookupDrafter:

@@ -492,10 +492,14 @@ class LlamaRunner:
         slot root + i (its K/V, and its hidden states when the runner keeps `state_layers`). Node i's logits are
         those of a chain forward of its path from the root; `keep_path` then moves one path's K/V and states to
         the slots of its positions. The slots root .. root + N - 1 must lie in the cache and in the first
-        `bucket`. Eager (not compiled)."""
+        `bucket`. Compiled as `forward` is when the runner compiles and N is one of `compile_lengths` (the whole
+        forward then attends over every slot, whatever `bucket`), else eager."""
         batch, nodes = tokens.shape
         if nodes != len(tree):
             raise ValueError(f"tokens has {nodes} nodes per row but the tree {len(tree)}")
+        whole = self._whole is not None and nodes in self.compile_lengths
+        if whole:
+            bucket = self.max_len + 1
         depth, ancestors = tree.tensors(self.device)
         root = root.to(self.device).view(batch, 1)
         positions = root + depth                                                  # [B, N]
@@ -506,7 +510,10 @@ class LlamaRunner:
         holds = write_slots[:, None, :, None] == self.slots[:bucket]              # [B, 1, N, S]
         in_tree = (ancestors[None, :, :, None] & holds).any(2)                    # [B, N, S]
         visible = (before | in_tree).unsqueeze(1)                                 # [B, 1, N, S]
-        return self._layers(tokens, positions, bucket, write_slots=write_slots, visible=visible)
+        if whole:
+            return self._whole(tokens, positions, bucket, None, write_slots=write_slots, visible=visible)
+        compiled = self._compiled is not None and nodes in self.compile_lengths
+        return self._layers(tokens, positions, bucket, None, compiled, write_slots=write_slots, visible=visible)
 
     @torch.no_grad()
     def keep_path(self, root: torch.Tensor, path_nodes: torch.Tensor) -> None:

@@ -535,21 +535,39 @@ def peaked_pair():
     return peaked_trio()
 
 
-def test_paths_decoder_greedy_equals_target_greedy_generate():
+@pytest.mark.parametrize("compile_scope", [None, "forward", "regions"], ids=["eager", "compiled", "regions"])
+def test_paths_decoder_greedy_equals_target_greedy_generate(compile_scope, monkeypatch):
+    """Greedy equals the target's greedy generate, eagerly and compiled; compiled, the target's tree forward runs
+    through the compiled forward (scope "forward") or its compiled regions, as its chain forwards do."""
     from flashspec.fast import FastPathsDecoder
 
+    lengths: list[int] = []
+    compile_region = runner.compile_region
+
+    def counted(fn, mode="default", options=None):  # the target's compiled forward, recording its query lengths
+        compiled = compile_region(fn, mode, options)
+
+        def call(*args, **kwargs):
+            first = next(arg for arg in args if isinstance(arg, torch.Tensor))  # tokens, or a region's x
+            lengths.append(first.shape[1])
+            return compiled(*args, **kwargs)
+        return call
+    monkeypatch.setattr(runner, "compile_region", counted)
     target = variant("gqa")
     drafts = [PromptLookupDrafter(),
               models.tiny_llama(vocab_size=VOCAB, hidden_size=8, num_layers=1, initializer_range=0.3, seed=2),
               copy.deepcopy(target)]
     prompts = torch.tensor([[0, 0, 5, 6, 7], [0, 3, 7, 3, 9], [1, 4, 4, 4, 4]])
     mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
-    result = FastPathsDecoder(target, drafts, gamma=3).generate(prompts, attention_mask=mask, max_new_tokens=20,
-                                                                sampling=fs.SamplingParams(0.0))
+    decoder = FastPathsDecoder(target, drafts, gamma=3, compile=compile_scope is not None,
+                               compile_scope=compile_scope or "forward")
+    result = decoder.generate(prompts, attention_mask=mask, max_new_tokens=20, sampling=fs.SamplingParams(0.0))
     expected = target.generate(prompts, attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=2,
                                pad_token_id=2)
     assert torch.equal(result.sequences, expected)
     assert max(count for step in result.stats.steps for count in step.kept) == 4  # the copy's whole chain
+    tree = 1 + len(drafts) * 3
+    assert (tree in lengths) == (compile_scope is not None), lengths  # the 10-node tree, compiled
 
 
 @pytest.mark.slow

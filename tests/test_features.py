@@ -192,13 +192,15 @@ def assert_the_drafts_window_reads_the_targets_states(decoder: FastSpeculativeDe
         assert torch.allclose(logits[row], expected[0, -1], atol=1e-4), row
 
 
-@pytest.mark.parametrize("control", [False, True], ids=["kept-path", "control-states-left-in-tree-slots"])
-def test_the_paths_decoder_keeps_the_kept_paths_states_for_a_feature_draft(target, feature_draft, control,
+@pytest.mark.parametrize("control, compile", [(False, False), (True, False), (False, True)],
+                         ids=["kept-path", "control-states-left-in-tree-slots", "kept-path-compiled"])
+def test_the_paths_decoder_keeps_the_kept_paths_states_for_a_feature_draft(target, feature_draft, control, compile,
                                                                           monkeypatch):
     """A feature draft among the paths decoder's chains (beside a copy of the target, whose chain is often kept,
     and prompt lookup): greedy equals the target's greedy generate, and after the steps the feature draft reads
     the target's states, which holds only if `keep_path` moves the kept path's states out of its tree slots
-    (the control leaves them there and must fail)."""
+    (the control leaves them there and must fail); also with the target's forwards compiled, the tree's among
+    them, which then write the states inside the compiled graph."""
     from flashspec.fast import FastPathsDecoder
 
     if control:
@@ -211,7 +213,8 @@ def test_the_paths_decoder_keeps_the_kept_paths_states_for_a_feature_draft(targe
             finally:
                 self.states = states
         monkeypatch.setattr(runner.LlamaRunner, "keep_path", keep_cache_only)
-    decoder = FastPathsDecoder(target, [feature_draft, copy.deepcopy(target), PromptLookupDrafter()], gamma=3)
+    decoder = FastPathsDecoder(target, [feature_draft, copy.deepcopy(target), PromptLookupDrafter()], gamma=3,
+                               compile=compile)
     result = decoder.generate(PROMPTS, attention_mask=MASK, max_new_tokens=20, sampling=fs.SamplingParams(0.0))
     expected = target.generate(PROMPTS, attention_mask=MASK, max_new_tokens=20, do_sample=False, eos_token_id=2,
                                pad_token_id=2)
