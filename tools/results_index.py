@@ -31,6 +31,9 @@ SUPERSEDED: dict[str, tuple[str, str]] = {
     **{f"verify_h200_{tag}.json": ("verify_h200.json", "an earlier run of the whole verify benchmark")
        for tag in ("a4cbfe0", "219669c", "70751e3", "27bcc98", "06e14c7", "40586a6", "6dfdce8",
                    "3391351", "3391351_run1")},
+    "paths_decoder_smollm2_cpu.json": ("paths_decoder_features_smollm2_cpu.json",
+                                       "the paths decoder with the token draft and prompt lookup only, two prompts "
+                                       "per category"),
     "verify_h200_one_pass_a3b7e34.json": ("verify_h200_one_pass_tail_7370da2.json",
                                           "the one-pass kernel before its tail was restructured"),
     "verify_cluster_first_h200_triton39.json": ("verify_cluster_h200_triton39.json",

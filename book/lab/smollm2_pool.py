@@ -54,6 +54,7 @@ PAGE_RECORDS = [
     "results/real_pool_chat_h100_571049a.json",
     "results/real_pool_chat_block_h100_cda1ad8.json",
     "results/real_pool_chat_cut_h100_53cdb0f.json",
+    "results/paths_decoder_smollm2_cpu.json",
     "results/tree_headroom_smollm2_cpu.json",
     "results/real_pool_features_speed_h200.json",
     "results/real_pool_features_240s_h200.json",
@@ -1156,6 +1157,28 @@ if HEADROOM is not None and FEATURE_SPEED is not None and PREFILL is not None:
         "(SpecInfer) are bounded by the draft's quality rather than by these masses; how much they add depends "
         "on the residual overlaps of the trained draft, which are not measured "
         "here. That is a new verify path with its own exactness argument, and this book does not have it."))
+
+# %% [markdown]
+# ## Several paths realised on the CPU, one token draft
+#
+# The first realised run of `FastPathsDecoder` (chapter 8) used only the two-layer CPU draft of
+# `experiments/block_gain.py` and prompt lookup, two prompts per category, 64 new tokens each, T = 1, γ = 4
+# (`results/paths_decoder_smollm2_cpu.json`). Chapter 8 now shows the run with a feature draft beside them; this
+# is the earlier one, tokens per step over the mixed set with standard errors over its 12 prompts.
+
+# %% tags=["hide-input"]
+FIRST_PATHS = committed_result("paths_decoder_smollm2_cpu")
+if FIRST_PATHS is not None:
+    first_mixed = FIRST_PATHS["results"]["summary"]["T=1"]["mixed"]
+    print_wrapped(f"from {provenance.caption(FIRST_PATHS)}", indent="")
+    for name, label in (("chain_token", "one chain, token verification"),
+                        ("chain_block", "one chain, block verification"),
+                        ("paths_draft_x2", "two samples of the draft"),
+                        ("paths_draft_lookup", "the draft and prompt lookup"),
+                        ("paths_draft_x2_lookup", "two samples and prompt lookup")):
+        ratio = first_mixed.get(f"{name}_over_chain_block")
+        print(f"  {label:31s} {first_mixed[name]:.3f} ± {first_mixed[f'{name}_standard_error']:.3f}"
+              + (f"  {ratio:.2f}× one block-verified chain" if ratio else ""))
 
 # %% [markdown]
 # ## The switching workload on the real target
