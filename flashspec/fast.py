@@ -259,11 +259,12 @@ class FastPathsDecoder(FastSpeculativeDecoder):
     `LlamaRunner.tree_forward`); `flashspec.paths` verifies the chains together (exact: chapter 8) and the kept
     path's keys and values are moved to the slots of their positions (`LlamaRunner.keep_path`). There is no arm
     to choose: the drafts re-read their window every step (`draft_sync="all"`). Each step writes 1 + K·γ target
-    slots (K drafts), which the sessions' cache sizes leave room for. The verification runs in PyTorch on every
-    device (no host sync, so the step is captured like the others).
+    slots (K drafts), which the sessions' cache sizes leave room for. The verification is one Triton launch
+    (`flashspec.kernels.paths`) where `backend` verifies with Triton, else PyTorch; neither syncs with the host,
+    so the step is captured like the others, and a seed gives both backends' tokens.
 
     Args:
-        target, graphs, lag, compile, compile_scope, sessions: as for `FastSpeculativeDecoder`.
+        target, graphs, lag, compile, compile_scope, sessions, backend: as for `FastSpeculativeDecoder`.
         drafts: one or more Llama-family HF causal LMs sharing the target's tokenizer, `FeatureDraft`s (the
             tree forward writes every node's target states and `keep_path` moves the kept path's into place, so
             a feature draft reads what a chain forward would have left) and/or `PromptLookupDrafter` objects
@@ -273,7 +274,7 @@ class FastPathsDecoder(FastSpeculativeDecoder):
 
     def __init__(self, target: torch.nn.Module, drafts: Sequence[torch.nn.Module], gamma: int = 4,
                  graphs: bool | None = None, lag: int = 2, compile: bool | str = False, *,
-                 compile_scope: str = "forward", sessions: int = 1) -> None:
+                 compile_scope: str = "forward", sessions: int = 1, backend: str = "auto") -> None:
         drafts = list(drafts)
         if not drafts:
             raise ValueError("FastPathsDecoder needs at least one draft model (use FastPlainDecoder for none)")
@@ -282,7 +283,8 @@ class FastPathsDecoder(FastSpeculativeDecoder):
                 raise ValueError(f"drafts[{index}] must be a Llama-family HF model, a FeatureDraft or a "
                                  f"PromptLookupDrafter for FastPathsDecoder, got {type(draft).__name__}")
         super().__init__(target, drafts, policy="fixed", gamma=gamma, graphs=graphs, lag=lag, draft_sync="all",
-                         compile=compile, compile_scope=compile_scope, sessions=sessions, _paths=True)
+                         backend=backend, compile=compile, compile_scope=compile_scope, sessions=sessions,
+                         _paths=True)
 
 
 def unsupported_draft(draft: torch.nn.Module) -> str | None:

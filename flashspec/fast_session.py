@@ -19,7 +19,7 @@ from flashspec import models, rng, runner
 from flashspec.checks import check_finite, nonfinite_rows
 from flashspec.drafters import PromptLookupDrafter
 from flashspec.features import FeatureDraft, FeatureRunner
-from flashspec.paths import verify_paths_reference
+from flashspec.paths import paths_inputs, verify_paths_reference
 from flashspec.front import StepEvent, update_policy
 from flashspec.sampling import SamplingParams, sample_from_logits
 from flashspec.stats import GenerationStats, StepRecord
@@ -264,7 +264,7 @@ class Session:
             self.plain_step(bucket, key, last, out_offsets)
             return
         if self.paths:
-            self.paths_step(bucket, key, last, out_offsets)
+            self.paths_step(bucket, key, prefixes, last, out_offsets)
             return
         chosen = self.drafts[index]
         logits = self.windows(bucket, last, gamma, chosen).get(index)
@@ -328,12 +328,15 @@ class Session:
         decoder's tree (its one arm)."""
         return self.reach if self.paths else gamma
 
-    def paths_step(self, bucket: int, key: torch.Tensor, last: torch.Tensor, out_offsets: torch.Tensor) -> None:
+    def paths_step(self, bucket: int, key: torch.Tensor, prefixes: torch.Tensor | None, last: torch.Tensor,
+                   out_offsets: torch.Tensor) -> None:
         """The paths decoder's step (`fast.FastPathsDecoder`): every model draft re-reads its window and drafts γ on
         its own stream (prompt lookup proposes, verified with q one-hot at its tokens); the target scores the tree
-        of the K chains in one forward (root: the pending token at `last`);
-        `paths.verify_paths_reference` keeps the longest exact prefix and names its path, whose keys and values
-        `keep_path` moves into place; the commit appends as for one chain."""
+        of the K chains in one forward (root: the pending token at `last`); multi-path verification keeps the
+        longest exact prefix and names its path, whose keys and values `keep_path` moves into place; the commit
+        appends as for one chain. The verification is one Triton launch where the session verifies with Triton
+        (`kernels.paths`, reading the step key's `prefixes` from memory), else `paths.verify_paths_reference`:
+        both draw the same numbers from the key."""
         b, params, gamma = self.buffers, self.sampling, self.gamma
         starts = self.windows(bucket, last, gamma, None, every=True)  # sync "all": Γ = γ, every model draft
         chains, chain_log_probs = [], []
@@ -349,9 +352,16 @@ class Session:
         drafted, drafted_log_probs = torch.stack(chains, 1), torch.stack(chain_log_probs, 1)  # [B, K, γ], [.., V]
         nodes = torch.cat([b.seq.gather(1, last[:, None]), drafted.flatten(1)], 1)           # [B, 1 + K·γ]
         along = self.target.tree_forward(nodes, last, self.tree, bucket)[:, self.path_nodes]  # [B, K, γ+1, V]
-        out = verify_paths_reference(along, drafted_log_probs, drafted, params, key, draft_is_log_probs=True)
-        self.target.keep_path(last, self.path_nodes[out.path])
-        self.commit(b, out.tokens, out.num_accepted, out_offsets,
+        if self.verify_triton:
+            from flashspec.kernels.paths import verify_paths_triton
+
+            log_p, q = paths_inputs(along, drafted_log_probs, drafted, params, draft_is_log_probs=True)
+            tokens, num_accepted, path = verify_paths_triton(log_p, q, drafted, key, prefixes)
+        else:
+            out = verify_paths_reference(along, drafted_log_probs, drafted, params, key, draft_is_log_probs=True)
+            tokens, num_accepted, path = out.tokens, out.num_accepted, out.path
+        self.target.keep_path(last, self.path_nodes[path])
+        self.commit(b, tokens, num_accepted, out_offsets,
                     nonfinite_rows(along.flatten(1, 2), drafted_log_probs.flatten(1, 2)))
 
     def plain_step(self, bucket: int, key: torch.Tensor, last: torch.Tensor, out_offsets: torch.Tensor) -> None:

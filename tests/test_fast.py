@@ -593,6 +593,29 @@ def test_paths_decoder_output_matches_exact_target_distribution(peaked_pair, gam
     assert max(kept) == gamma + 1 and min(kept) == 1  # whole chains and first-token rejections both occur
 
 
+def test_paths_decoder_verifies_with_triton_as_with_torch(peaked_pair):
+    """The paths decoder's Triton verification (one launch reading the step key's prefixes from memory, what a
+    captured graph replays) draws what the PyTorch reference draws: a seed gives the same tokens, T = 1, two
+    drafts and prompt lookup, several steps of two rows (on a CPU under Triton's interpreter)."""
+    pytest.importorskip("triton")
+    from flashspec.fast import FastPathsDecoder
+
+    target, perturbed, copied = peaked_pair
+    prompts = torch.tensor([[3, 5, 7, 3, 5], [4, 4, 6, 8, 4]])
+
+    def decode(backend: str) -> tuple[torch.Tensor, list]:
+        decoder = FastPathsDecoder(target, [perturbed, copied, PromptLookupDrafter()], gamma=2, backend=backend)
+        assert decoder.backend == backend
+        result = decoder.generate(prompts, max_new_tokens=12, sampling=fs.SamplingParams(1.0), seed=3,
+                                  ignore_eos=True)
+        assert decoder._session.verify_triton == (backend == "triton")
+        return result.sequences, [step.kept for step in result.stats.steps]
+
+    with_torch, with_triton = decode("torch"), decode("triton")
+    assert torch.equal(with_torch[0], with_triton[0]) and with_torch[1] == with_triton[1]
+    assert max(count for kept in with_torch[1] for count in kept) > 1  # multi-token steps occurred
+
+
 def test_paths_decoder_refuses_drafts_it_cannot_run(pool):
     from flashspec.fast import FastPathsDecoder
 

@@ -92,6 +92,30 @@ def test_triton_backend_draws_what_the_reference_draws(shape):
     assert torch.equal(torch_out.path, triton_out.path)
 
 
+def test_a_device_key_draws_what_its_host_key_draws():
+    """`verify_paths_triton` with the key in device memory (lo, hi; the kernel reads its stream prefixes at
+    launch, as the fast path's captured step does) returns what the same key passed as host ints returns."""
+    pytest.importorskip("triton")
+    from flashspec import rng
+    from flashspec.kernels.paths import verify_paths_triton
+    from flashspec.paths import paths_inputs
+
+    generator = torch.Generator().manual_seed(8)
+    batch, paths, gamma, vocab = 64, 3, 3, 40
+    target = 2 * torch.randn(batch, paths, gamma + 1, vocab, generator=generator)
+    draft = 2 * torch.randn(batch, paths, gamma, vocab, generator=generator)
+    params = fs.SamplingParams(1.0)
+    weights = fs.sampling.warp_logits(draft, params).exp().view(-1, vocab)
+    tokens = torch.multinomial(weights, 1, generator=generator).view(batch, paths, gamma)
+    log_p, q = paths_inputs(target, draft, tokens, params)
+    key = rng.Key.from_seed(0x1234_5678_9ABC)
+    on_host = verify_paths_triton(log_p, q, tokens, key)
+    on_device = verify_paths_triton(log_p, q, tokens, torch.tensor([key.lo, key.hi]))
+    other = verify_paths_triton(log_p, q, tokens, torch.tensor([key.lo + 1, key.hi]))
+    assert all(torch.equal(a, b) for a, b in zip(on_host, on_device))
+    assert not torch.equal(on_host[0], other[0])  # the key is read: another key draws other tokens
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case[0])
 def test_sampled_paths_verified_as_certain_stay_exact(case):
     """q one-hot at sampled tokens: exact, only accepted less often (not a bug, so not a control)."""

@@ -76,10 +76,17 @@ def _race_row(work_ptr, rows64, finished, base, vocab, PRECISE: tl.constexpr, ON
 def _paths_kernel(log_p_ptr, q_ptr, tokens_ptr, work_ptr, out_tokens_ptr, out_accepted_ptr, out_path_ptr,
                   accept_prefix, sample_prefix, batch, paths, gamma, vocab,
                   PRECISE: tl.constexpr, ONE_BLOCK: tl.constexpr, BLOCK_B: tl.constexpr, BLOCK_K: tl.constexpr,
-                  BLOCK_V: tl.constexpr):
+                  BLOCK_V: tl.constexpr, PREFIX_IN_MEMORY: tl.constexpr):
     """Rows [pid * BLOCK_B, +BLOCK_B) of one multi-path step. log_p [B, K, γ+1, V] and q [B, K, γ, V] fp32,
     tokens [B, K, γ] int64, work [B, V] fp32; writes tokens [B, γ+1] (-1 past the emitted one), the accepted
-    count and the kept path [B] (int64)."""
+    count and the kept path [B] (int64). The stream prefixes are int32 values or, with PREFIX_IN_MEMORY,
+    pointers to them (a device key's, read at launch time: a captured graph draws fresh numbers per step)."""
+    if PREFIX_IN_MEMORY:  # new names: a compiled branch may not retype a value defined before it
+        accept_base = tl.load(accept_prefix)
+        sample_base = tl.load(sample_prefix)
+    else:
+        accept_base = accept_prefix
+        sample_base = sample_prefix
     pid = tl.program_id(0)
     rows64 = (pid * BLOCK_B + tl.arange(0, BLOCK_B)).to(tl.int64)
     row_ok = rows64 < batch
@@ -110,7 +117,7 @@ def _paths_kernel(log_p_ptr, q_ptr, tokens_ptr, work_ptr, out_tokens_ptr, out_ac
                 draft_row = ((rows64 * paths + path) * gamma + depth) * vocab
                 r_x = tl.load(work_ptr + rows64 * vocab + token, mask=trying, other=0.0)
                 q_x = tl.load(q_ptr + draft_row + token, mask=trying, other=0.0)
-                u = krng.uniform_from_base(krng.base_hash(accept_prefix, rows64, rows64 * 0 + depth), rows64 * 0 + path)
+                u = krng.uniform_from_base(krng.base_hash(accept_base, rows64, rows64 * 0 + depth), rows64 * 0 + path)
                 accept = trying & (u * q_x <= r_x) & (r_x > 0.0)
                 chosen = tl.where(accept, token, chosen)
                 taken = taken | accept
@@ -133,7 +140,7 @@ def _paths_kernel(log_p_ptr, q_ptr, tokens_ptr, work_ptr, out_tokens_ptr, out_ac
                     tl.store(work_ptr + rows64[:, None] * vocab + cols[None, :], leftover, mask=mask)
                 tl.debug_barrier()
         finished = open_rows & (taken == 0)
-        base = krng.base_hash(sample_prefix, rows64, rows64 * 0 + depth)
+        base = krng.base_hash(sample_base, rows64, rows64 * 0 + depth)
         token = _race_row(work_ptr, rows64, finished, base, vocab, PRECISE, ONE_BLOCK, BLOCK_B, BLOCK_V)
         emitted = tl.where(finished, token, emitted)
         num_accepted = tl.where(finished, depth, num_accepted)
@@ -152,11 +159,13 @@ def _paths_kernel(log_p_ptr, q_ptr, tokens_ptr, work_ptr, out_tokens_ptr, out_ac
     tl.store(out_path_ptr + rows64, kept, mask=row_ok)
 
 
-def verify_paths_triton(log_p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor,
-                        key: rng.Key) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def verify_paths_triton(log_p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, key: rng.Key | torch.Tensor,
+                        prefixes: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(tokens [B, γ+1], num_accepted [B], path [B]) of one multi-path step from `flashspec.paths.paths_inputs`'s
-    log_p [B, K, γ+1, V] and q [B, K, γ, V] (fp32) and the drafted tokens [B, K, γ], drawing from the host `key`."""
-    from flashspec.kernels.verify import _prefixes  # noqa: PLC0415  (the verify backend's cached stream prefixes)
+    log_p [B, K, γ+1, V] and q [B, K, γ, V] (fp32) and the drafted tokens [B, K, γ], drawing from `key`: a host
+    `rng.Key`, or a device key (lo, hi) whose stream prefixes the kernel reads from memory (`prefixes`, its
+    `device_prefixes` when the caller has them already): no host sync, so the fast path's graphs capture it."""
+    from flashspec.kernels.verify import _prefixes, device_prefixes  # noqa: PLC0415  (the verify backend's)
 
     batch, paths, gamma = tokens.shape
     vocab = log_p.shape[-1]
@@ -173,9 +182,15 @@ def verify_paths_triton(log_p: torch.Tensor, q: torch.Tensor, tokens: torch.Tens
     out_tokens = torch.full((batch, gamma + 1), -1, dtype=torch.long, device=device)
     out_accepted = torch.zeros(batch, dtype=torch.long, device=device)
     out_path = torch.zeros(batch, dtype=torch.long, device=device)
-    accept_prefix, sample_prefix = _prefixes(key)
+    in_memory = isinstance(key, torch.Tensor)
+    if in_memory:
+        prefixes = device_prefixes(key) if prefixes is None else prefixes
+        accept_prefix, sample_prefix = prefixes[0:1], prefixes[1:2]
+    else:
+        accept_prefix, sample_prefix = _prefixes(key)
     grid = (triton.cdiv(batch, block_b),)
     _paths_kernel[grid](log_p, q, tokens, work, out_tokens, out_accepted, out_path, accept_prefix, sample_prefix,
                         batch, paths, gamma, vocab, PRECISE=not interpreting(), ONE_BLOCK=one_block, BLOCK_B=block_b,
-                        BLOCK_K=max(2, triton.next_power_of_2(paths)), BLOCK_V=block_v, num_warps=4)
+                        BLOCK_K=max(2, triton.next_power_of_2(paths)), BLOCK_V=block_v, PREFIX_IN_MEMORY=in_memory,
+                        num_warps=4)
     return out_tokens, out_accepted, out_path
