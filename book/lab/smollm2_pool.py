@@ -54,6 +54,7 @@ PAGE_RECORDS = [
     "results/real_pool_chat_h100_571049a.json",
     "results/real_pool_chat_block_h100_cda1ad8.json",
     "results/real_pool_chat_cut_h100_53cdb0f.json",
+    "results/paths_decoder_features_t0_t07_smollm2_cpu.json",
     "results/paths_decoder_smollm2_cpu.json",
     "results/tree_headroom_smollm2_cpu.json",
     "results/real_pool_features_speed_h200.json",
@@ -1179,6 +1180,23 @@ if FIRST_PATHS is not None:
         ratio = first_mixed.get(f"{name}_over_chain_block")
         print(f"  {label:31s} {first_mixed[name]:.3f} ± {first_mixed[f'{name}_standard_error']:.3f}"
               + (f"  {ratio:.2f}× one block-verified chain" if ratio else ""))
+
+# %% [markdown]
+# The decoders of chapter 8 over different drafts, at T = 0 and T = 0.7 as well, same drafts, prompts and
+# settings (`results/paths_decoder_features_t0_t07_smollm2_cpu.json`): mixed-set tokens per step, and each paths
+# decoder against the best block-verified chain of its own drafts.
+
+# %% tags=["hide-input"]
+OTHER_T = committed_result("paths_decoder_features_t0_t07_smollm2_cpu")
+if OTHER_T is not None:
+    print_wrapped(f"from {provenance.caption(OTHER_T)}", indent="")
+    for label, summary in OTHER_T["results"]["summary"].items():
+        mixed = summary["mixed"]
+        print(f"  {label}")
+        for name in OTHER_T["settings"]["decoders"]:
+            ratio = mixed.get(f"{name}_over_best_chain")
+            print(f"    {name:28s} {mixed[name]:.3f} ± {mixed[f'{name}_standard_error']:.3f}"
+                  + (f"  {ratio:.2f}× {mixed[f'{name}_best_chain']}" if ratio else ""))
 
 # %% [markdown]
 # ## The switching workload on the real target
