@@ -333,9 +333,11 @@ class GammaThompsonSampling(ThompsonSampling):
             return np.isnan(self.arm_costs())
         return np.array(self._costs.steps["all"]) < self.min_cost_steps
 
-    def _stay_go(self) -> tuple[np.ndarray, np.ndarray]:
+    def _stay_go(self) -> tuple[np.ndarray, np.ndarray] | None:
         """([arms], [arms]): each arm's measured cost as a step that keeps the draft and as one that changes it
-        (NaN where not measured yet); a `StepCosts` source only (`_measured`)."""
+        (NaN where not measured yet), from a `StepCosts` source; None for any other (`_measured`)."""
+        if not self._measured():
+            return None
         stay, go = (np.array([np.nan if c is None else c for c in self._costs.costs_when(kind)])
                     for kind in (False, True))
         return stay, go
@@ -400,7 +402,7 @@ class GammaThompsonSampling(ThompsonSampling):
         unknown = self._under_measured()
         plain = self._plain_arm()
         switched = self._switched()
-        stay_go = self._stay_go() if self._measured() else None  # read once: the budget and the choice use them
+        stay_go = self._stay_go()  # read once: the budget and the choice use them
         allowed, risk = self._budget_allows(alpha, beta, switched, stay_go)
         if self.budget is not None and unknown[plain]:  # the budget's yardstick first: plain steps risk nothing
             arms = np.full(self._rows, plain)
@@ -425,7 +427,7 @@ class GammaThompsonSampling(ThompsonSampling):
         """([rows, arms] ratios, [rows, arms] bool): each arm's estimated step cost over the plain arm's, as a step
         that changes draft (`switched` [rows, arms]) or keeps it, and where that estimate is measured; an arm not
         measured yet (or any arm before the plain one is) counts as γ + 1 plain steps. `stay_go`: `_stay_go()`
-        with measured costs, else None."""
+        (None without measured costs)."""
         if stay_go is not None:
             stay, go = stay_go
             costs = np.where(switched, go, stay)
@@ -498,7 +500,7 @@ class GammaThompsonSampling(ThompsonSampling):
         switched = entry[0] if entry is not None else np.zeros(self._rows, dtype=bool)
         table = np.zeros((self._rows, self.n_arms), dtype=bool)
         table[np.arange(self._rows), arms] = switched
-        ratios, known = self._cost_ratios(table, self._stay_go() if self._measured() else None)
+        ratios, known = self._cost_ratios(table, self._stay_go())
         rows = np.arange(self._rows)
         # a step whose arm has no measured cost yet (its graph's first run: the capture) is left out of the account
         change = np.where(known[rows, arms], tokens - (1.0 - self.budget) * ratios[rows, arms], 0.0)

@@ -117,15 +117,25 @@ FEATURE_LAYERS = (3, 15, -1)  # the target states a CPU feature draft reads (the
 FEATURE_DEPTHS = 2            # the depths its loss unrolls
 
 
+def fresh_cpu_draft(teacher: torch.nn.Module, features: bool = False) -> torch.nn.Module:
+    """The untrained draft `cpu_draft` distils and `cached_cpu_draft` loads a distilled state into: the teacher's
+    first and last layers (`draft_layers`), or with `features` a `flashspec.features.FeatureDraft` of one layer
+    started from the teacher's last and fed its states at FEATURE_LAYERS (its new input map random)."""
+    from flashspec.features import FeatureDraft
+    from flashspec.models import draft_from_teacher
+
+    if features:
+        return FeatureDraft.from_target(teacher, (teacher.config.num_hidden_layers - 1,), FEATURE_LAYERS)
+    return draft_from_teacher(teacher, draft_layers(teacher))
+
+
 def cpu_draft(teacher: torch.nn.Module, tokenizer: Any, steps: int, seed: int = 0, chars: int = 400_000,
               progress: bool = False, features: bool = False) -> tuple[torch.nn.Module, list[float]]:
     """A two-layer draft of `teacher` (its first and last layers, embedding frozen) distilled on this machine by
     forward KL for `steps` steps of 8 windows of 128 tokens of the offline prose and Python text
-    (`flashspec_lab.corpora`, train split). `features`: a `flashspec.features.FeatureDraft` instead, one layer
-    started from the teacher's last and fed its states at FEATURE_LAYERS, trained by the zoo's feature loss
-    (`zoo.distill.feature_loss`, FEATURE_DEPTHS deep) on the same windows. Returns the draft and its losses."""
-    from flashspec.features import FeatureDraft
-    from flashspec.models import draft_from_teacher
+    (`flashspec_lab.corpora`, train split). `features`: the feature draft of `fresh_cpu_draft` instead, trained
+    by the zoo's feature loss (`zoo.distill.feature_loss`, FEATURE_DEPTHS deep) on the same windows. Returns the
+    draft and its losses."""
     from flashspec_lab import corpora
     from flashspec_lab.zoo import distill
     from flashspec_lab.zoo.config import SIZES
@@ -134,17 +144,13 @@ def cpu_draft(teacher: torch.nn.Module, tokenizer: Any, steps: int, seed: int = 
     config = SIZES["smollm2"].with_overrides(context=128, draft_batch_size=8)
     streams = [encode_text(tokenizer, corpora.assemble_domain(domain, chars).train_text)
                for domain in ("prose", "python")]
-    if not features:
-        draft = draft_from_teacher(teacher, draft_layers(teacher))
-        losses = distill.distill_model(draft, teacher, streams, steps, config, config.draft_lr, seed,
-                                       torch.device("cpu"), "distil", progress)
-        return draft.eval(), losses
-    torch.manual_seed(seed)
-    draft = FeatureDraft.from_target(teacher, (teacher.config.num_hidden_layers - 1,), FEATURE_LAYERS)
+    if features:
+        torch.manual_seed(seed)  # the feature draft's input map starts random
+    draft = fresh_cpu_draft(teacher, features)
+    loss = distill.feature_loss(teacher, FEATURE_LAYERS, FEATURE_DEPTHS) if features else distill.kl_to(teacher)
     teacher.eval()
-    losses = train_model(draft, streams, steps, config, config.draft_lr, seed, torch.device("cpu"), "features",
-                         progress, config.draft_batch_size,
-                         loss=distill.feature_loss(teacher, FEATURE_LAYERS, FEATURE_DEPTHS))
+    losses = train_model(draft, streams, steps, config, config.draft_lr, seed, torch.device("cpu"),
+                         "features" if features else "distil", progress, config.draft_batch_size, loss=loss)
     return draft.eval(), losses
 
 
@@ -154,16 +160,13 @@ def cached_cpu_draft(target: torch.nn.Module, tokenizer: Any, steps: int, seed: 
     ($FLASHSPEC_CACHE/block_gain) when it holds one, else distilled and cached. Returns the draft and a record of
     its distillation."""
     from flashspec import real
-    from flashspec.features import FeatureDraft
-    from flashspec.models import draft_from_teacher
 
     cache = Path(os.environ.get(real.CACHE_ENV, Path.home() / ".cache" / "flashspec")) / "block_gain"
     path = cache / f"smollm2_{'features' if features else 'draft'}_{steps}_{seed}.pt"
     started = time.perf_counter()
     if path.is_file():
         saved = torch.load(path, weights_only=True)
-        draft = (FeatureDraft.from_target(target, (target.config.num_hidden_layers - 1,), FEATURE_LAYERS)
-                 if features else draft_from_teacher(target, draft_layers(target)))
+        draft = fresh_cpu_draft(target, features)
         draft.load_state_dict(saved["state"])
         return draft.eval(), {"steps": steps, "losses": saved["losses"], "cached": True}
     draft, losses = cpu_draft(target, tokenizer, steps, seed, progress=True, features=features)
